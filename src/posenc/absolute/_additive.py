@@ -1,0 +1,50 @@
+"""Shared machinery of the additive absolute encodings: ``x + PE(positions)``."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..base import PositionalEncoding, as_position_rows, check_positions
+from ..errors import ConfigError
+
+
+class AdditiveAbsolute(PositionalEncoding):
+    """An encoding that adds a code ``PE(t)`` of width ``d_model`` to the token at position ``t``.
+
+    Subclasses implement :meth:`table` (positions ``[B, L]`` -> codes ``[B, L, D]``).
+    Calling the module directly, as seed 001's classes do, accepts ``(b, l, d)`` and
+    ``(b, h, l, d)`` inputs.
+    """
+
+    max_len: int | None = None  # positions 0..max_len-1 are defined (None: all)
+    integer_positions: bool = True
+
+    def table(self, positions: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def codes(self, positions: Tensor) -> Tensor:
+        """The codes of ``positions`` (``[L]`` or ``[B, L]``), validated."""
+        rows = as_position_rows(positions, positions.shape[-1])
+        check_positions(rows, max_position=self.max_len, integer=self.integer_positions)
+        out = self.table(rows)
+        return out[0] if positions.dim() == 1 else out
+
+    def embed(self, x: Tensor, positions: Tensor, tokens: Tensor | None = None) -> Tensor:
+        d = getattr(self, "d_model", None)
+        if d is not None and x.shape[-1] != d:
+            raise ConfigError(f"{self.info.name} was built for d_model={d} but the input has width {x.shape[-1]}")
+        rows = as_position_rows(positions, x.shape[1])
+        check_positions(rows, max_position=self.max_len, integer=self.integer_positions)
+        return x + self.table(rows).to(x.dtype)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """``x + PE``: ``x`` is ``(b, l, d)``, or ``(b, h, l, d)`` whose heads concatenate to ``d``."""
+        if x.dim() == 3:
+            rows = as_position_rows(positions, x.shape[1], x.device)
+            return self.embed(x, rows)
+        if x.dim() == 4:
+            b, h, n, dh = x.shape
+            flat = x.transpose(1, 2).reshape(b, n, h * dh)
+            rows = as_position_rows(positions, n, x.device)
+            return self.embed(flat, rows).view(b, n, h, dh).transpose(1, 2)
+        raise ConfigError(f"expected an input of shape (b, l, d) or (b, h, l, d), got {tuple(x.shape)}")

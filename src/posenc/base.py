@@ -1,0 +1,272 @@
+"""The positional-encoding base class, its hooks, and its card.
+
+Every encoding changes self-attention in one or more places. Writing the logit
+between query position i and key position j as a sum of terms (seed 000,
+formula (1); DeBERTa, formula (3)):
+
+    A_ij = (a) q_i · k_j                 content · content
+         + (b) q_i · r_{i-j}             content · position   (Shaw, Transformer-XL, DeBERTa c2p ...)
+         + (c) r_{j-i} · k_j             position · content   (Transformer-XL u-term, DeBERTa p2c ...)
+         + (d) bias(i, j)                position · position  (T5, ALiBi, KERPLE, FIRE ...)
+
+    z_i = Σ_j softmax(A_i · scale)_j · (v_j + a^V_ij)          (Shaw / NEZHA a^V)
+
+an encoding is one object implementing any of these hooks:
+
+=========  ==========================================  ==============================
+hook       acts on                                     examples
+=========  ==========================================  ==============================
+embed      token embeddings before the first layer     sinusoidal, learned, binary ...
+rotate     q and k inside attention                    RoPE, xPos
+logits     terms (b), (c), (d) added before scaling     Shaw, Transformer-XL, DeBERTa
+bias       position-only terms added after scaling     T5, ALiBi, KERPLE, FIRE
+values     the a^V term added to the value sum         Shaw, NEZHA
+scale      the softmax temperature                     TENER (1), DeBERTa (1/sqrt(3d))
+=========  ==========================================  ==============================
+
+``logits`` and ``bias`` differ only in where the temperature applies:
+``A = scale · (q·k + logits) + bias``. Papers disagree on this (Shaw scales its
+(b) term, ALiBi and T5 do not scale their bias), and the split lets each
+encoding say exactly what its paper says.
+
+Positions are always explicit (``AttentionContext.q_pos`` / ``k_pos``), never
+assumed to be ``arange(L)``: KV caches, recurrence memory, packed sequences,
+left padding and randomized positions all go through the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from .errors import PositionError
+
+HOOKS = ("embed", "rotate", "logits", "bias", "values", "scale")
+
+FAMILIES = ("none", "absolute", "rotary", "relative", "bias")
+
+
+@dataclass(frozen=True)
+class Card:
+    """What an encoding is: shown by ``posenc list`` and used by the analysis."""
+
+    name: str
+    title: str
+    paper: str
+    year: int
+    family: str  # one of FAMILIES: where the code lives and which hook it mostly uses
+    position: str  # "absolute", "relative" or "none": what the model can see
+    learnable: bool
+    summary: str
+    reference: str = "the paper's formula"  # what the tests compare it with
+    shortcoming: str = ""  # the weakness the seeds name, if any
+    aliases: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class AttentionContext:
+    """Everything an attention hook may need besides q and k.
+
+    ``q_pos`` and ``k_pos`` are ``[B, Lq]`` and ``[B, Lk]`` where ``B`` is the
+    batch size or 1 (the same positions for every sequence).
+    """
+
+    q_pos: Tensor
+    k_pos: Tensor
+    n_heads: int
+    head_dim: int
+    layer: int = 0
+    reference: bool = False  # hooks follow the paper literally (no skewing / gathers)
+    cache: dict[Any, Any] = field(default_factory=dict)  # shared by every layer of one forward
+    q_segments: Tensor | None = None  # [B, Lq] segment ids (XLNet's relative segments)
+    k_segments: Tensor | None = None
+    attention: nn.Module | None = None  # the calling attention module (its projections)
+
+    def relative(self) -> Tensor:
+        """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""
+        key = ("relative", id(self.q_pos), id(self.k_pos))
+        rel = self.cache.get(key)
+        if rel is None:
+            rel = self.k_pos[:, None, :] - self.q_pos[:, :, None]
+            self.cache[key] = rel
+        return rel
+
+
+def _capture_params(cls: type) -> None:
+    """Wrap ``cls.__init__`` so that an instance remembers the arguments it was built with."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_posenc_wrapped", False):
+        return
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
+        outer = "_params" not in self.__dict__
+        if outer:
+            bound = sig.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            params = {k: v for k, v in bound.arguments.items() if k != "self"}
+            extra = params.pop("kwargs", None)
+            if isinstance(extra, dict):
+                params.update(extra)
+            object.__setattr__(self, "_params", params)
+        init(self, *args, **kwargs)
+
+    wrapped._posenc_wrapped = True  # type: ignore[attr-defined]
+    cls.__init__ = wrapped  # type: ignore[misc]
+
+
+class PositionalEncoding(nn.Module):
+    """Base class of every encoding. Override the hooks the method needs.
+
+    Class attributes a subclass may set:
+
+    * ``info``: the :class:`Card` (name, paper, family ...).
+    * ``shared_across_layers``: ``True`` when one instance serves every layer
+      (fixed encodings, T5's shared bias table); ``False`` gives each layer its
+      own freshly initialised copy (Shaw's per-layer tables).
+    * ``key_projection``: ``False`` makes the attention use ``K = H`` with no
+      ``W_k`` (TENER).
+    * ``requires_tokens``: the ``embed`` hook needs the token ids (complex-order).
+    """
+
+    info: ClassVar[Card]
+    shared_across_layers: ClassVar[bool] = True
+    key_projection: ClassVar[bool] = True
+    requires_tokens: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _capture_params(cls)
+
+    # ------------------------------------------------------------------ hooks
+    def embed(self, x: Tensor, positions: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """Return the token embeddings ``x`` ``[B, L, D]`` with position information added."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+        """Return q ``[B, H, Lq, Dh]`` and k ``[B, H, Lk, Dh]`` transformed by position."""
+        return q, k
+
+    def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """Terms (b), (c), (d) added to ``q·k`` *before* the temperature: ``[B|1, H|1, Lq, Lk]``."""
+        return None
+
+    def bias(self, ctx: AttentionContext) -> Tensor | None:
+        """A position-only term added *after* the temperature: ``[B|1, H|1, Lq, Lk]``."""
+        return None
+
+    def values(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """``Σ_j probs_ij · a^V_ij``: ``[B, H, Lq, Dh]`` added to the attention output."""
+        return None
+
+    def scale(self, head_dim: int) -> float:
+        """The softmax temperature multiplying the logits (default ``1/sqrt(d_head)``)."""
+        return head_dim**-0.5
+
+    # ------------------------------------------------------------ utilities
+    @classmethod
+    def hooks(cls) -> frozenset[str]:
+        """The hooks this class overrides."""
+        return frozenset(h for h in HOOKS if getattr(cls, h) is not getattr(PositionalEncoding, h))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.__dict__.get("_params", {}))
+
+    @property
+    def card(self) -> Card:
+        return dataclasses.replace(self.info, params=self.params)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+
+    def reset_parameters(self) -> None:
+        """Re-initialise learnable parameters (used when a model copies an encoding per layer)."""
+        for m in self.modules():
+            if m is not self and hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+    def fresh_copy(self) -> PositionalEncoding:
+        """A new instance with the same settings and freshly initialised parameters."""
+        return type(self)(**self.params)
+
+
+class NoPositionalEncoding(PositionalEncoding):
+    """No positional information at all.
+
+    The model is then permutation-equivariant (seed 002): permuting the input
+    tokens permutes the outputs, so any task in which order decides the answer
+    is at chance. In a causal decoder the causal mask still leaks order (see
+    ``nope``).
+    """
+
+    info = Card(
+        name="none",
+        title="No positional encoding",
+        paper="(baseline)",
+        year=2017,
+        family="none",
+        position="none",
+        learnable=False,
+        summary="Nothing added: a bidirectional model is permutation-equivariant.",
+        reference="permutation equivariance (a property test)",
+        shortcoming="cannot tell word order apart in a bidirectional model",
+    )
+
+
+# ---------------------------------------------------------------- positions
+def check_positions(
+    positions: Tensor,
+    *,
+    max_position: int | None = None,
+    what: str = "positions",
+    integer: bool = True,
+) -> None:
+    """Validate a positions tensor; raise :class:`PositionError` with the limit it broke."""
+    if not isinstance(positions, Tensor):
+        raise PositionError(f"{what} must be a torch.Tensor, got {type(positions).__name__}")
+    if integer and positions.is_floating_point():
+        raise PositionError(
+            f"{what} must be integers (a torch.long tensor), got dtype {positions.dtype}; "
+            "use positions.round().long() if they are whole numbers"
+        )
+    if torch.compiler.is_compiling() or positions.numel() == 0:
+        return
+    lo = int(positions.min())
+    if lo < 0:
+        raise PositionError(f"{what} must be >= 0, got a position of {lo}")
+    if max_position is not None:
+        hi = int(positions.max())
+        if hi >= max_position:
+            raise PositionError(
+                f"{what} go up to {hi} but this encoding is defined only for positions "
+                f"0..{max_position - 1} (max_len={max_position}); build it with a larger max_len "
+                "or use an encoding that extrapolates"
+            )
+
+
+def as_position_rows(positions: Tensor | None, length: int, device: torch.device | None = None) -> Tensor:
+    """Normalise positions to ``[B, L]`` (``B`` may be 1); ``None`` means ``arange(length)``."""
+    if positions is None:
+        return torch.arange(length, device=device)[None, :]
+    if positions.dim() == 1:
+        positions = positions[None, :]
+    if positions.dim() != 2:
+        raise PositionError(f"positions must have shape [L] or [B, L], got {tuple(positions.shape)}")
+    if positions.shape[-1] != length:
+        raise PositionError(
+            f"positions describe {positions.shape[-1]} tokens but the sequence has {length}; "
+            "pass one position per token"
+        )
+    return positions

@@ -1,0 +1,1 @@
+"""Bias encodings: a position-only term (d) added to the attention logits."""

@@ -1,0 +1,126 @@
+"""Name -> encoding class. Encodings register themselves with :func:`register`.
+
+Every module under ``posenc.absolute``, ``posenc.rotary``, ``posenc.relative``
+and ``posenc.bias`` is imported on first use, so adding a method is adding a
+file: nothing else needs editing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from typing import Any, TypeVar
+
+from .base import Card, NoPositionalEncoding, PositionalEncoding
+from .errors import ConfigError, UnknownNameError
+
+_REGISTRY: dict[str, type[PositionalEncoding]] = {}
+_ALIASES: dict[str, str] = {}
+_FAMILY_PACKAGES = ("absolute", "rotary", "relative", "bias")
+_loaded = False
+
+E = TypeVar("E", bound=type[PositionalEncoding])
+
+
+def register(cls: E) -> E:
+    """Class decorator: register ``cls`` under ``cls.info.name`` and its aliases."""
+    info: Card = cls.info
+    for name in (info.name, *info.aliases):
+        owner = _REGISTRY.get(name) or _REGISTRY.get(_ALIASES.get(name, ""))
+        if owner is not None and owner is not cls:
+            raise RuntimeError(f"encoding name {name!r} is registered twice ({owner.__name__}, {cls.__name__})")
+    _REGISTRY[info.name] = cls
+    for alias in info.aliases:
+        _ALIASES[alias] = info.name
+    return cls
+
+
+register(NoPositionalEncoding)
+
+
+def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for pkg_name in _FAMILY_PACKAGES:
+        pkg = importlib.import_module(f"posenc.{pkg_name}")
+        for mod in pkgutil.walk_packages(pkg.__path__, prefix=f"posenc.{pkg_name}."):
+            importlib.import_module(mod.name)
+
+
+def available() -> list[str]:
+    """The registered encoding names, sorted by family then name."""
+    _load_all()
+    order = {f: i for i, f in enumerate(("none", "absolute", "rotary", "relative", "bias"))}
+    return sorted(_REGISTRY, key=lambda n: (order.get(_REGISTRY[n].info.family, 9), n))
+
+
+def aliases() -> dict[str, str]:
+    _load_all()
+    return dict(_ALIASES)
+
+
+def resolve(name: str) -> type[PositionalEncoding]:
+    """The class registered under ``name`` (or an alias); unknown names list close matches."""
+    _load_all()
+    if not isinstance(name, str):
+        raise ConfigError(f"an encoding name must be a string, got {type(name).__name__}")
+    key = name.strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    try:
+        return _REGISTRY[key]
+    except KeyError:
+        raise UnknownNameError("encoding", name, [*_REGISTRY, *_ALIASES]) from None
+
+
+def card(name: str) -> Card:
+    return resolve(name).info
+
+
+def accepted_arguments(cls: type[PositionalEncoding]) -> dict[str, inspect.Parameter]:
+    sig = inspect.signature(cls.__init__)
+    return {k: p for k, p in sig.parameters.items() if k != "self" and p.kind is not p.VAR_KEYWORD}
+
+
+def get(name: str, **kwargs: Any) -> PositionalEncoding:
+    """Build the encoding registered as ``name`` with the given settings.
+
+    >>> import posenc
+    >>> rope = posenc.get("rope", head_dim=64)
+    """
+    cls = resolve(name)
+    accepted = accepted_arguments(cls)
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"encoding {cls.info.name!r} does not take {', '.join(map(repr, unknown))}; "
+            f"it takes: {', '.join(accepted) or 'no arguments'}"
+        )
+    missing = [k for k, p in accepted.items() if p.default is p.empty and k not in kwargs]
+    if missing:
+        raise ConfigError(f"encoding {cls.info.name!r} needs {', '.join(map(repr, missing))}")
+    return cls(**kwargs)
+
+
+# the dimensions a model knows and passes to any encoding that asks for them
+MODEL_DIMENSIONS = ("d_model", "n_heads", "head_dim", "max_len", "vocab_size")
+
+
+def build(
+    encoding: str | PositionalEncoding | None,
+    *,
+    dims: dict[str, Any],
+    options: dict[str, Any] | None = None,
+) -> PositionalEncoding:
+    """Used by models: build ``encoding`` passing the model ``dims`` it accepts plus ``options``."""
+    if isinstance(encoding, PositionalEncoding):
+        if options:
+            raise ConfigError("pass encoding options only with an encoding name, not with an instance")
+        return encoding
+    cls = resolve("none" if encoding is None else encoding)
+    accepted = accepted_arguments(cls)
+    kwargs = {k: v for k, v in dims.items() if k in accepted}
+    kwargs.update(options or {})
+    return get(cls.info.name, **kwargs)

@@ -16,6 +16,7 @@ an encoding is one object implementing any of these hooks:
 =========  ==========================================  ==============================
 hook       acts on                                     examples
 =========  ==========================================  ==============================
+positions  the position ids, once per model forward    randomized positions
 embed      token embeddings before the first layer     sinusoidal, learned, binary ...
 rotate     q and k inside attention                    RoPE, xPos
 logits     terms (b), (c), (d) added before scaling     Shaw, Transformer-XL, DeBERTa
@@ -47,7 +48,7 @@ from torch import Tensor, nn
 
 from .errors import PositionError
 
-HOOKS = ("embed", "rotate", "logits", "bias", "values", "scale")
+HOOKS = ("positions", "embed", "rotate", "logits", "bias", "values", "scale")
 
 FAMILIES = ("none", "absolute", "rotary", "relative", "bias")
 
@@ -150,6 +151,14 @@ class PositionalEncoding(nn.Module):
         _capture_params(cls)
 
     # ------------------------------------------------------------------ hooks
+    def positions(self, positions: Tensor, training: bool) -> Tensor:
+        """Map the model's positions ``[B, L]`` before any other hook sees them.
+
+        Called once per forward by the models (not by a standalone attention).
+        Randomized positions (Ruoss et al. 2023) sample here during training.
+        """
+        return positions
+
     def embed(self, x: Tensor, positions: Tensor, tokens: Tensor | None = None) -> Tensor:
         """Return the token embeddings ``x`` ``[B, L, D]`` with position information added."""
         return x

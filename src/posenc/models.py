@@ -131,7 +131,7 @@ class Transformer(nn.Module):
         nn.init.normal_(self.tok.weight, std=0.02)
         self.drop = nn.Dropout(dropout)
         enc = self.encoding
-        uses_attention = bool(enc.hooks() - {"embed"}) or not enc.key_projection
+        uses_attention = bool(enc.hooks() - {"embed", "positions"}) or not enc.key_projection
         layer_encodings: list[PositionalEncoding | None] = []
         for i in range(n_layers):
             if not uses_attention:
@@ -203,6 +203,10 @@ class Transformer(nn.Module):
                 nb = max(mem_pos.shape[0], q_pos.shape[0])
                 mem_pos, q_pos = mem_pos.expand(nb, -1), q_pos.expand(nb, -1)
             key_positions = torch.cat([mem_pos, q_pos], dim=1)
+        if "positions" in self.encoding.hooks():
+            q_pos = self.encoding.positions(q_pos, self.training)
+            if key_positions is not None:
+                key_positions = torch.cat([key_positions[:, :m].expand(q_pos.shape[0], -1), q_pos], dim=1)
         x = self.embed_tokens(tokens, q_pos)
         cache: dict = {}
         new_memory: list[Tensor] = []

@@ -1,0 +1,125 @@
+"""Shared helpers for table-based relative encodings (Shaw, NEZHA, BERT relative_key, contextual).
+
+These encodings look up a vector ``a_{ij} = table[idx(i, j)]`` for every query
+``i`` and key ``j``, where ``idx`` is a small integer index (a clipped offset, a
+shifted distance, a log bucket) into a table of ``R`` rows. Written literally
+they materialise ``[Lq, Lk, d]`` tensors. The fast forms here never do:
+
+* content·position term ``q_i · a_{ij}``: ``S = q Tᵀ`` (``[B, H, Lq, R]``), then
+  ``out[i, j] = S[i, idx(i, j)]`` -- a gather (:func:`gather_query_scores`);
+* position·content term ``k_j · a_{ij}``: ``S = k Tᵀ`` (``[B, H, Lk, R]``), then
+  ``out[i, j] = S[j, idx(i, j)]`` (:func:`gather_key_scores`);
+* value term ``Σ_j p_{ij} a_{ij}``: sum the probabilities falling in each row,
+  ``P[i, r] = Σ_{j: idx(i,j) = r} p_{ij}`` (a scatter-add, ``[B, H, Lq, R]``),
+  then ``P T`` (:func:`bucket_probabilities`).
+
+Every helper takes explicit indices ``[B|1, Lq, Lk]`` computed from the
+explicit positions of the :class:`~posenc.base.AttentionContext`, so offsets,
+KV caches (``Lq != Lk``), left padding and per-sequence positions need nothing
+special. :func:`used_rows` narrows the table to the rows the indices actually
+touch (at most ``Lq + Lk - 1`` of them for an offset-based index), which keeps
+``R`` small when the table is large (BERT's ``2 · max_len - 1`` rows) and the
+sequence short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..base import AttentionContext
+from ..errors import PositionError
+
+
+def integer_positions(ctx: AttentionContext, name: str) -> tuple[Tensor, Tensor]:
+    """``ctx.q_pos`` and ``ctx.k_pos``, checked to be integers (table rows need whole offsets)."""
+    for what, pos in (("query", ctx.q_pos), ("key", ctx.k_pos)):
+        if pos.is_floating_point() or pos.is_complex():
+            raise PositionError(
+                f"{name} looks up a table by the integer offset between positions, but the {what} "
+                f"positions have dtype {pos.dtype}; pass integer (torch.long) positions"
+            )
+    return ctx.q_pos, ctx.k_pos
+
+
+def cached_index(ctx: AttentionContext, key: Any, build: Callable[[Tensor, Tensor], Tensor], name: str) -> Tensor:
+    """``build(q_pos, k_pos)`` (an index ``[B|1, Lq, Lk]``), computed once per forward and positions."""
+    q_pos, k_pos = integer_positions(ctx, name)
+    got = ctx.cache.get(key)
+    if got is not None and got[0] is q_pos and got[1] is k_pos:
+        return got[2]
+    index = build(q_pos, k_pos)
+    ctx.cache[key] = (q_pos, k_pos, index)
+    return index
+
+
+def used_rows(index: Tensor, n_rows: int) -> tuple[int, int]:
+    """The half-open range ``[lo, hi)`` of table rows that ``index`` uses (all rows if empty)."""
+    if index.numel() == 0 or torch.compiler.is_compiling():
+        return 0, n_rows
+    return int(index.min()), int(index.max()) + 1
+
+
+def _expand(index: Tensor, b: int, h: int) -> Tensor:
+    """``[B|1, M, N]`` -> ``[b, h, M, N]`` without copying."""
+    return index[:, None].expand(b, h, index.shape[-2], index.shape[-1])
+
+
+def gather_query_scores(scores: Tensor, index: Tensor) -> Tensor:
+    """``out[b, h, i, j] = scores[b, h, i, index[b, i, j]]``.
+
+    ``scores``: ``[B, H, Lq, R]`` (``q · table_rᵀ``); ``index``: ``[B|1, Lq, Lk]``.
+    """
+    b, h = scores.shape[:2]
+    return torch.gather(scores, -1, _expand(index, b, h))
+
+
+def gather_key_scores(scores: Tensor, index: Tensor) -> Tensor:
+    """``out[b, h, i, j] = scores[b, h, j, index[b, i, j]]``.
+
+    ``scores``: ``[B, H, Lk, R]`` (``k · table_rᵀ``); ``index``: ``[B|1, Lq, Lk]``.
+    """
+    b, h = scores.shape[:2]
+    return torch.gather(scores, -1, _expand(index.transpose(-1, -2), b, h)).transpose(-1, -2)
+
+
+def bucket_probabilities(probs: Tensor, index: Tensor, n_rows: int) -> Tensor:
+    """``P[b, h, i, r] = Σ_{j : index[b, i, j] = r} probs[b, h, i, j]``: ``[B, H, Lq, n_rows]``."""
+    b, h, lq, _ = probs.shape
+    out = probs.new_zeros(b, h, lq, n_rows)
+    return out.scatter_add(-1, _expand(index, b, h), probs)
+
+
+def query_table_term(q: Tensor, table: Tensor, index: Tensor) -> Tensor:
+    """``Σ_d q[b,h,i,d] · table[index[b,i,j], d]`` without an ``[Lq, Lk, d]`` tensor.
+
+    ``table`` is ``[R, Dh]`` (shared by the heads) or ``[R, H, Dh]`` (one row per head).
+    """
+    lo, hi = used_rows(index, table.shape[0])
+    t = table[lo:hi].to(q.dtype)
+    scores = torch.einsum("bhid,rd->bhir", q, t) if t.dim() == 2 else torch.einsum("bhid,rhd->bhir", q, t)
+    return gather_query_scores(scores, index - lo if lo else index)
+
+
+def key_table_term(k: Tensor, table: Tensor, index: Tensor) -> Tensor:
+    """``Σ_d k[b,h,j,d] · table[index[b,i,j], d]`` without an ``[Lq, Lk, d]`` tensor."""
+    lo, hi = used_rows(index, table.shape[0])
+    t = table[lo:hi].to(k.dtype)
+    scores = torch.einsum("bhjd,rd->bhjr", k, t) if t.dim() == 2 else torch.einsum("bhjd,rhd->bhjr", k, t)
+    return gather_key_scores(scores, index - lo if lo else index)
+
+
+def value_table_term(probs: Tensor, table: Tensor, index: Tensor) -> Tensor:
+    """``Σ_j probs[b,h,i,j] · table[index[b,i,j]]``: ``[B, H, Lq, Dh]`` without an ``[Lq, Lk, d]`` tensor."""
+    lo, hi = used_rows(index, table.shape[0])
+    t = table[lo:hi].to(probs.dtype)
+    p = bucket_probabilities(probs, index - lo if lo else index, hi - lo)
+    return torch.einsum("bhir,rd->bhid", p, t) if t.dim() == 2 else torch.einsum("bhir,rhd->bhid", p, t)
+
+
+def materialise(table: Tensor, index: Tensor) -> Tensor:
+    """The literal ``a_{ij} = table[index[i, j]]``: ``[B|1, Lq, Lk, ...]`` (reference paths only)."""
+    return table[index]

@@ -1,0 +1,273 @@
+r"""Transformer-XL relative attention (Dai et al. 2019), and the helpers XLNet and TENER share.
+
+With content ``q_i = W_q h_i``, ``k_j = W_{k,E} h_j`` and the sinusoid ``R_{i-j}``
+of the *signed* distance between query position i and key position j
+(seed 000, "Transformer-XL"; paper eq. in section 3.3):
+
+.. math::
+    A_{ij} = \underbrace{q_i^\top k_j}_{(a)}
+           + \underbrace{q_i^\top W_{k,R} R_{i-j}}_{(b)}
+           + \underbrace{u^\top k_j}_{(c)}
+           + \underbrace{v^\top W_{k,R} R_{i-j}}_{(d)}
+
+Term (a) is the attention's own ``q·k``; terms (b), (c), (d) come through the
+``logits`` hook, so the attention's temperature ``1/sqrt(d_head)`` multiplies
+all four, as in the paper and in HF's ``RelPartialLearnableMultiHeadAttn``.
+
+Two ways to compute (b) + (d) give the same numbers:
+
+* reference (``ctx.reference``): ``R_{i-j}`` is materialised for every pair
+  (i, j) -- a ``[Lq, Lk, d_model]`` tensor -- projected, and dotted with
+  ``q_i + v``, literally as written;
+* fast: when query and key positions are each contiguous (``p, p+1, ...``,
+  the usual case, memory and KV caches included) the distances of all pairs
+  are the ``Lq + Lk - 1`` consecutive integers ``max .. min``; ``q + v`` is
+  dotted with the projected R of those distances only (``[B, H, Lq, Lq+Lk-1]``)
+  and each row is shifted into place (Transformer-XL's ``_rel_shift``, in a
+  pad-and-reshape form that also covers the negative distances of a
+  bidirectional encoder). Other positions (packed documents, arbitrary ids)
+  fall back to a gather over the distinct distances. No ``Lq × Lk × d``
+  tensor is built on the fast path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import AttentionContext, Card, PositionalEncoding
+from ..errors import ConfigError
+from ..registry import register
+
+# ------------------------------------------------------------------ helpers
+
+
+def sinusoid_inverse_frequencies(dim: int, base: float = 10000.0) -> Tensor:
+    r"""``1 / base^{2i/dim}`` for ``i = 0 .. dim/2 - 1``, in float64."""
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def relative_sinusoid(
+    distances: Tensor, dim: int, *, base: float = 10000.0, interleaved: bool = False, clamp: float | None = None
+) -> Tensor:
+    r"""The sinusoid of (signed) distances: ``[..., dim]`` in float64.
+
+    ``interleaved=False`` is Transformer-XL's / XLNet's layout ``[sin(dω) | cos(dω)]``;
+    ``interleaved=True`` is TENER's ``[..., sin(dω_i), cos(dω_i), ...]``.
+    ``clamp`` limits ``|d|`` first (Transformer-XL's ``clamp_len``).
+    """
+    d = distances.double()
+    if clamp is not None:
+        d = d.clamp(-clamp, clamp)
+    angles = d[..., None] * sinusoid_inverse_frequencies(dim, base).to(d.device)
+    if interleaved:
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def _is_contiguous(pos: Tensor) -> bool:
+    if pos.shape[-1] < 2:
+        return True
+    return bool(((pos[:, 1:] - pos[:, :-1]) == 1).all())
+
+
+def relative_shift(raw: Tensor, lk: int) -> Tensor:
+    """Shift ``raw[..., i, t]`` (t indexing the distances ``max, max-1, ..., min``) into ``[..., i, j]``.
+
+    ``out[..., i, j] = raw[..., i, Lq - 1 - i + j]`` for ``raw`` of width ``Lq + Lk - 1``:
+    pad one column, flatten the rows, drop ``Lq - 1`` entries and re-fold with one
+    column less per row (Transformer-XL's ``_rel_shift``, generalised to ``Lq != Lk``
+    and to negative distances). Only views, a pad and a slice: no gather.
+    """
+    lq, p = raw.shape[-2], raw.shape[-1]
+    if p != lq + lk - 1:
+        raise ConfigError(f"relative_shift needs Lq + Lk - 1 = {lq + lk - 1} distances, got {p}")
+    flat = F.pad(raw, (0, 1)).flatten(-2)  # [..., Lq * (Lq + Lk)]
+    flat = flat[..., lq - 1 : lq - 1 + lq * p]
+    return flat.unflatten(-1, (lq, p))[..., :lk]
+
+
+class RelativeTerms:
+    """Distances between ``ctx.q_pos`` and ``ctx.k_pos`` in the two forms the fast path uses.
+
+    ``mode == "shift"``: ``distances`` is ``[B', Lq + Lk - 1]`` (max down to min) and
+    :func:`relative_shift` puts scores in place; ``mode == "gather"``: ``distances``
+    is ``[U]`` (the distinct ones) and ``index`` ``[B', Lq, Lk]`` picks them.
+    """
+
+    def __init__(self, ctx: AttentionContext):
+        q_pos, k_pos = ctx.q_pos, ctx.k_pos
+        self.lq, self.lk = q_pos.shape[-1], k_pos.shape[-1]
+        self.index: Tensor | None = None
+        if _is_contiguous(q_pos) and _is_contiguous(k_pos):
+            self.mode = "shift"
+            top = q_pos[:, -1:] - k_pos[:, :1]  # [B', 1] the largest distance i - j
+            steps = torch.arange(self.lq + self.lk - 1, device=q_pos.device, dtype=top.dtype)
+            self.distances = top - steps  # [B', P]
+        else:
+            self.mode = "gather"
+            rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B', Lq, Lk], i - j
+            self.distances, self.index = torch.unique(rel, return_inverse=True)
+
+    @staticmethod
+    def get(ctx: AttentionContext) -> RelativeTerms:
+        """One per forward and pair of position tensors (cached in ``ctx.cache``)."""
+        key = "relative-terms(i-j)"
+        got = ctx.cache.get(key)
+        if got is None or got[0] is not ctx.q_pos or got[1] is not ctx.k_pos:
+            got = (ctx.q_pos, ctx.k_pos, RelativeTerms(ctx))
+            ctx.cache[key] = got
+        return got[2]
+
+    def scores(self, query: Tensor, rel_keys: Tensor) -> Tensor:
+        """``query_i · rel_keys(i - j)`` for every (i, j): ``[B, H, Lq, Lk]``.
+
+        ``query`` is ``[B, H, Lq, Dh]``; ``rel_keys`` the keys of ``self.distances``:
+        ``[B', P, H, Dh]`` (shift) or ``[U, H, Dh]`` (gather).
+        """
+        if self.mode == "shift":
+            if rel_keys.shape[0] == 1:
+                raw = torch.einsum("bhid,phd->bhip", query, rel_keys[0])
+            else:
+                raw = torch.einsum("bhid,bphd->bhip", query, rel_keys)
+            return relative_shift(raw, self.lk)
+        assert self.index is not None
+        raw = torch.einsum("bhid,uhd->bhiu", query, rel_keys)  # [B, H, Lq, U]
+        b, h = raw.shape[0], raw.shape[1]
+        index = self.index[:, None].expand(b, h, self.lq, self.lk)
+        return torch.gather(raw, -1, index)
+
+
+def check_heads(name: str, q: Tensor, n_heads: int, head_dim: int) -> None:
+    if q.shape[1] != n_heads or q.shape[-1] != head_dim:
+        raise ConfigError(
+            f"{name} was built for n_heads={n_heads}, head_dim={head_dim} but the attention has "
+            f"n_heads={q.shape[1]}, head_dim={q.shape[-1]}; build it with the attention's sizes"
+        )
+
+
+# ------------------------------------------------------------ the encoding
+
+
+@register
+class TransformerXL(PositionalEncoding):
+    r"""Transformer-XL relative position encoding (Dai et al. 2019, section 3.3).
+
+    .. math::
+        A_{ij} = q_i^\top k_j + q_i^\top W_{k,R} R_{i-j} + u^\top k_j + v^\top W_{k,R} R_{i-j},
+        \qquad R_{d} = [\sin(d\,\omega_0), \dots, \sin(d\,\omega_{D/2-1}) \,|\,
+                        \cos(d\,\omega_0), \dots, \cos(d\,\omega_{D/2-1})]
+
+    with ``ω_k = 1/10000^{2k/D}``, ``D = d_model`` (the layout and frequencies of the
+    authors' code and of HF's ``PositionalEmbedding``), ``d = i - j`` the signed
+    distance between the *explicit* positions ``ctx.q_pos[i]`` and ``ctx.k_pos[j]``
+    (with recurrence memory the queries continue after the memory), ``W_{k,R}``
+    a learned ``d_model -> n_heads·head_dim`` projection per layer, and ``u``,
+    ``v`` learned ``[n_heads, head_dim]`` biases (HF's ``r_w_bias`` and
+    ``r_r_bias``).
+
+    ``untie_r=True`` (HF's default, ``TransfoXLConfig.untie_r``) gives every layer
+    its own ``u`` and ``v``; ``untie_r=False`` shares one pair across layers (the
+    authors' original default) while ``W_{k,R}`` stays per layer.
+    ``clamp_len`` clamps ``|i - j|`` (HF's ``clamp_len``; ``None`` = no clamp).
+
+    Segment-level recurrence lives in the core: ``Transformer(..., encoding=
+    "transformer-xl")(tokens, memory=..., return_memory=True)`` prepends each
+    layer's detached memory to its keys and values.
+    """
+
+    info = Card(
+        name="transformer-xl",
+        title="Transformer-XL relative attention",
+        paper="Dai et al., Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context",
+        year=2019,
+        family="relative",
+        position="relative",
+        learnable=True,
+        summary="q·k + q·W_kR R_{i-j} + u·k + v·W_kR R_{i-j}; sinusoid R, learned u, v, W_kR; segment memory.",
+        reference="HF transformers 4.57 RelPartialLearnableMultiHeadAttn (golden fixture); naive R_{i-j} loop",
+        aliases=("txl", "transfo-xl"),
+    )
+    shared_across_layers = False  # W_kR (and u, v unless untie_r=False) per layer
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        head_dim: int | None = None,
+        clamp_len: int | None = None,
+        untie_r: bool = True,
+        base: float = 10000.0,
+    ):
+        super().__init__()
+        if not isinstance(d_model, int) or d_model <= 0 or d_model % 2:
+            raise ConfigError(
+                f"{self.info.name} builds R_(i-j) as [sin | cos] halves of width d_model, so d_model must be "
+                f"a positive even integer, got {d_model!r}"
+            )
+        if not isinstance(n_heads, int) or n_heads <= 0:
+            raise ConfigError(f"n_heads must be a positive integer, got {n_heads!r}")
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
+            head_dim = d_model // n_heads
+        if not isinstance(head_dim, int) or head_dim <= 0:
+            raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
+        if clamp_len is not None and (not isinstance(clamp_len, int) or clamp_len <= 0):
+            raise ConfigError(f"clamp_len must be a positive integer or None, got {clamp_len!r}")
+        if base <= 1:
+            raise ConfigError(f"base must be > 1, got {base}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self.clamp_len, self.untie_r, self.base = clamp_len, untie_r, base
+        self.W_kR = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.u = nn.Parameter(torch.empty(n_heads, head_dim))
+        self.v = nn.Parameter(torch.empty(n_heads, head_dim))
+        self._init_biases()
+
+    def _init_biases(self) -> None:
+        nn.init.normal_(self.u, std=0.02)
+        nn.init.normal_(self.v, std=0.02)
+
+    def reset_parameters(self) -> None:
+        self.W_kR.reset_parameters()
+        self._init_biases()
+
+    def fresh_copy(self) -> PositionalEncoding:
+        new = super().fresh_copy()
+        if not self.untie_r:  # one u, v for every layer
+            new.u, new.v = self.u, self.v
+        return new
+
+    # ------------------------------------------------------------ pieces
+    def R(self, distances: Tensor) -> Tensor:
+        """The sinusoid ``R_d`` of distances ``d``: ``[..., d_model]`` (float64)."""
+        return relative_sinusoid(distances, self.d_model, base=self.base, clamp=self.clamp_len)
+
+    def projected_R(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
+        """``W_{k,R} R_d``: ``[..., n_heads, head_dim]``."""
+        r = self.R(distances).to(dtype)
+        return self.W_kR(r).unflatten(-1, (self.n_heads, self.head_dim))
+
+    def position_terms(self, q: Tensor, ctx: AttentionContext) -> Tensor:
+        """Terms (b) + (d): ``(q_i + v) · W_{k,R} R_{i-j}``, ``[B, H, Lq, Lk]``."""
+        qv = q + self.v[:, None, :].to(q.dtype)
+        if ctx.reference:
+            rel = ctx.q_pos[:, :, None] - ctx.k_pos[:, None, :]  # [B', Lq, Lk], i - j
+            wr = self.projected_R(rel, q.dtype)  # [B', Lq, Lk, H, Dh]: R_{i-j} for every pair
+            if wr.shape[0] == 1:
+                return torch.einsum("bhid,ijhd->bhij", qv, wr[0])
+            return torch.einsum("bhid,bijhd->bhij", qv, wr)
+        terms = RelativeTerms.get(ctx)
+        return terms.scores(qv, self.projected_R(terms.distances, q.dtype))
+
+    def content_bias(self, k: Tensor) -> Tensor:
+        """Term (c): ``u · k_j``, ``[B, H, 1, Lk]``."""
+        return torch.einsum("hd,bhjd->bhj", self.u.to(k.dtype), k)[:, :, None, :]
+
+    def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
+        check_heads(self.info.name, q, self.n_heads, self.head_dim)
+        return self.position_terms(q, ctx) + self.content_bias(k)
+
+
+__all__ = ["TransformerXL", "RelativeTerms", "relative_shift", "relative_sinusoid", "check_heads"]

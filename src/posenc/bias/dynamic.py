@@ -1,0 +1,111 @@
+r"""Dynamic position bias: a small MLP of the relative distance (x-transformers, SwinV2).
+
+Instead of a table of biases (T5, Swin v1), a small network maps the relative
+distance to one bias per head (Liu et al. 2022, Swin Transformer V2, "continuous
+relative position bias"; lucidrains' x-transformers ``DynamicPositionBias``):
+
+.. math::
+    B^{(h)}_{ij} = \mathrm{MLP}(\hat\Delta_{ij})_h, \qquad \Delta_{ij} = i - j, \qquad
+    \hat\Delta = \operatorname{sign}(\Delta)\,\log(1 + |\Delta|) \text{ (log\_distance) or } \Delta
+
+The MLP is ``Linear(1, w) -> SiLU -> [Linear(w, w) -> SiLU] x (depth - 1) -> Linear(w, H)``
+(optionally with LayerNorm before each SiLU, ``norm=True``), as x-transformers.
+SwinV2 uses ``log2`` with a scale of 8 on a 2-D window; here, for sequences, the
+natural-log form of x-transformers. One MLP serves every layer (x-transformers
+builds one per stack). The bias is added after the temperature.
+
+Fast path: the MLP runs once per *distinct* distance and the result is gathered
+into the ``[B, H, Lq, Lk]`` bias (O(#distances · w) instead of O(Lq · Lk · w));
+the reference path runs the MLP on every (i, j) pair as the formula is written.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..base import AttentionContext, Card, PositionalEncoding
+from ..errors import ConfigError
+from ..registry import register
+
+
+@register
+class DynamicPositionBias(PositionalEncoding):
+    r"""Dynamic position bias: :math:`B^{(h)}_{ij} = \mathrm{MLP}(\operatorname{sign}(i-j)\log(1+|i-j|))_h`.
+
+    Args:
+        n_heads: heads (the MLP's output width).
+        d_model: the model width; the MLP width defaults to ``max(d_model // 4, 8)``
+            (x-transformers uses ``dim // 4``), or 32 without ``d_model``.
+        hidden: the MLP width (overrides the default above).
+        depth: number of hidden layers (x-transformers' default 2).
+        log_distance: use ``sign(Δ) log(1 + |Δ|)`` instead of ``Δ``.
+        norm: LayerNorm after each hidden linear layer.
+    """
+
+    info = Card(
+        name="dynamic-bias",
+        title="Dynamic position bias (MLP of the distance)",
+        paper="Liu et al., Swin Transformer V2 (continuous position bias); lucidrains x-transformers",
+        year=2022,
+        family="bias",
+        position="relative",
+        learnable=True,
+        summary="A small MLP maps (log-scaled) i-j to a bias per head, added after scaling.",
+        reference="the MLP applied to every (i, j) pair (reference path) vs the per-distance table",
+        aliases=("dynamic-position-bias", "dpb"),
+    )
+
+    def __init__(
+        self,
+        n_heads: int,
+        d_model: int | None = None,
+        hidden: int | None = None,
+        depth: int = 2,
+        log_distance: bool = True,
+        norm: bool = False,
+    ):
+        super().__init__()
+        if not isinstance(n_heads, int) or isinstance(n_heads, bool) or n_heads < 1:
+            raise ConfigError(f"dynamic-bias needs n_heads >= 1 (an integer), got {n_heads!r}")
+        if hidden is None:
+            hidden = max(d_model // 4, 8) if d_model else 32
+        if not isinstance(hidden, int) or hidden < 1:
+            raise ConfigError(f"dynamic-bias: hidden must be a positive integer, got {hidden!r}")
+        if not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"dynamic-bias: depth must be >= 1, got {depth!r}")
+        self.n_heads, self.hidden, self.depth, self.log_distance = n_heads, hidden, depth, bool(log_distance)
+        layers: list[nn.Module] = []
+        width_in = 1
+        for _ in range(depth):
+            layers.append(nn.Linear(width_in, hidden))
+            if norm:
+                layers.append(nn.LayerNorm(hidden))
+            layers.append(nn.SiLU())
+            width_in = hidden
+        layers.append(nn.Linear(hidden, n_heads))
+        self.mlp = nn.Sequential(*layers)
+
+    def features(self, delta: Tensor) -> Tensor:
+        """The MLP input for signed distances ``Δ = i - j``."""
+        delta = delta.to(self.mlp[0].weight.dtype)
+        return torch.sign(delta) * torch.log1p(delta.abs()) if self.log_distance else delta
+
+    def of_distance(self, delta: Tensor) -> Tensor:
+        """The bias for signed distances ``Δ = i - j`` of any shape: ``[..., H]``."""
+        return self.mlp(self.features(delta)[..., None])
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        if ctx.n_heads != self.n_heads:
+            raise ConfigError(f"dynamic-bias was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
+        delta = -ctx.relative()  # i - j, [B, Lq, Lk]
+        if ctx.reference:
+            return self.of_distance(delta).permute(0, 3, 1, 2)
+        values, inverse = torch.unique(delta, return_inverse=True)
+        table = self.of_distance(values)  # [U, H]
+        return table.t()[:, inverse].permute(1, 0, 2, 3)  # [H, B, Lq, Lk] -> [B, H, Lq, Lk]
+
+    def matrix(self, length: int) -> Tensor:
+        """The ``[H, L, L]`` bias for positions ``0 .. length-1``."""
+        pos = torch.arange(length)[None]
+        return self.bias(AttentionContext(q_pos=pos, k_pos=pos, n_heads=self.n_heads, head_dim=1))[0]

@@ -25,6 +25,15 @@ DT = torch.float64
 TOL = 1e-10
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The test machines' cores are shared: one thread is several times faster than two under load."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------- naive truth
 @torch.no_grad()
 def naive_attention(att: MultiHeadAttention, x, q_pos, k_pos, a_k, a_v, key_pad=None):

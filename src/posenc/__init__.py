@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .attention import KVCache, MultiHeadAttention, build_mask
 from .base import AttentionContext, Card, PositionalEncoding
-from .errors import ConfigError, PositionError, PosencError, UnknownNameError
+from .errors import ConfigError, PosencError, PositionError, UnknownNameError
 from .models import (
     Decoder,
     Encoder,

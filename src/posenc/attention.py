@@ -292,7 +292,14 @@ class MultiHeadAttention(nn.Module):
                 add = post if add is None else add + post
             is_causal = False
             if add is None:
-                if allowed is not None and causal and attention_mask is None and document_ids is None and mask is None and lq == lk:
+                if (
+                    allowed is not None
+                    and causal
+                    and attention_mask is None
+                    and document_ids is None
+                    and mask is None
+                    and lq == lk
+                ):
                     attn_mask, is_causal = None, True
                 else:
                     attn_mask = allowed

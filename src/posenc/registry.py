@@ -81,7 +81,7 @@ def card(name: str) -> Card:
 
 def accepted_arguments(cls: type[PositionalEncoding]) -> dict[str, inspect.Parameter]:
     sig = inspect.signature(cls.__init__)
-    return {k: p for k, p in sig.parameters.items() if k != "self" and p.kind is not p.VAR_KEYWORD}
+    return {k: p for k, p in sig.parameters.items() if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
 def get(name: str, **kwargs: Any) -> PositionalEncoding:

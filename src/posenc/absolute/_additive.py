@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..base import PositionalEncoding, as_position_rows, check_positions
@@ -28,6 +29,17 @@ class AdditiveAbsolute(PositionalEncoding):
         check_positions(rows, max_position=self.max_len, integer=self.integer_positions)
         out = self.table(rows)
         return out[0] if positions.dim() == 1 else out
+
+    def matrix(self, length: int) -> Tensor:
+        """The code table of positions ``0 .. length-1``: ``[length, D]``."""
+        if not isinstance(length, int) or length < 0:
+            raise ConfigError(f"length must be >= 0, got {length!r}")
+        return self.codes(torch.arange(length, device=self._device()))
+
+    def _device(self) -> torch.device:
+        for t in [*self.parameters(), *self.buffers()]:
+            return t.device
+        return torch.device("cpu")
 
     def embed(self, x: Tensor, positions: Tensor, tokens: Tensor | None = None) -> Tensor:
         d = getattr(self, "d_model", None)

@@ -1,4 +1,4 @@
-"""Complex-order embeddings (Wang et al. 2020, "Encoding word order in complex embeddings", ICLR).
+r"""Complex-order embeddings (Wang et al. 2020, "Encoding word order in complex embeddings", ICLR).
 
 The paper asks for a word representation that is a *continuous function of
 position*, ``f(j, pos) = g_j(pos)``, with two properties: a position-free

@@ -199,4 +199,3 @@ class SinOnlyPosition(AdditiveAbsolute):
 
     def table(self, positions: Tensor) -> Tensor:
         return torch.sin(positions[..., None].double() * self.freq).float()
-

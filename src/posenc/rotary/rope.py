@@ -1,4 +1,4 @@
-"""Rotary position embedding, RoPE (Su et al. 2021, RoFormer), in both layouts.
+r"""Rotary position embedding, RoPE (Su et al. 2021, RoFormer), in both layouts.
 
 RoPE rotates each pair of query / key dimensions by an angle proportional to
 the position. With ``R_Θ,m`` the block-diagonal rotation of position m,

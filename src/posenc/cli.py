@@ -1,0 +1,158 @@
+"""The ``posenc`` command line: ``list``, ``bench``, ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .errors import PosencError
+from .registry import available, resolve
+
+EPILOG = """\
+examples:
+  posenc list                         every encoding with its family and paper
+  posenc list --markdown              the same as a Markdown table
+  posenc bench                        the quick suite: train, extrapolate, leaderboard, report
+  posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
+  posenc inspect rope                 measured properties and pictures of one encoding
+"""
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    names = available()
+    rows = []
+    for n in names:
+        info = resolve(n).info
+        if args.family and info.family != args.family:
+            continue
+        rows.append(
+            (
+                n,
+                info.family,
+                info.position,
+                "yes" if info.learnable else "no",
+                f"{info.paper} ({info.year})",
+                info.summary,
+                info.reference,
+                ", ".join(info.aliases),
+            )
+        )
+    if args.markdown:
+        print("| name | family | sees | learned | paper | what it does | checked against |")
+        print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| `{r[0]}` | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} |")
+        return 0
+    width = max(len(r[0]) for r in rows) if rows else 4
+    print(f"{'name':<{width}}  {'family':<8}  {'paper':<60}  summary")
+    for r in rows:
+        paper = r[4] if len(r[4]) <= 60 else r[4][:57] + "..."
+        print(f"{r[0]:<{width}}  {r[1]:<8}  {paper:<60}  {r[5]}")
+    print(f"\n{len(rows)} encodings. `posenc list --markdown` for a table with references.")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import QUICK_ENCODINGS, quick_suite, run_suite, write_report
+    from .bench.report import leaderboard, markdown_table
+
+    encodings = args.encodings or list(QUICK_ENCODINGS)
+    if encodings == ["all"]:
+        encodings = available()
+    for e in encodings:
+        resolve(e)  # unknown names fail here, with the close matches
+    overrides: dict = {}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    if args.train_max is not None:
+        overrides["train_lengths"] = (4, args.train_max)
+    if args.test_lengths:
+        overrides["test_lengths"] = tuple(args.test_lengths)
+    configs = quick_suite(encodings, args.tasks, args.seeds, **overrides)
+    out = Path(args.out)
+    print(
+        f"posenc bench: {len(configs)} runs ({len(encodings)} encodings × {len(args.tasks)} tasks × "
+        f"{len(args.seeds)} seeds) -> {out}/"
+    )
+    t0 = time.perf_counter()
+    results = run_suite(configs, out, progress=not args.quiet, resume=not args.fresh)
+    files = write_report(results, out)
+    print()
+    print(markdown_table(leaderboard(results)))
+    print(f"finished in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in files.values()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="posenc",
+        description="Positional encodings for Transformers: list them, measure them, benchmark them.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"posenc {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    pl = sub.add_parser("list", help="list every registered encoding", description="List every registered encoding.")
+    pl.add_argument("--markdown", action="store_true", help="print a Markdown table (name, family, paper, reference)")
+    pl.add_argument("--family", choices=["none", "absolute", "rotary", "relative", "bias"], help="only this family")
+    pl.set_defaults(func=_cmd_list)
+
+    pb = sub.add_parser(
+        "bench",
+        help="train small models with each encoding, test extrapolation, print a leaderboard",
+        description=(
+            "Train a small encoder per (task, encoding, seed) on lengths 4..16, test it on longer "
+            "sequences, print a leaderboard and write results.jsonl, results.json, leaderboard.md, "
+            "accuracy_vs_length.png and report.html to --out. Finished runs are kept: run the same "
+            "command again to resume an interrupted suite."
+        ),
+    )
+    pb.add_argument("--encodings", nargs="+", metavar="NAME", help="encodings to compare ('all' for every one)")
+    pb.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["order", "adjacent"],
+        choices=["order", "adjacent"],
+        help="synthetic tasks (default: order adjacent)",
+    )
+    pb.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (default: 0 1)")
+    pb.add_argument("--steps", type=int, help="training steps per run (default 300)")
+    pb.add_argument("--train-max", type=int, help="longest training length (default 16)")
+    pb.add_argument("--test-lengths", nargs="+", type=int, metavar="L", help="test lengths (default 16 32 64)")
+    pb.add_argument("--out", default="posenc-results/quick", help="output folder (default posenc-results/quick)")
+    pb.add_argument("--fresh", action="store_true", help="ignore finished runs in --out and run everything again")
+    pb.add_argument("--quiet", action="store_true", help="no progress bar")
+    pb.set_defaults(func=_cmd_bench)
+
+    try:
+        from .analysis import cli as inspect_cli
+
+        inspect_cli.add_parser(sub)
+    except (ImportError, AttributeError):
+        pass
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except PosencError as exc:
+        print(f"posenc: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nposenc: interrupted; finished runs are kept and the next run resumes from them", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The command line and the first version of the benchmark."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import posenc
+from posenc.bench import RunConfig, run_suite, write_report
+from posenc.bench.runner import ResultStore
+from posenc.bench.tasks import A, B, adjacent_task, order_task
+from posenc.cli import main
+from posenc.errors import ConfigError, UnknownNameError
+
+
+def test_version_and_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert posenc.__version__ in capsys.readouterr().out
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "bench" in out and "list" in out and "examples" in out
+
+
+def test_list_shows_every_encoding(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in posenc.available():
+        assert f"\n{name} " in out or out.startswith(name)
+    assert main(["list", "--markdown"]) == 0
+    md = capsys.readouterr().out
+    assert md.count("\n| `") == len(posenc.available())
+
+
+def test_unknown_encoding_is_a_clear_cli_error(capsys):
+    assert main(["bench", "--encodings", "sinusiodal"]) == 2
+    assert "Did you mean: sinusoidal" in capsys.readouterr().err
+
+
+def test_module_entry_point():
+    out = subprocess.run([sys.executable, "-m", "posenc", "list"], capture_output=True, text=True, check=True)
+    assert "rope" in out.stdout
+
+
+@pytest.mark.parametrize("task", [order_task, adjacent_task])
+def test_tasks_are_balanced_and_labels_follow_positions(task):
+    g = torch.Generator().manual_seed(0)
+    batch = task(2000, (4, 16), g)
+    assert 0.4 < batch.labels.float().mean() < 0.6
+    for row, label, keep in zip(batch.tokens, batch.labels, batch.attention_mask):
+        i = int((row == A).nonzero()[0])
+        j = int((row == B).nonzero()[0])
+        assert int((row == A).sum()) == 1 and int((row == B).sum()) == 1
+        assert keep[i] and keep[j]
+        want = (i < j) if task is order_task else abs(i - j) == 1
+        assert bool(label) == want
+
+
+def test_order_task_bag_of_words_is_uninformative():
+    # the multiset of tokens is independent of the label: A and B once each, the rest filler
+    g = torch.Generator().manual_seed(1)
+    batch = order_task(4000, (8, 8), g)
+    counts = torch.stack([(batch.tokens == t).sum(1) for t in range(16)], 1).float()
+    pos, neg = counts[batch.labels == 1].mean(0), counts[batch.labels == 0].mean(0)
+    assert torch.allclose(pos, neg, atol=0.15)
+
+
+def test_run_config_validation():
+    with pytest.raises(ConfigError, match="shorter than the longest training length 16"):
+        RunConfig(test_lengths=(8, 32))
+    with pytest.raises(UnknownNameError, match="task"):
+        RunConfig(task="sorting")
+    with pytest.raises(UnknownNameError, match="encoding"):
+        RunConfig(encoding="alibii")
+    with pytest.raises(ConfigError, match="steps"):
+        RunConfig(steps=0)
+    assert RunConfig().key() == RunConfig().key() != RunConfig(seed=1).key()
+
+
+def _tiny(**kw):
+    base = dict(
+        steps=120,
+        batch_size=32,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        eval_samples=128,
+        train_lengths=(4, 8),
+        test_lengths=(8, 16),
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_suite_learns_order_resumes_and_reports(tmp_path):
+    configs = [_tiny(encoding="none"), _tiny(encoding="rope")]
+    results = run_suite(configs, tmp_path, progress=False)
+    acc = {r["config"]["encoding"]: r["accuracy"]["8"] for r in results}
+    assert acc["rope"] > 0.9  # order decides the answer and RoPE sees order
+    assert 0.35 < acc["none"] < 0.65  # a position-insensitive model is at chance
+    # a second call finds both runs finished and runs nothing
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    again = run_suite(configs, tmp_path, progress=False)
+    assert again == results and (tmp_path / "results.jsonl").read_text().splitlines() == lines
+    files = write_report(results, tmp_path)
+    data = json.loads(files["results"].read_text())
+    assert {r["encoding"] for r in data["leaderboard"]} == {"none", "rope"}
+    png = files["plot"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert "rope" in files["leaderboard"].read_text() and "<table" in files["report"].read_text()
+
+
+def test_interrupted_suite_keeps_finished_runs(tmp_path, monkeypatch):
+    from posenc.bench import runner
+
+    configs = [_tiny(encoding="none", steps=5), _tiny(encoding="sinusoidal", steps=5)]
+    real = runner.run_one
+    calls = []
+
+    def flaky(cfg, on_step=None):
+        calls.append(cfg.encoding)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(cfg, on_step)
+
+    monkeypatch.setattr(runner, "run_one", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(configs, tmp_path, progress=False)
+    assert len(ResultStore(tmp_path / "results.jsonl").load()) == 1
+    monkeypatch.setattr(runner, "run_one", real)
+    # a line cut short by the interruption is tolerated
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"key": "trunc')
+    results = run_suite(configs, tmp_path, progress=False)
+    assert [r["config"]["encoding"] for r in results] == ["none", "sinusoidal"]
+    # and the run added after the cut line is itself kept
+    assert len(ResultStore(tmp_path / "results.jsonl").load()) == 2
+
+
+def test_corrupt_store_is_a_clear_error(tmp_path):
+    (tmp_path / "results.jsonl").write_text("garbage\n" + json.dumps({"key": "k"}) + "\n")
+    with pytest.raises(ConfigError, match="corrupt"):
+        ResultStore(tmp_path / "results.jsonl").load()
+
+
+def test_unreachable_length_is_recorded_not_fatal(tmp_path):
+    cfg = _tiny(encoding="binary", steps=3, d_model=4, n_heads=1, test_lengths=(8, 16, 32))
+    # d_model=4 bits code positions 0..15 only; length 32 cannot be encoded
+    res = run_suite([cfg], tmp_path, progress=False)[0]
+    assert res["accuracy"]["32"] is None and "0..15" in res["accuracy"]["32_error"]
+    assert res["accuracy"]["8"] is not None
+
+
+def test_cli_bench_end_to_end(tmp_path, capsys):
+    rc = main(
+        [
+            "bench",
+            "--encodings",
+            "none",
+            "rope",
+            "--tasks",
+            "order",
+            "--seeds",
+            "0",
+            "--steps",
+            "20",
+            "--train-max",
+            "8",
+            "--test-lengths",
+            "8",
+            "16",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| 1 | " in out and "rope" in out and "finished in" in out
+    assert (tmp_path / "report.html").exists() and (tmp_path / "accuracy_vs_length.png").exists()

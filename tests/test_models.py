@@ -1,0 +1,117 @@
+"""Models built from the attention core: shapes, norms, heads, factorised embedding, training."""
+
+import pytest
+import torch
+
+import posenc
+from posenc.errors import ConfigError
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_trunk_shapes_and_norms(norm, causal):
+    m = posenc.Transformer(30, encoding="rope", d_model=32, n_heads=4, n_layers=2, norm=norm, causal=causal)
+    out = m(torch.randint(0, 30, (3, 7)))
+    assert out.hidden.shape == (3, 7, 32)
+    assert isinstance(m.final_norm, torch.nn.LayerNorm) == (norm == "pre")
+
+
+def test_causal_decoder_does_not_look_ahead():
+    m = posenc.Decoder(30, encoding="sinusoidal", d_model=32, n_heads=4).eval()
+    a = torch.randint(0, 30, (1, 8))
+    b = a.clone()
+    b[0, 5:] = (b[0, 5:] + 1) % 30
+    assert torch.allclose(m(a).hidden[:, :5], m(b).hidden[:, :5], atol=1e-6)
+    assert not torch.allclose(m(a).hidden[:, 5:], m(b).hidden[:, 5:])
+
+
+def test_no_position_encoder_is_permutation_equivariant_and_encodings_break_it():
+    # seed 002: a Transformer without positions is position-insensitive
+    tokens = torch.randint(0, 30, (2, 9))
+    perm = torch.randperm(9)
+    for name, equivariant in [("none", True), ("sinusoidal", False), ("rope", False), ("learned", False)]:
+        m = posenc.Encoder(30, encoding=name, d_model=32, n_heads=4).eval()
+        h, hp = m(tokens).hidden, m(tokens[:, perm]).hidden
+        assert torch.allclose(h[:, perm], hp, atol=1e-5) == equivariant, name
+
+
+def test_factorised_embedding():
+    m = posenc.Encoder(100, encoding="learned", d_model=32, n_heads=4, embedding_size=8)
+    assert m.tok.weight.shape == (100, 8)
+    assert isinstance(m.factor, torch.nn.Linear) and m.factor.in_features == 8
+    assert m(torch.randint(0, 100, (2, 5))).hidden.shape == (2, 5, 32)
+
+
+def test_heads():
+    tokens = torch.randint(1, 30, (3, 6))
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[0, 4:] = False
+    for pooling in ("mean", "first", "last", "max"):
+        clf = posenc.SequenceClassifier(30, 5, pooling=pooling, encoding="rope", d_model=32, n_heads=4)
+        assert clf(tokens, attention_mask=mask).shape == (3, 5)
+    tag = posenc.TokenTagger(30, 7, encoding="learned", d_model=32, n_heads=4)
+    assert tag(tokens).shape == (3, 6, 7)
+    lm = posenc.LanguageModel(30, encoding="rope", d_model=32, n_heads=4)
+    assert lm(tokens).shape == (3, 6, 30)
+    assert lm.head.weight is lm.trunk.tok.weight
+    with pytest.raises(ConfigError, match="pooling"):
+        posenc.SequenceClassifier(30, 2, pooling="median")
+
+
+def test_mean_pooling_ignores_padding():
+    clf = posenc.SequenceClassifier(30, 2, encoding="rope", d_model=32, n_heads=4).eval()
+    tokens = torch.randint(1, 30, (1, 4))
+    padded = torch.cat([tokens, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask = torch.tensor([[True] * 4 + [False] * 3])
+    assert torch.allclose(clf(tokens), clf(padded, attention_mask=mask), atol=1e-5)
+
+
+def test_language_model_trains_on_counting_with_rope():
+    torch.manual_seed(0)
+    lm = posenc.LanguageModel(12, encoding="rope", d_model=32, n_heads=4, n_layers=2)
+    opt = torch.optim.Adam(lm.parameters(), lr=3e-3)
+    first = last = None
+    for _step in range(60):
+        start = torch.randint(0, 12, (16, 1))
+        seq = (start + torch.arange(10)) % 12  # each token is the previous one plus 1
+        loss = lm.loss(seq)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = first if first is not None else loss.item()
+        last = loss.item()
+    assert last < first * 0.3
+
+
+def test_per_layer_copies_for_unshared_encodings():
+    class PerLayer(posenc.PositionalEncoding):
+        info = posenc.Card(
+            name="x", title="", paper="", year=0, family="bias", position="relative", learnable=True, summary=""
+        )
+        shared_across_layers = False
+
+        def __init__(self, n_heads: int = 2):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(n_heads))
+
+        def bias(self, ctx):
+            return self.w[:, None, None] * ctx.relative()[:, None].float()
+
+    m = posenc.Encoder(10, encoding=PerLayer(4), d_model=16, n_heads=4, n_layers=3)
+    encs = [b.attn.encoding for b in m.blocks]
+    assert len({id(e) for e in encs}) == 3
+    assert all(e.params == {"n_heads": 4} for e in encs)
+
+
+def test_bad_model_inputs():
+    with pytest.raises(ConfigError, match="divisible"):
+        posenc.Encoder(10, d_model=30, n_heads=4)
+    with pytest.raises(ConfigError, match="norm"):
+        posenc.Encoder(10, norm="sandwich")
+    m = posenc.Encoder(10, d_model=16, n_heads=2)
+    with pytest.raises(ConfigError, match=r"tokens must be \[batch, length\]"):
+        m(torch.randint(0, 10, (5,)))
+    with pytest.raises(ConfigError, match="one tensor per layer"):
+        m(torch.randint(0, 10, (1, 5)), memory=[torch.randn(1, 2, 16)])
+    with pytest.raises(ConfigError, match="only with an encoding name"):
+        posenc.Encoder(10, encoding=posenc.get("none"), encoding_options={"x": 1})

@@ -420,3 +420,25 @@ def test_bad_configurations():
     attn = MultiHeadAttention(16, 4, enc)
     with pytest.raises(ConfigError, match="n_heads=2, head_dim=8"):
         attn(torch.randn(1, 3, 16))
+
+
+def test_fast_path_never_materialises_R_for_every_pair(monkeypatch):
+    """The fast path projects R for the Lq + Lk - 1 distances (or the distinct ones), not Lq × Lk."""
+    seen: list[tuple[int, ...]] = []
+    original = TransformerXL.projected_R
+
+    def spy(self, distances, dtype):
+        seen.append(tuple(distances.shape))
+        return original(self, distances, dtype)
+
+    monkeypatch.setattr(TransformerXL, "projected_R", spy)
+    fast, ref = make_pair(d_model=8, n_heads=2, seed=14)
+    x, mem = torch.randn(2, 6, 8, dtype=F64), torch.randn(2, 5, 8, dtype=F64)
+    fast(x, memory=mem, causal=True)
+    assert seen == [(1, 6 + 11 - 1)]
+    seen.clear()
+    fast(x, positions=torch.tensor([0, 1, 2, 0, 1, 2]))  # gather: the 5 distinct distances -2 .. 2
+    assert seen == [(5,)]
+    seen.clear()
+    ref(x, memory=mem, causal=True)  # the literal path does build R_{i-j} for every pair
+    assert seen == [(1, 6, 11)]

@@ -126,6 +126,13 @@ def test_gradients_reach_both_parameters(cls, constraint: str) -> None:
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
 
 
+def test_used_twice_in_one_graph_backward_works() -> None:
+    mha = MultiHeadAttention(D, H, KerplePower(H))
+    x = torch.randn(1, 5, D)
+    (mha(x, causal=True).sum() + mha(x, causal=True).sum()).backward()
+    assert torch.isfinite(mha.encoding.raw_r2.grad).all()
+
+
 @pytest.mark.parametrize("cls", [KerpleLog, KerplePower])
 def test_fast_equals_reference(cls) -> None:
     torch.manual_seed(3)

@@ -219,6 +219,7 @@ def test_every_hook_and_attribute_is_forwarded() -> None:
     assert enc.hooks() == frozenset(HOOKS)
     assert Randomized(BiasRecorder(), 50).hooks() == {"positions", "bias"}
     assert Randomized.hooks() == frozenset(HOOKS)  # on the class: the methods it defines
+    assert posenc.resolve("randomized-sinusoidal").hooks() == {"positions", "embed"}  # from its inner class
     assert (enc.key_projection, enc.requires_tokens, enc.shared_across_layers) == (False, True, False)
     pos = torch.arange(4)[None]
     out = enc.positions(pos, training=True)

@@ -56,13 +56,17 @@ AT_EVAL = ("ordinary", "random")
 class _InstanceHooks:
     """``hooks()`` that answers for the instance: the inner encoding's hooks plus ``positions``.
 
-    On the class (``Randomized.hooks()``) it answers as the base class does, from the
-    overridden methods; on an instance it answers what the attention really needs, so
-    that e.g. ``randomized-sinusoidal`` keeps the fast path (no ``values`` hook).
+    On the class it answers from the overridden methods (``Randomized.hooks()``: all of
+    them) or, for a registered ``randomized-<name>`` class, from its inner class; on an
+    instance it answers what the attention really needs, so that e.g.
+    ``randomized-sinusoidal`` keeps the fast path (no ``values`` hook).
     """
 
     def __get__(self, obj: Any, owner: type) -> Any:
         if obj is None:
+            inner = getattr(owner, "inner_class", None)  # randomized-<name>: known before construction
+            if inner is not None:
+                return lambda: inner.hooks() | {"positions"}
             return lambda: frozenset(h for h in HOOKS if getattr(owner, h) is not getattr(PositionalEncoding, h))
         return obj._hooks
 

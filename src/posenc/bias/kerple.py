@@ -109,9 +109,14 @@ class _Kerple(PositionalEncoding):
     def parameters_in_range(self) -> tuple[Tensor, Tensor]:
         """``(r_1, r_2)`` as the kernel uses them, ``[H]`` each (clamping the raw values first)."""
         if self.constraint == "clamp":
+            hi = self.r2_max if self.r2_max is not None else math.inf
             with torch.no_grad():
-                self.raw_r1.clamp_(min=self.eps)
-                self.raw_r2.clamp_(min=self.eps, max=self.r2_max if self.r2_max is not None else math.inf)
+                # write only when something is out of range: an in-place write bumps the version
+                # counter and would break a backward through an earlier use in the same graph
+                if bool((self.raw_r1 < self.eps).any()):
+                    self.raw_r1.clamp_(min=self.eps)
+                if bool(((self.raw_r2 < self.eps) | (self.raw_r2 > hi)).any()):
+                    self.raw_r2.clamp_(min=self.eps, max=hi)
             return self.raw_r1, self.raw_r2
         r1 = F.softplus(self.raw_r1)
         r2 = self.r2_max * torch.sigmoid(self.raw_r2) if self.r2_max is not None else F.softplus(self.raw_r2)

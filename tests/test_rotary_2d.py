@@ -58,8 +58,8 @@ def test_score_depends_only_on_row_and_column_offsets():
             assert v == pytest.approx(values[0], rel=1e-6, abs=1e-9)
     # in a 6-wide grid the flat offset 6 is (1, 0) from anywhere, but the flat offset 5 is (0, 5) from (0, 0)
     # and (1, -1) from (0, 1): different scores (the encoding is 2-D, not 1-D)
-    assert abs(score(enc, q, k, 1, 7) - score(enc, q, k, 6, 12)) < 1e-9
-    assert abs(score(enc, q, k, 0, 5) - score(enc, q, k, 1, 6)) > 1e-6
+    assert abs(score(enc, q, k, 1, 7) - score(enc, q, k, 6, 12)) < 1e-6  # float32 phases
+    assert abs(score(enc, q, k, 0, 5) - score(enc, q, k, 1, 6)) > 1e-3
 
 
 def attention_pair():

@@ -212,8 +212,9 @@ class Nezha(_ClippedRelative):
       ``max_relative_position`` (default 64).
     * HF computes the table in float32 from ``exp(2i · -ln(10000)/d)``; we compute it in float64.
     * HF assumes positions ``0 .. L-1`` for both queries and keys (its table is sliced
-      ``[:L, :L]`` by the key length, and a query length different from the key length fails);
-      we use the explicit positions, so KV caches and offsets work.
+      ``[:L, :L]`` by the key length, a query length different from the key length fails, and
+      no sequence may be longer than ``max_position_embeddings``); we use the explicit
+      positions, so KV caches, offsets and any length work.
 
     Args:
         head_dim: ``d_z`` (must be even: sin/cos pairs).

@@ -170,7 +170,7 @@ def test_beyond_training_length_finite() -> None:
 
 def test_trains_on_a_tiny_task() -> None:
     torch.manual_seed(0)
-    model = posenc.LanguageModel(12, encoding="alibi", d_model=32, n_heads=4, n_layers=1, max_len=32)
+    model = posenc.LanguageModel(12, encoding="alibi", d_model=16, n_heads=4, n_layers=1, d_ff=16, max_len=32)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(40):

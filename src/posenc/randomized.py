@@ -31,7 +31,8 @@ paper's procedure; in general it keeps order and equality of positions.
 Evaluation. ``at_eval="ordinary"`` (default) uses the given positions unchanged
 when the model is not training. The reference implementation
 (google-deepmind/randomized_positional_encodings) samples at evaluation too
-(it has no training switch) -- ``at_eval="random"`` does that.
+(it has no training switch) -- ``at_eval="random"`` does that (not with a KV cache:
+each decoding step would draw its own sample).
 
 Batch. The positions hook receives ``[B, L]`` or ``[1, L]`` positions; one
 sample is drawn per row. The core's Transformer passes ``[1, L]`` when the

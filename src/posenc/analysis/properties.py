@@ -273,7 +273,7 @@ class Probe:
         length: int = 128,
         heads: int = 4,
         vocab_size: int = 32,
-        draws: int = 8,
+        draws: int = 32,
         seed: int = 0,
         options: dict[str, Any] | None = None,
     ):

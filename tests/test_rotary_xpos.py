@@ -190,3 +190,33 @@ def test_negative_positions_refused():
     enc = posenc.get("xpos", head_dim=8)
     with pytest.raises(PositionError, match=">= 0"):
         enc(torch.randn(1, 2, 8), torch.tensor([-3, 1]))
+
+
+def torchscale_style_xpos(x: torch.Tensor, downscale: bool, scale_base: float = 512.0) -> torch.Tensor:
+    """microsoft/torchscale's XPOS algorithm, re-written here: x [B, L, d], positions 0..L-1, offset 0.
+
+    Scale exponents are centred (positions -L//2 .. L - L//2 - 1), rotation angles are not;
+    pairs are (2i, 2i+1) (rotate_every_two + duplicate_interleave).
+    """
+    length, d = x.shape[1], x.shape[2]
+    zeta = (torch.arange(0, d, 2, dtype=torch.float64) + 0.4 * d) / (1.4 * d)
+    min_pos = -length // 2
+    scale = zeta ** (torch.arange(min_pos, min_pos + length, dtype=torch.float64)[:, None] / scale_base)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d // 2, dtype=torch.float64) / (d // 2)))
+    angle = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq
+    if downscale:
+        scale = 1 / scale
+    sin = (angle.sin() * scale).repeat_interleave(2, -1)
+    cos = (angle.cos() * scale).repeat_interleave(2, -1)
+    rotated = torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+@pytest.mark.parametrize("length", [6, 7])
+def test_matches_torchscale_algorithm_with_its_centre(length):
+    # torchscale centres the scales on -(-L // 2) = ceil(L / 2); that fixed centre gives the same q and k
+    enc = posenc.get("xpos", head_dim=8, center=-(-length // 2))
+    q, k = torch.randn(2, length, 8, dtype=torch.float64), torch.randn(2, length, 8, dtype=torch.float64)
+    pos = torch.arange(length)
+    torch.testing.assert_close(enc(q, pos), torchscale_style_xpos(q, False), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(enc(k, pos, downscale=True), torchscale_style_xpos(k, True), rtol=1e-6, atol=1e-6)

@@ -18,9 +18,11 @@ Overflow. ``ζ_0 ≈ 0.29``, so ``ζ_0^{-m/512}`` exceeds float32's range near
 ``m ≈ 36000`` (float16: ``m ≈ 4500``). Any common shift ``c`` cancels in the
 score (``ζ^{(n-c)/γ} ζ^{-(m-c)/γ} = ζ^{(n-m)/γ}``), so the scale is computed
 relative to a centre ``c``: with ``center="auto"`` (default) ``c`` is the middle
-of the positions of the call, as torchscale does (it centres on the current
-length), so only the *span* of the positions seen together is limited, not
-their size. The KV cache stores keys after the rotation, so a cached key keeps
+of the positions of the call, ``floor((min + max) / 2)``, so only the *span* of
+the positions seen together is limited, not their size. torchscale centres on
+``ceil(L/2)`` of the current length (and re-applies xPos to all cached keys at
+every step); its q and k are reproduced exactly with ``center=ceil(L/2)``, and
+the scores q·k are the same for any centre. The KV cache stores keys after the rotation, so a cached key keeps
 the centre of the call that stored it: **decode with a KV cache using a fixed
 integer ``center``** (e.g. 0 or the middle of the expected length), the same in
 every call. Positions too far from the centre for the dtype raise a

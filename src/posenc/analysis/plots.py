@@ -130,22 +130,19 @@ def plot_scores(probe: Probe, out: Path, formats: tuple[str, ...]) -> list[Path]
     h = s.shape[0]
     cols = min(h, 4)
     rows = math.ceil(h / cols)
-    fig = _figure(2.2 * cols + 0.8, 2.2 * rows + 0.6, left=0.06, right=0.9, bottom=0.12, top=0.8, wspace=0.35)
+    fig = _figure(2.2 * cols + 0.4, 2.2 * rows + 0.6, left=0.06, right=0.98, bottom=0.12, top=0.8, wspace=0.35)
     axes = fig.subplots(rows, cols, squeeze=False)
-    lim = float(abs(s).max()) or 1.0
-    im = None
     for i in range(rows * cols):
         ax = axes[i // cols][i % cols]
         if i >= h:
             ax.axis("off")
             continue
-        im = ax.imshow(s[i], cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
-        ax.set_title(f"head {i}", fontsize=8)
+        lim = float(abs(s[i]).max()) or 1.0  # each head on its own symmetric scale (red +, blue -)
+        ax.imshow(s[i], cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+        ax.set_title(f"head {i} (|max| {lim:.3g})", fontsize=8)
         ax.set_xlabel("key j", fontsize=7)
         ax.set_ylabel("query i", fontsize=7)
         ax.tick_params(labelsize=6)
-    if im is not None:
-        fig.colorbar(im, cax=fig.add_axes((0.92, 0.15, 0.015, 0.6)))
     fig.suptitle(_title(probe, "position-induced score per head"), fontsize=10)
     return _save(fig, out, "scores", formats)
 

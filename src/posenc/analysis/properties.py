@@ -58,7 +58,7 @@ from ..registry import accepted_arguments, available, build, resolve
 ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "scale"})
 
 # settings some encodings require that no model dimension supplies (used only when not given)
-DEFAULT_OPTIONS: dict[str, Any] = {"factor": 2.0}
+DEFAULT_OPTIONS: dict[str, Any] = {"factor": 2.0, "grid_width": 16}
 
 # (key, title, what "yes" means)
 PROPERTIES: tuple[tuple[str, str, str], ...] = (
@@ -92,7 +92,7 @@ _SINUSOID = dict(
     params_constant=True,
 )
 _ROPE = dict(relative_only=True, direction_aware=True, decay=True, bounded=True, linear_offset=True, consistent=True)
-EXTRA_CLAIMS: dict[str, dict[str, bool]] = {
+EXTRA_CLAIMS: dict[str, dict[str, bool | None]] = {
     "sinusoidal": _SINUSOID,  # seeds 000, 001, 002
     "sinusoidal-concat": _SINUSOID,
     "binary": dict(unique=True, bounded=True),  # seed 001: unique, bounded, discontinuous
@@ -108,6 +108,9 @@ EXTRA_CLAIMS: dict[str, dict[str, bool]] = {
     "alibi": dict(relative_only=True, decay=True, params_constant=True),
     "kerple": dict(relative_only=True),
     "t5": dict(relative_only=True, bounded=True),
+    # relative in (row, column) of a grid, not in the flattened 1-D positions the probe shifts:
+    # a shift by a multiple of grid_width leaves its scores unchanged, a shift by 1 does not
+    "rope-2d": dict(relative_only=None),
 }
 
 # shortcoming phrases -> (property, claimed value)

@@ -195,7 +195,10 @@ def test_trains_and_gradients_reach_the_inner_parameters() -> None:
         if step == 0:
             grad = model.trunk.encoding.inner.weight.grad
             assert grad is not None and torch.isfinite(grad).all()
-            assert (grad.abs().sum(-1) > 0).sum() == 11  # the 11 sampled rows (12 tokens, last one dropped)
+            # each of the 8 sequences draws its own 11 rows (12 tokens, last one dropped): more than 11 rows,
+            # and never a row outside the drawn ones
+            rows = int((grad.abs().sum(-1) > 0).sum())
+            assert 11 < rows <= min(8 * 11, 64)
         opt.step()
         losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5

@@ -86,8 +86,8 @@ class Transformer(nn.Module):
         vocab_size: number of token ids.
         encoding: a registered name (``"rope"``, ``"t5"`` ...) or an encoding instance.
         encoding_options: settings for the encoding (e.g. ``{"base": 500000}``); the
-            model passes ``d_model``, ``n_heads``, ``head_dim``, ``max_len`` and
-            ``vocab_size`` to encodings that take them.
+            model passes ``d_model``, ``n_heads``, ``head_dim``, ``max_len``, ``vocab_size``,
+            ``n_layers`` and ``causal`` to encodings that take them.
         d_model, n_layers, n_heads, d_ff: sizes (``d_ff`` defaults to ``4 * d_model``).
         causal: decoder (causal mask) instead of a bidirectional encoder.
         norm: ``"pre"`` or ``"post"`` layer norm.
@@ -206,7 +206,8 @@ class Transformer(nn.Module):
                 mem_pos, q_pos = mem_pos.expand(nb, -1), q_pos.expand(nb, -1)
             key_positions = torch.cat([mem_pos, q_pos], dim=1)
         if "positions" in self.encoding.hooks():
-            q_pos = self.encoding.positions(q_pos, self.training)
+            # in training, one draw per sequence (randomized positions): give the hook the whole batch
+            q_pos = self.encoding.positions(q_pos.expand(b, -1) if self.training else q_pos, self.training)
             if key_positions is not None:
                 key_positions = torch.cat([key_positions[:, :m].expand(q_pos.shape[0], -1), q_pos], dim=1)
         x = self.embed_tokens(tokens, q_pos)

@@ -91,8 +91,10 @@ class T5Bias(PositionalEncoding):
         num_buckets: number of buckets (T5: 32); even and >= 4 when bidirectional, >= 2 otherwise.
         max_distance: distances from here on share the last bucket (T5: 128).
         bidirectional: ``True`` for an encoder (separate buckets for keys before and
-            after the query), ``False`` for a decoder (HF uses ``not is_decoder``).
+            after the query), ``False`` for a decoder (HF uses ``not is_decoder``);
+            ``None`` (default): ``not causal``.
         scaling: ``"default"`` (``1/sqrt(d_head)``) or ``"t5"`` (no temperature, as T5).
+        causal: set by the models: a causal decoder defaults to one-directional buckets.
 
     The bias depends on positions only, so one table serves every layer
     (``shared_across_layers``), and it is computed once per forward and cached in
@@ -119,10 +121,13 @@ class T5Bias(PositionalEncoding):
         n_heads: int,
         num_buckets: int = 32,
         max_distance: int = 128,
-        bidirectional: bool = True,
+        bidirectional: bool | None = None,
         scaling: str = "default",
+        causal: bool = False,
     ):
         super().__init__()
+        if bidirectional is None:  # a decoder (causal model) buckets one direction, as T5's decoder does
+            bidirectional = not causal
         if not isinstance(n_heads, int) or n_heads <= 0:
             raise ConfigError(f"n_heads must be a positive integer, got {n_heads!r}")
         if not isinstance(num_buckets, int) or isinstance(num_buckets, bool):

@@ -29,7 +29,9 @@ def test_no_position_encoder_is_permutation_equivariant_and_encodings_break_it()
     # seed 002: a Transformer without positions is position-insensitive
     tokens = torch.randint(0, 30, (2, 9))
     perm = torch.randperm(9)
-    for name, equivariant in [("none", True), ("sinusoidal", False), ("rope", False), ("learned", False)]:
+    # "integer" and "normalized" write their scalar code along a zero-mean direction: a pre-LN model sees it
+    cases = [("none", True), ("sinusoidal", False), ("rope", False), ("learned", False), ("normalized", False)]
+    for name, equivariant in cases + [("integer", False)]:
         m = posenc.Encoder(30, encoding=name, d_model=32, n_heads=4).eval()
         h, hp = m(tokens).hidden, m(tokens[:, perm]).hidden
         assert torch.allclose(h[:, perm], hp, atol=1e-5) == equivariant, name

@@ -39,13 +39,14 @@ class KVCache:
     true positions of every key.
     """
 
-    layers: dict[int, tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
+    layers: dict[int, tuple[Tensor, Tensor, Tensor, Tensor | None]] = field(default_factory=dict)
 
-    def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
 
-    def update(self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor) -> None:
-        self.layers[layer] = (k, v, k_pos)
+    def update(self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None = None) -> None:
+        """Store all keys so far (rotated), their values, positions and segment ids (if any)."""
+        self.layers[layer] = (k, v, k_pos, k_segments)
 
     def length(self) -> int:
         """Number of cached key positions (0 when empty)."""
@@ -253,19 +254,22 @@ class MultiHeadAttention(nn.Module):
             q_segments=segment_ids,
             k_segments=key_segment_ids if key_segment_ids is not None else segment_ids,
             attention=self,
+            caching=kv_cache is not None,
         )
         if enc is not None and self._has["rotate"]:
             q, k = enc.rotate(q, k, ctx)
         if past is not None:
-            pk, pv, ppos = past
+            pk, pv, ppos, pseg = past
             k = torch.cat([pk, k], dim=2)
             v = torch.cat([pv, v], dim=2)
             if ppos.shape[0] != new_k_pos.shape[0]:
                 nb = max(ppos.shape[0], new_k_pos.shape[0])
                 ppos, new_k_pos = ppos.expand(nb, -1), new_k_pos.expand(nb, -1)
             ctx.k_pos = torch.cat([ppos, new_k_pos], dim=1)
+            if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
+                ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
         if kv_cache is not None:
-            kv_cache.update(self.layer, k, v, ctx.k_pos)
+            kv_cache.update(self.layer, k, v, ctx.k_pos, ctx.k_segments)
         lk = k.shape[2]
 
         allowed = build_mask(
@@ -278,6 +282,7 @@ class MultiHeadAttention(nn.Module):
             document_ids=document_ids,
             mask=mask,
         )
+        ctx.mask = allowed
         scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
         extra = enc.logits(q, k, ctx) if enc is not None and self._has["logits"] else None
         post = enc.bias(ctx) if enc is not None and self._has["bias"] else None

@@ -92,6 +92,8 @@ class AttentionContext:
     q_segments: Tensor | None = None  # [B, Lq] segment ids (XLNet's relative segments)
     k_segments: Tensor | None = None
     attention: nn.Module | None = None  # the calling attention module (its projections)
+    caching: bool = False  # keys are stored in a KV cache after the rotate hook (and reused later)
+    mask: Tensor | None = None  # [B|1, 1|H, Lq, Lk] True where query i may attend key j (set before logits/bias)
 
     def relative(self) -> Tensor:
         """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""

@@ -21,14 +21,29 @@ def _check_dim(d_model: int) -> None:
         raise ConfigError(f"d_model must be a positive integer, got {d_model!r}")
 
 
+def alternating(d_model: int) -> Tensor:
+    """``u = (+1, -1, +1, ...)``: the direction a scalar position code is written along.
+
+    A scalar code added equally to every dimension (``t · (1, 1, ..., 1)``) is erased
+    by LayerNorm, which subtracts the mean over dimensions: a pre-LN model would
+    never see it. ``u`` has (near) zero mean, so it survives the normalisation while
+    every coordinate still holds ``±t``.
+    """
+    u = torch.ones(d_model)
+    u[1::2] = -1.0
+    return u
+
+
 @register
 class IntegerPosition(AdditiveAbsolute):
     r"""Integer position index (seed 001, section 1).
 
-    .. math:: PE_t = (t + s)\,\mathbf{1}_D
+    .. math:: PE_t = (t + s)\,u, \quad u = (+1, -1, +1, \dots)
 
-    Every dimension carries the index itself, counted from ``s`` (``start=1``:
-    "the first token is 1, the second 2"). Shortcoming: unbounded -- the code
+    Every dimension carries the index itself (with alternating sign, see
+    :func:`alternating`: a code equal in all dimensions would be erased by
+    LayerNorm), counted from ``s`` (``start=1``: "the first token is 1, the
+    second 2"). Shortcoming: unbounded -- the code
     grows without limit with the length, so lengths unseen in training give
     inputs of a scale the model never saw.
     """
@@ -49,17 +64,18 @@ class IntegerPosition(AdditiveAbsolute):
         super().__init__()
         _check_dim(d_model)
         self.d_model, self.start = d_model, start
+        self.register_buffer("u", alternating(d_model), persistent=False)
 
     def table(self, positions: Tensor) -> Tensor:
         t = (positions + self.start).float()
-        return t[..., None].expand(*positions.shape, self.d_model)
+        return t[..., None] * self.u
 
 
 @register
 class NormalizedPosition(AdditiveAbsolute):
     r"""Position scaled to [0, 1] (seed 001, section 2).
 
-    .. math:: PE_t = \frac{t}{N - 1}\,\mathbf{1}_D
+    .. math:: PE_t = \frac{t}{N - 1}\,u, \quad u = (+1, -1, +1, \dots)
 
     ``N`` is the length of the sequence (the largest position in the row plus
     one, or ``length`` if given): 3 tokens give ``[0, 0.5, 1]``. Shortcoming:
@@ -86,6 +102,7 @@ class NormalizedPosition(AdditiveAbsolute):
         if length is not None and length < 1:
             raise ConfigError(f"length must be >= 1, got {length}")
         self.d_model, self.length = d_model, length
+        self.register_buffer("u", alternating(d_model), persistent=False)
 
     def table(self, positions: Tensor) -> Tensor:
         if self.length is not None:
@@ -93,7 +110,7 @@ class NormalizedPosition(AdditiveAbsolute):
         else:
             n = positions.max(dim=-1, keepdim=True).values + 1
         t = positions.float() / (n - 1).clamp(min=1).float()
-        return t[..., None].expand(*positions.shape, self.d_model)
+        return t[..., None] * self.u
 
 
 @register

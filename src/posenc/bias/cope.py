@@ -90,12 +90,14 @@ class CoPE(PositionalEncoding):
 
     # ---------------------------------------------------------------- parts
     def gates(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
-        """``σ(q_i·k_t · s)``, zero for keys after the query when causal: ``[B, H, Lq, Lk]``."""
+        """``σ(q_i·k_t · s)``, zero for keys after the query when causal and for masked keys: ``[B, H, Lq, Lk]``."""
         s = self.scale(ctx.head_dim) if self.gate_scale else 1.0
         g = torch.sigmoid(torch.matmul(q, k.transpose(-1, -2)) * s)
         if self.causal:
             visible = ctx.k_pos[:, None, :] <= ctx.q_pos[:, :, None]  # [B|1, Lq, Lk]
             g = g * visible[:, None].to(g.dtype)
+        if ctx.mask is not None:  # padding and other documents' keys are not counted
+            g = g * ctx.mask.to(g.dtype)
         return g
 
     def contextual_positions(self, gates: Tensor, literal: bool) -> Tensor:

@@ -109,7 +109,9 @@ class DeBERTa(PositionalEncoding):
         d_model: width of the hidden states (and of the relative-embedding table).
         n_heads, head_dim: the attention's heads (``head_dim`` defaults to ``d_model // n_heads``).
         max_len: used as ``max_relative_positions`` when that is < 1 (HF: ``max_position_embeddings``).
-        position_buckets: log buckets (DeBERTa-v3: 256); ``<= 0`` clips ``i - j`` to ``±k`` instead.
+        position_buckets: log buckets (DeBERTa-v3: 256); ``<= 0`` clips ``i - j`` to ``±k`` instead
+            (DeBERTa-v2's ``position_buckets=-1``). ``None`` (default): 256 when
+            ``max_relative_positions`` is large enough for them (>= 130), else plain clipping.
         max_relative_positions: the largest offset the log buckets resolve / the clip ``k``.
         pos_att_type: position terms, any of ``"c2p"``, ``"p2c"``, ``"p2p"`` (list or ``"p2c|c2p"``).
         share_att_key: project the table with the attention's own ``W_q`` / ``W_k`` (v3).
@@ -141,7 +143,7 @@ class DeBERTa(PositionalEncoding):
         n_heads: int,
         head_dim: int | None = None,
         max_len: int = 512,
-        position_buckets: int = 256,
+        position_buckets: int | None = None,
         max_relative_positions: int = -1,
         pos_att_type: str | Sequence[str] = ("p2c", "c2p"),
         share_att_key: bool = True,
@@ -161,7 +163,7 @@ class DeBERTa(PositionalEncoding):
             head_dim = d_model // n_heads
         if not isinstance(head_dim, int) or head_dim <= 0:
             raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
-        if not isinstance(position_buckets, int) or not isinstance(max_relative_positions, int):
+        if not isinstance(position_buckets, (int, type(None))) or not isinstance(max_relative_positions, int):
             raise ConfigError(
                 f"position_buckets and max_relative_positions must be integers, got "
                 f"{position_buckets!r} and {max_relative_positions!r}"
@@ -169,6 +171,8 @@ class DeBERTa(PositionalEncoding):
         max_rel = max_relative_positions if max_relative_positions >= 1 else max_len
         if not isinstance(max_rel, int) or max_rel < 1:
             raise ConfigError(f"max_relative_positions (or max_len when it is < 1) must be >= 1, got {max_rel!r}")
+        if position_buckets is None:
+            position_buckets = 256 if max_rel - 1 > 128 else -1
         if position_buckets > 0:
             if position_buckets < 4 or position_buckets % 2:
                 raise ConfigError(

@@ -23,9 +23,10 @@ the positions seen together is limited, not their size. torchscale centres on
 ``ceil(L/2)`` of the current length (and re-applies xPos to all cached keys at
 every step); its q and k are reproduced exactly with ``center=ceil(L/2)``, and
 the scores q·k are the same for any centre. The KV cache stores keys after the rotation, so a cached key keeps
-the centre of the call that stored it: **decode with a KV cache using a fixed
-integer ``center``** (e.g. 0 or the middle of the expected length), the same in
-every call. Positions too far from the centre for the dtype raise a
+the centre of the call that stored it: when the attention runs with a KV cache
+(``ctx.caching``), ``center="auto"`` uses the centre 0 in every call (a fixed
+integer ``center`` is used as given), which limits cached decoding to positions
+within the float range of the centre. Positions too far from the centre for the dtype raise a
 :class:`~posenc.errors.PositionError` instead of producing inf / NaN.
 
 Layout: the paper writes each pair as a complex number ``q_{2i} + i q_{2i+1}``
@@ -76,7 +77,7 @@ class XPos(RoPE):
         learnable=False,
         summary="RoPE whose pairs decay as ζ_i^((n-m)/γ): q scaled by ζ^(n/γ), k by ζ^(-m/γ).",
         reference="the paper's formula (naive per-pair loop), torchscale's ζ_i and layout",
-        shortcoming="scales overflow far from the centre; KV-cache decoding needs a fixed center",
+        shortcoming="scales overflow far from the centre (cached decoding uses centre 0)",
     )
 
     def __init__(
@@ -150,7 +151,9 @@ class XPos(RoPE):
         if got is None or got[0] is not ctx.q_pos or got[1] is not ctx.k_pos:
             if ctx.q_pos.numel() == 0 and ctx.k_pos.numel() == 0:
                 return q, k
-            c = self._center(ctx.q_pos, ctx.k_pos)
+            # keys that go into a KV cache keep the centre they were scaled with: use one centre for
+            # every call then (the fixed one, or 0 under "auto")
+            c = 0.0 if (ctx.caching and self.center == "auto") else self._center(ctx.q_pos, ctx.k_pos)
             qc, qs = self.scaled_cos_sin(ctx.q_pos, c, +1, q.dtype)
             kc, ks = self.scaled_cos_sin(ctx.k_pos, c, -1, q.dtype)
             got = (ctx.q_pos, ctx.k_pos, qc[:, None], qs[:, None], kc[:, None], ks[:, None])

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check src tests scripts benchmarks
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -10,7 +10,7 @@ import torch
 import posenc
 from posenc.bench import RunConfig, run_suite, write_report
 from posenc.bench.runner import ResultStore
-from posenc.bench.tasks import A, B, adjacent_task, order_task
+from posenc.bench.tasks.order import A, B, adjacent_task, order_task
 from posenc.cli import main
 from posenc.errors import ConfigError, UnknownNameError
 
@@ -76,6 +76,11 @@ def test_run_config_validation():
         RunConfig(encoding="alibii")
     with pytest.raises(ConfigError, match="steps"):
         RunConfig(steps=0)
+    with pytest.raises(ConfigError, match="model must be one of"):
+        RunConfig(model="seq2seq")
+    with pytest.raises(ConfigError, match="unknown run settings"):
+        RunConfig.from_dict({"task": "order", "stepz": 3})
+    assert RunConfig(task="order").model == "encoder"
     assert RunConfig().key() == RunConfig().key() != RunConfig(seed=1).key()
 
 
@@ -97,7 +102,7 @@ def _tiny(**kw):
 def test_suite_learns_order_resumes_and_reports(tmp_path):
     configs = [_tiny(encoding="none"), _tiny(encoding="rope")]
     results = run_suite(configs, tmp_path, progress=False)
-    acc = {r["config"]["encoding"]: r["accuracy"]["8"] for r in results}
+    acc = {r["config"]["encoding"]: r["metrics"]["8"] for r in results}
     assert acc["rope"] > 0.9  # order decides the answer and RoPE sees order
     assert 0.35 < acc["none"] < 0.65  # a position-insensitive model is at chance
     # a second call finds both runs finished and runs nothing
@@ -149,8 +154,8 @@ def test_unreachable_length_is_recorded_not_fatal(tmp_path):
     cfg = _tiny(encoding="binary", steps=3, d_model=4, n_heads=1, test_lengths=(8, 16, 32))
     # d_model=4 bits code positions 0..15 only; length 32 cannot be encoded
     res = run_suite([cfg], tmp_path, progress=False)[0]
-    assert res["accuracy"]["32"] is None and "0..15" in res["accuracy"]["32_error"]
-    assert res["accuracy"]["8"] is not None
+    assert res["metrics"]["32"] is None and "0..15" in res["metrics"]["32_error"]
+    assert res["metrics"]["8"] is not None
 
 
 def test_cli_bench_end_to_end(tmp_path, capsys):

@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
+from .api import Task, available_tasks, get_task, register_task
 from .report import leaderboard, markdown_table, write_report
 from .runner import ResultStore, RunConfig, run_one, run_suite
-from .tasks import TASKS
 
 QUICK_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "binary", "normalized")
 
@@ -26,9 +26,12 @@ def quick_suite(
 
 __all__ = [
     "QUICK_ENCODINGS",
-    "TASKS",
     "ResultStore",
     "RunConfig",
+    "Task",
+    "available_tasks",
+    "get_task",
+    "register_task",
     "leaderboard",
     "markdown_table",
     "quick_suite",

@@ -30,53 +30,84 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cfg = runs[0]["config"]
         train_max = cfg["train_lengths"][1]
         lengths = cfg["test_lengths"]
-        per_len: dict[int, tuple[float, float] | None] = {}
-        for n in lengths:
-            vals = [r["accuracy"].get(str(n)) for r in runs]
+        metric = runs[0].get("metric", "accuracy")
+        higher = runs[0].get("higher_is_better", True)
+        labels = [str(n) for n in lengths] + sorted(
+            {k for r in runs for k in r["metrics"] if not k.endswith("_error") and k not in map(str, lengths)}
+        )
+        per_len: dict[str, tuple[float, float] | None] = {}
+        for n in labels:
+            vals = [r["metrics"].get(n) for r in runs]
             per_len[n] = None if any(v is None for v in vals) else _mean_std([float(v) for v in vals])
-        ind = [per_len[n][0] for n in lengths if n <= train_max and per_len[n] is not None]
-        ood = [per_len[n][0] if per_len[n] is not None else 0.0 for n in lengths if n > train_max]
+        worst = 0.0 if higher else float("inf")
+        ind = [per_len[str(n)][0] for n in lengths if n <= train_max and per_len[str(n)] is not None]
+        ood = [per_len[str(n)][0] if per_len[str(n)] is not None else worst for n in lengths if n > train_max]
         rows.append(
             {
                 "task": task,
                 "encoding": enc,
+                "metric": metric,
+                "higher_is_better": higher,
                 "seeds": len(runs),
-                "accuracy": per_len,
+                "values": per_len,
                 "in_distribution": statistics.fmean(ind) if ind else float("nan"),
                 "extrapolation": statistics.fmean(ood) if ood else float("nan"),
                 "train_max": train_max,
                 "seconds": statistics.fmean(r["train_seconds"] for r in runs),
-                "errors": sorted({v for r in runs for k, v in r["accuracy"].items() if k.endswith("_error")}),
+                "errors": sorted({v for r in runs for k, v in r["metrics"].items() if k.endswith("_error")}),
             }
         )
-    rows.sort(key=lambda r: (r["task"], -_nan0(r["extrapolation"]), -_nan0(r["in_distribution"])))
+    rows.sort(key=lambda r: (r["task"], _rank(r["extrapolation"], r), _rank(r["in_distribution"], r)))
     return rows
 
 
-def _nan0(x: float) -> float:
-    return 0.0 if x != x else x
+def _rank(x: float, row: dict[str, Any]) -> float:
+    """Sort key: better first, NaN last."""
+    if x != x:
+        return float("inf")
+    return -x if row["higher_is_better"] else x
 
 
-def _cell(v: tuple[float, float] | None) -> str:
+def _pct(metric: str) -> bool:
+    return metric in ("accuracy", "f1", "sequence_accuracy")
+
+
+def _fmt(x: float, metric: str) -> str:
+    if x != x:
+        return "n/a"
+    if x == float("inf"):
+        return "inf"
+    return f"{100 * x:.1f}" if _pct(metric) else f"{x:.2f}"
+
+
+def _cell(v: tuple[float, float] | None, metric: str = "accuracy") -> str:
     if v is None:
         return "n/a"
     m, s = v
-    return f"{100 * m:.1f} ± {100 * s:.1f}"
+    return f"{_fmt(m, metric)} ± {_fmt(s, metric)}"
+
+
+def _label(n: str, train_max: int) -> str:
+    if not n.isdigit():
+        return n
+    return f"L={n}{' (train)' if int(n) <= train_max else ''}"
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     out = []
     for task in sorted({r["task"] for r in rows}):
         sub = [r for r in rows if r["task"] == task]
-        lengths = list(sub[0]["accuracy"])
+        labels = list(sub[0]["values"])
         tm = sub[0]["train_max"]
-        head = ["#", "encoding", *[f"L={n}{' (train)' if n <= tm else ''}" for n in lengths], "mean > train", "s/run"]
-        out.append(f"**{task}** — accuracy % (mean ± std over seeds), trained on lengths ≤ {tm}\n")
+        metric = sub[0]["metric"]
+        unit = f"{metric} %" if _pct(metric) else metric
+        head = ["#", "encoding", *[_label(n, tm) for n in labels], "mean > train", "s/run"]
+        out.append(f"**{task}** — {unit} (mean ± std over seeds), trained on lengths ≤ {tm}\n")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for i, r in enumerate(sub, 1):
-            cells = [str(i), r["encoding"], *[_cell(r["accuracy"][n]) for n in lengths]]
-            cells += [f"{100 * r['extrapolation']:.1f}", f"{r['seconds']:.1f}"]
+            cells = [str(i), r["encoding"], *[_cell(r["values"][n], metric) for n in labels]]
+            cells += [_fmt(r["extrapolation"], metric), f"{r['seconds']:.1f}"]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
@@ -95,19 +126,25 @@ def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
     tasks = sorted({r["task"] for r in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
     for ax, task in zip(axes[0], tasks):
+        metric = "accuracy"
         for r in [r for r in rows if r["task"] == task]:
-            xs = [n for n, v in r["accuracy"].items() if v is not None]
-            ys = [100 * r["accuracy"][n][0] for n in xs]
-            err = [100 * r["accuracy"][n][1] for n in xs]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=2, label=r["encoding"])
+            metric = r["metric"]
+            k = 100 if _pct(metric) else 1
+            xs = [n for n, v in r["values"].items() if v is not None and n.isdigit()]
+            ys = [k * r["values"][n][0] for n in xs]
+            err = [k * r["values"][n][1] for n in xs]
+            ax.errorbar([int(x) for x in xs], ys, yerr=err, marker="o", capsize=2, label=r["encoding"])
         tm = next(r["train_max"] for r in rows if r["task"] == task)
         ax.axvline(tm, color="grey", ls=":", lw=1)
-        ax.axhline(50, color="grey", ls="--", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{task} (trained on lengths ≤ {tm})")
         ax.set_xlabel("test length")
-        ax.set_ylabel("accuracy %")
-        ax.set_ylim(40, 101)
+        if _pct(metric):
+            ax.set_ylabel(f"{metric} %")
+            ax.set_ylim(-2, 102)
+        else:
+            ax.set_ylabel(metric)
+            ax.set_yscale("log")
     axes[0][-1].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path = Path(path)
@@ -123,7 +160,7 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str = "pos
     rows = leaderboard(results)
     table = markdown_table(rows)
     files = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.md"}
-    serial = [{**r, "accuracy": {str(k): v for k, v in r["accuracy"].items()}} for r in rows]
+    serial = [{**r, "values": dict(r["values"])} for r in rows]
     files["results"].write_text(json.dumps({"leaderboard": serial, "runs": results}, indent=1))
     files["leaderboard"].write_text(f"# {title}\n\n{table}\n")
     png = plot(results, out_dir / "accuracy_vs_length.png")
@@ -132,13 +169,16 @@ def write_report(results: list[dict[str, Any]], out_dir: Path, title: str = "pos
     body = [f"<h1>{html.escape(title)}</h1>"]
     for task in sorted({r["task"] for r in rows}):
         sub = [r for r in rows if r["task"] == task]
-        lengths = list(sub[0]["accuracy"])
-        body.append(f"<h2>{html.escape(task)}</h2><table border=1 cellpadding=4><tr><th>#</th><th>encoding</th>")
-        body += [f"<th>L={n}</th>" for n in lengths] + ["<th>mean beyond training</th></tr>"]
+        labels = list(sub[0]["values"])
+        metric = sub[0]["metric"]
+        tm = sub[0]["train_max"]
+        body.append(f"<h2>{html.escape(task)} ({html.escape(metric)})</h2>")
+        body.append("<table border=1 cellpadding=4><tr><th>#</th><th>encoding</th>")
+        body += [f"<th>{html.escape(_label(n, tm))}</th>" for n in labels] + ["<th>mean beyond training</th></tr>"]
         for i, r in enumerate(sub, 1):
             body.append(f"<tr><td>{i}</td><td>{html.escape(r['encoding'])}</td>")
-            body += [f"<td>{_cell(r['accuracy'][n])}</td>" for n in lengths]
-            body.append(f"<td>{100 * r['extrapolation']:.1f}</td></tr>")
+            body += [f"<td>{_cell(r['values'][n], metric)}</td>" for n in labels]
+            body.append(f"<td>{_fmt(r['extrapolation'], metric)}</td></tr>")
         body.append("</table>")
     if png is not None:
         body.append(f'<p><img src="{png.name}" alt="accuracy against test length"></p>')

@@ -11,25 +11,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from ..errors import ConfigError
-from ..models import SequenceClassifier
 from ..registry import resolve
-from .tasks import N_CLASSES, VOCAB, get_task
+
+MODELS = ("auto", "encoder", "decoder")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One training run. Every field changes the result; the key hashes all of them."""
+    """One training run. Every field changes the result; the key hashes all of them.
+
+    ``train_lengths`` is the range of training lengths (or, for language modelling,
+    the training context); ``test_lengths`` the lengths evaluated (the first may equal
+    the longest training length: in distribution; the rest are extrapolation).
+    ``model`` is ``"encoder"`` (bidirectional), ``"decoder"`` (causal) or ``"auto"``
+    (the task's default). ``task_options`` are passed to the task as they are.
+    """
 
     task: str = "order"
     encoding: str = "sinusoidal"
@@ -41,16 +44,29 @@ class RunConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
+    d_ff: int | None = None
     lr: float = 3e-3
     eval_samples: int = 512
+    model: str = "auto"
     encoding_options: dict[str, Any] = field(default_factory=dict)
+    task_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        get_task(self.task)
+        from .api import get_task
+
+        object.__setattr__(self, "train_lengths", tuple(self.train_lengths))
+        object.__setattr__(self, "test_lengths", tuple(self.test_lengths))
+        task = get_task(self.task)
         resolve(self.encoding)
+        if self.model not in MODELS:
+            raise ConfigError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.model == "auto":
+            object.__setattr__(self, "model", task.default_model)
+        if len(self.train_lengths) != 2:
+            raise ConfigError(f"train_lengths must be (min, max), got {self.train_lengths}")
         lo, hi = self.train_lengths
-        if not 2 <= lo <= hi:
-            raise ConfigError(f"train_lengths must satisfy 2 <= min <= max, got {self.train_lengths}")
+        if not 1 <= lo <= hi:
+            raise ConfigError(f"train_lengths must satisfy 1 <= min <= max, got {self.train_lengths}")
         if not self.test_lengths:
             raise ConfigError("test_lengths must name at least one length")
         short = [n for n in self.test_lengths if n < hi]
@@ -62,6 +78,9 @@ class RunConfig:
         for name in ("steps", "batch_size", "d_model", "n_layers", "n_heads", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        task.validate(self)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -69,82 +88,36 @@ class RunConfig:
         d["test_lengths"] = list(self.test_lengths)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown run settings {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
     def key(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def _model(cfg: RunConfig) -> SequenceClassifier:
-    return SequenceClassifier(
-        VOCAB,
-        N_CLASSES[cfg.task],
-        encoding=cfg.encoding,
-        encoding_options=cfg.encoding_options or None,
-        d_model=cfg.d_model,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        max_len=max(cfg.test_lengths),
-        pooling="mean",
-    )
-
-
-@torch.no_grad()
-def evaluate(model: SequenceClassifier, task: str, length: int, n: int, seed: int) -> float:
-    """Accuracy on ``n`` fresh samples of exactly ``length`` tokens."""
-    model.eval()
-    g = torch.Generator().manual_seed(10_000 + 97 * seed + length)
-    batch = get_task(task)(n, (length, length), g)
-    correct = 0
-    for s in range(0, n, 256):
-        logits = model(batch.tokens[s : s + 256], attention_mask=batch.attention_mask[s : s + 256])
-        correct += int((logits.argmax(-1) == batch.labels[s : s + 256]).sum())
-    return correct / n
-
-
 def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
-    """Train and evaluate one configuration; return a JSON-able result."""
-    torch.manual_seed(cfg.seed)
-    g = torch.Generator().manual_seed(cfg.seed)
-    model = _model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-    make = get_task(cfg.task)
-    curve: list[list[float]] = []
+    """Train and evaluate one configuration with its task; return a JSON-able result."""
+    from .api import get_task
+
+    task = get_task(cfg.task)
     t0 = time.perf_counter()
-    model.train()
-    running = 0.0
-    for step in range(1, cfg.steps + 1):
-        batch = make(cfg.batch_size, cfg.train_lengths, g)
-        logits = model(batch.tokens, attention_mask=batch.attention_mask)
-        loss = F.cross_entropy(logits, batch.labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        value = loss.item()
-        if not math.isfinite(value):
-            break
-        running = value if step == 1 else 0.9 * running + 0.1 * value
-        if step % 25 == 0 or step == cfg.steps:
-            curve.append([step, running])
-        if on_step is not None:
-            on_step(step, value)
-    train_s = time.perf_counter() - t0
-    accuracy = {}
-    for n in cfg.test_lengths:
-        try:
-            accuracy[str(n)] = evaluate(model, cfg.task, n, cfg.eval_samples, cfg.seed)
-        except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
-            accuracy[str(n)] = None
-            accuracy[f"{n}_error"] = f"{type(exc).__name__}: {exc}"
+    out = task.run(cfg, on_step)
+    curve = out.get("curve", [])
     return {
         "key": cfg.key(),
         "config": cfg.as_dict(),
-        "accuracy": accuracy,
+        "metric": task.metric,
+        "higher_is_better": task.higher_is_better,
+        "metrics": out["metrics"],
         "curve": curve,
-        "train_seconds": round(train_s, 2),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": out.get("train_seconds", round(time.perf_counter() - t0, 2)),
+        "parameters": out.get("parameters"),
         "final_loss": curve[-1][1] if curve else None,
     }
 

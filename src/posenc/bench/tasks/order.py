@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, UnknownNameError
+from ...errors import ConfigError
+from ..api import OnStep, Task, register_task
+from ..runner import RunConfig
+from ..training import train_classifier
 
 PAD, A, B = 0, 1, 2
 N_FILLER = 13  # filler tokens 3 .. 15
@@ -94,16 +98,32 @@ def adjacent_task(n: int, lengths: tuple[int, int], g: torch.Generator) -> Batch
     return Batch(tokens, mask, ((i - j).abs() == 1).long())
 
 
-TASKS: dict[str, Callable[[int, tuple[int, int], torch.Generator], Batch]] = {
-    "order": order_task,
-    "adjacent": adjacent_task,
-}
+def _as_tuple(fn: Callable[[int, tuple[int, int], torch.Generator], Batch]):
+    def make(n: int, lengths: tuple[int, int], g: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        b = fn(n, lengths, g)
+        return b.tokens, b.attention_mask, b.labels
 
-N_CLASSES = {"order": 2, "adjacent": 2}
+    return make
 
 
-def get_task(name: str) -> Callable[[int, tuple[int, int], torch.Generator], Batch]:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise UnknownNameError("task", name, TASKS) from None
+@register_task
+class OrderTask(Task):
+    name = "order"
+    description = "one A and one B among filler tokens: is A before B? (bag of words: 50%)"
+    metric = "accuracy"
+
+    def validate(self, cfg: RunConfig) -> None:
+        if cfg.train_lengths[0] < 2:
+            raise ConfigError(f"{self.name} needs sequences of at least 2 tokens, got {cfg.train_lengths}")
+
+    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
+        return train_classifier(cfg, _as_tuple(order_task), VOCAB, 2, on_step)
+
+
+@register_task
+class AdjacentTask(OrderTask):
+    name = "adjacent"
+    description = "one A and one B among filler tokens: are they neighbours? (bag of words: 50%)"
+
+    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
+        return train_classifier(cfg, _as_tuple(adjacent_task), VOCAB, 2, on_step)

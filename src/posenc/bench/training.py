@@ -1,0 +1,94 @@
+"""Shared training loops for benchmark tasks (sequence classification on generated data)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..models import SequenceClassifier
+from .api import OnStep
+from .runner import RunConfig
+
+# make(n, (min_len, max_len), generator) -> (tokens [N, L], attention_mask [N, L], labels [N])
+MakeBatch = Callable[[int, tuple[int, int], torch.Generator], tuple[Tensor, Tensor, Tensor]]
+
+
+def classifier_for(cfg: RunConfig, vocab_size: int, n_classes: int) -> SequenceClassifier:
+    """The model a classification config asks for (``cfg.model``: encoder or decoder trunk)."""
+    return SequenceClassifier(
+        vocab_size,
+        n_classes,
+        encoding=cfg.encoding,
+        encoding_options=cfg.encoding_options or None,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        d_ff=cfg.d_ff,
+        causal=cfg.model == "decoder",
+        max_len=max(cfg.test_lengths),
+        pooling="last" if cfg.model == "decoder" else "mean",
+    )
+
+
+@torch.no_grad()
+def accuracy(model: SequenceClassifier, make: MakeBatch, length: int, n: int, seed: int) -> float:
+    """Accuracy on ``n`` fresh samples of exactly ``length`` tokens (a seed of its own per length)."""
+    model.eval()
+    g = torch.Generator().manual_seed(10_000 + 97 * seed + length)
+    tokens, mask, labels = make(n, (length, length), g)
+    correct = 0
+    for s in range(0, n, 256):
+        logits = model(tokens[s : s + 256], attention_mask=mask[s : s + 256])
+        correct += int((logits.argmax(-1) == labels[s : s + 256]).sum())
+    return correct / n
+
+
+def train_classifier(
+    cfg: RunConfig, make: MakeBatch, vocab_size: int, n_classes: int, on_step: OnStep | None = None
+) -> dict[str, Any]:
+    """Train on lengths ``cfg.train_lengths``, report accuracy at every ``cfg.test_lengths``."""
+    torch.manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.seed)
+    model = classifier_for(cfg, vocab_size, n_classes)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+    curve: list[list[float]] = []
+    running = 0.0
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(1, cfg.steps + 1):
+        tokens, mask, labels = make(cfg.batch_size, cfg.train_lengths, g)
+        loss = F.cross_entropy(model(tokens, attention_mask=mask), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        value = loss.item()
+        if not math.isfinite(value):
+            break
+        running = value if step == 1 else 0.9 * running + 0.1 * value
+        if step % 25 == 0 or step == cfg.steps:
+            curve.append([step, running])
+        if on_step is not None:
+            on_step(step, value)
+    train_s = time.perf_counter() - t0
+    metrics: dict[str, Any] = {}
+    for n in cfg.test_lengths:
+        try:
+            metrics[str(n)] = accuracy(model, make, n, cfg.eval_samples, cfg.seed)
+        except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
+            metrics[str(n)] = None
+            metrics[f"{n}_error"] = f"{type(exc).__name__}: {exc}"
+    return {
+        "metrics": metrics,
+        "curve": curve,
+        "train_seconds": round(train_s, 2),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }

@@ -1,0 +1,296 @@
+"""Shared training and evaluation for tasks whose answer is a sequence of tokens.
+
+A :class:`SeqTask` generates examples ``(input, output)`` of token ids (lists of
+ints) for an *input length* ``N`` and trains one of two model styles on them,
+chosen by ``cfg.model``:
+
+* ``"encoder"`` (Delétang et al. 2023; Ruoss et al. 2023): the model reads
+  ``input + [SEP] + [OUT] * len(output)`` bidirectionally and a per-token head
+  (:class:`~posenc.models.TokenTagger`) predicts every output token in parallel
+  at its ``OUT`` slot. The number of slots tells the model the output length.
+* ``"decoder"`` (Kazemnejad et al. 2023): a causal
+  :class:`~posenc.models.LanguageModel` is trained with teacher forcing on
+  ``input + [SEP] + output``, the loss on the output tokens only; it is
+  evaluated by greedy decoding of ``len(output)`` tokens after
+  ``input + [SEP]`` (with a KV cache; a recomputation of the whole prefix each
+  step if the encoding cannot decode with a cache).
+
+Sequence-level labels (parity, even pairs ...) are outputs of one token, so
+both styles treat them the same way.
+
+Training lengths are drawn per example uniformly from ``cfg.train_lengths``;
+each test length ``n`` is evaluated on ``cfg.eval_samples`` fresh examples from
+a generator of its own, seeded by ``(cfg.seed, n)``. The metric at ``"n"`` is the
+fraction of examples whose whole output is right (``sequence_accuracy``; for
+one-token outputs that is plain ``accuracy``); ``"n_token"`` is the fraction of
+output tokens right. Every run is a pure function of its configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..attention import KVCache
+from ..errors import ConfigError
+from ..models import LanguageModel, TokenTagger
+from .api import OnStep, Task
+from .runner import RunConfig
+
+PAD, SEP, OUT = 0, 1, 2
+#: the first token id a task may use for its own symbols
+FIRST = 3
+
+Example = tuple[list[int], list[int]]
+
+
+def eval_rng(seed: int, length: int) -> random.Random:
+    """The fixed generator of the evaluation examples at one test length."""
+    return random.Random(1_000_003 * (seed + 1) + 7919 * length + 17)
+
+
+class SeqTask(Task):
+    """A task with token outputs; subclasses define the data, this class trains and tests.
+
+    Subclasses set ``name``, ``description``, ``metric``, ``min_length``, ``defaults``
+    (the task options they accept, with default values) and implement
+    :meth:`example`, :meth:`vocab_size` and :meth:`max_total`.
+    """
+
+    metric = "sequence_accuracy"
+    #: the shortest input length the task is defined for
+    min_length: ClassVar[int] = 1
+    #: accepted ``task_options`` and their defaults (the type of the default is the required type)
+    defaults: ClassVar[dict[str, Any]] = {}
+    #: whether outputs have more than one token (then ``"<n>_token"`` accuracies are reported)
+    multi_token: ClassVar[bool] = True
+
+    # ---- to implement -------------------------------------------------------------------------
+    def example(self, n: int, rng: random.Random, opts: dict[str, Any]) -> Example:  # pragma: no cover
+        """One ``(input, output)`` pair of input length ``n``."""
+        raise NotImplementedError
+
+    def vocab_size(self, opts: dict[str, Any]) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def max_total(self, n: int, opts: dict[str, Any]) -> int:  # pragma: no cover
+        """An upper bound on ``len(input) + 1 + len(output)`` at input length ``n``."""
+        raise NotImplementedError
+
+    def check_options(self, cfg: RunConfig, opts: dict[str, Any]) -> None:
+        """Task-specific checks of the options against the config (raise ConfigError)."""
+
+    # ---- shared -------------------------------------------------------------------------------
+    def options(self, cfg: RunConfig) -> dict[str, Any]:
+        """``cfg.task_options`` merged over :attr:`defaults`; unknown keys or wrong types raise."""
+        given = dict(cfg.task_options or {})
+        unknown = sorted(set(given) - set(self.defaults))
+        if unknown:
+            known = ", ".join(f"{k} (default {v!r})" for k, v in self.defaults.items()) or "none"
+            raise ConfigError(f"task {self.name!r} has no option(s) {unknown}; its options are: {known}")
+        opts = dict(self.defaults)
+        for key, value in given.items():
+            want = type(self.defaults[key])
+            if want is tuple and isinstance(value, list):
+                value = tuple(value)
+            ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                value, ok = float(value), True
+            if not ok:
+                raise ConfigError(
+                    f"task {self.name!r} option {key!r} must be a {want.__name__}, got {value!r} "
+                    f"({type(value).__name__})"
+                )
+            opts[key] = value
+        return opts
+
+    def validate(self, cfg: RunConfig) -> None:
+        lo = cfg.train_lengths[0]
+        if lo < self.min_length:
+            raise ConfigError(
+                f"task {self.name!r} needs input length >= {self.min_length}, but train_lengths starts at {lo}; "
+                f"use train_lengths=({self.min_length}, {max(cfg.train_lengths[1], self.min_length)}) or longer"
+            )
+        if cfg.model not in ("encoder", "decoder"):
+            raise ConfigError(f"task {self.name!r} runs an 'encoder' or a 'decoder', got model={cfg.model!r}")
+        self.check_options(cfg, self.options(cfg))
+
+    def make(self, count: int, lengths: tuple[int, int], rng: random.Random, opts: dict[str, Any]) -> list[Example]:
+        """``count`` examples, each of an input length drawn uniformly from ``lengths`` (inclusive)."""
+        lo, hi = lengths
+        return [self.example(rng.randint(lo, hi), rng, opts) for _ in range(count)]
+
+    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
+        self.validate(cfg)
+        return train_seq(self, cfg, self.options(cfg), on_step)
+
+
+# ---- batches ------------------------------------------------------------------------------------
+
+
+def encoder_batch(examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
+    """``input + SEP + OUT*m`` right-padded; targets are the output tokens at the slots, -100 elsewhere."""
+    seqs = [inp + [SEP] + [OUT] * len(out) for inp, out in examples]
+    width = max(len(s) for s in seqs)
+    tokens = torch.full((len(seqs), width), PAD, dtype=torch.long)
+    targets = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for r, ((inp, out), s) in enumerate(zip(examples, seqs)):
+        tokens[r, : len(s)] = torch.tensor(s)
+        targets[r, len(inp) + 1 : len(s)] = torch.tensor(out)
+    return tokens, tokens != PAD, targets
+
+
+def decoder_batch(examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
+    """Teacher forcing: read ``(input + SEP + output)[:-1]``, predict the output tokens only."""
+    seqs = [inp + [SEP] + out for inp, out in examples]
+    width = max(len(s) for s in seqs) - 1
+    tokens = torch.full((len(seqs), width), PAD, dtype=torch.long)
+    targets = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for r, ((inp, out), s) in enumerate(zip(examples, seqs)):
+        tokens[r, : len(s) - 1] = torch.tensor(s[:-1])
+        # the token at index len(inp) is SEP; its prediction is out[0]
+        targets[r, len(inp) : len(s) - 1] = torch.tensor(out)
+    return tokens, tokens != PAD, targets
+
+
+def build_model(cfg: RunConfig, vocab: int, max_len: int) -> torch.nn.Module:
+    common = dict(
+        encoding=cfg.encoding,
+        encoding_options=cfg.encoding_options or None,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        d_ff=cfg.d_ff,
+        max_len=max_len,
+    )
+    if cfg.model == "decoder":
+        return LanguageModel(vocab, **common)
+    return TokenTagger(vocab, vocab, causal=False, **common)
+
+
+# ---- evaluation ---------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _greedy(model: LanguageModel, prompts: Tensor, m: int, cache: bool) -> Tensor:
+    """Greedy decoding of ``m`` tokens after equal-length ``prompts`` ``[B, P]``."""
+    if cache:
+        kv = KVCache()
+        logits = model(prompts, kv_cache=kv)
+        nxt = logits[:, -1].argmax(-1)
+        outs = [nxt]
+        for _ in range(m - 1):
+            nxt = model(nxt[:, None], kv_cache=kv)[:, -1].argmax(-1)
+            outs.append(nxt)
+        return torch.stack(outs, 1)
+    seq = prompts
+    for _ in range(m):
+        nxt = model(seq)[:, -1].argmax(-1)
+        seq = torch.cat([seq, nxt[:, None]], 1)
+    return seq[:, prompts.shape[1] :]
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, style: str, examples: list[Example], chunk: int = 256) -> list[list[int]]:
+    """The model's output for every example (parallel slots, or greedy decoding)."""
+    model.eval()
+    preds: list[list[int] | None] = [None] * len(examples)
+    if style == "encoder":
+        for s in range(0, len(examples), chunk):
+            part = examples[s : s + chunk]
+            tokens, mask, targets = encoder_batch(part)
+            guess = model(tokens, attention_mask=mask).argmax(-1)
+            for r, (inp, out) in enumerate(part):
+                preds[s + r] = guess[r, len(inp) + 1 : len(inp) + 1 + len(out)].tolist()
+        return preds  # type: ignore[return-value]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (inp, out) in enumerate(examples):
+        groups.setdefault((len(inp), len(out)), []).append(i)
+    for (_, m), idx in sorted(groups.items()):
+        for s in range(0, len(idx), chunk):
+            part = idx[s : s + chunk]
+            prompts = torch.tensor([examples[i][0] + [SEP] for i in part])
+            try:
+                guess = _greedy(model, prompts, m, cache=True)
+            except Exception:  # an encoding that cannot decode with a cache: recompute the prefix
+                guess = _greedy(model, prompts, m, cache=False)
+            for r, i in enumerate(part):
+                preds[i] = guess[r].tolist()
+    return preds  # type: ignore[return-value]
+
+
+def score(examples: list[Example], preds: list[list[int]]) -> tuple[float, float]:
+    """(fraction of examples entirely right, fraction of output tokens right)."""
+    whole = sum(p == out for (_, out), p in zip(examples, preds))
+    tok = sum(sum(a == b for a, b in zip(p, out)) for (_, out), p in zip(examples, preds))
+    total = sum(len(out) for _, out in examples)
+    return whole / len(examples), tok / total
+
+
+# ---- training -----------------------------------------------------------------------------------
+
+
+def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnStep | None = None) -> dict[str, Any]:
+    """Train ``cfg.model`` on ``task`` at ``cfg.train_lengths``; evaluate at every ``cfg.test_lengths``."""
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    vocab = task.vocab_size(opts)
+    longest = max(max(cfg.test_lengths), cfg.train_lengths[1])
+    max_len = max(task.max_total(n, opts) for n in {longest, *cfg.test_lengths})
+    model = build_model(cfg, vocab, max_len)
+    collate = decoder_batch if cfg.model == "decoder" else encoder_batch
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    # one-cycle schedule (10% warm-up); runs too short for a warm-up step keep the learning rate constant
+    sched = (
+        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+        if cfg.steps >= 20
+        else None
+    )
+    curve: list[list[float]] = []
+    running = 0.0
+    t0 = time.perf_counter()
+    model.train()
+    for step in range(1, cfg.steps + 1):
+        tokens, mask, targets = collate(task.make(cfg.batch_size, cfg.train_lengths, rng, opts))
+        logits = model(tokens, attention_mask=mask)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        value = loss.item()
+        if not math.isfinite(value):
+            curve.append([step, value])
+            break
+        running = value if step == 1 else 0.9 * running + 0.1 * value
+        if step % 25 == 0 or step == cfg.steps:
+            curve.append([step, running])
+        if on_step is not None:
+            on_step(step, value)
+    train_s = time.perf_counter() - t0
+    metrics: dict[str, Any] = {}
+    for n in cfg.test_lengths:
+        examples = task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)
+        try:
+            whole, tok = score(examples, predict(model, cfg.model, examples))
+        except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
+            metrics[str(n)] = None
+            metrics[f"{n}_error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        metrics[str(n)] = whole
+        if task.multi_token:
+            metrics[f"{n}_token"] = tok
+    return {
+        "metrics": metrics,
+        "curve": curve,
+        "train_seconds": round(train_s, 2),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }

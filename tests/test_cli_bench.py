@@ -1,6 +1,7 @@
 """The command line and the first version of the benchmark."""
 
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -105,10 +106,12 @@ def test_suite_learns_order_resumes_and_reports(tmp_path):
     acc = {r["config"]["encoding"]: r["metrics"]["8"] for r in results}
     assert acc["rope"] > 0.9  # order decides the answer and RoPE sees order
     assert 0.35 < acc["none"] < 0.65  # a position-insensitive model is at chance
-    # a second call finds both runs finished and runs nothing
-    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    # a second call finds both runs finished and runs nothing (one row per run in the SQLite store)
+    con = sqlite3.connect(tmp_path / "results.sqlite")
+    rows = con.execute("SELECT key FROM runs ORDER BY key").fetchall()
     again = run_suite(configs, tmp_path, progress=False)
-    assert again == results and (tmp_path / "results.jsonl").read_text().splitlines() == lines
+    assert again == results and con.execute("SELECT key FROM runs ORDER BY key").fetchall() == rows
+    con.close()
     files = write_report(results, tmp_path)
     data = json.loads(files["results"].read_text())
     assert {r["encoding"] for r in data["leaderboard"]} == {"none", "rope"}
@@ -117,37 +120,18 @@ def test_suite_learns_order_resumes_and_reports(tmp_path):
     assert "rope" in files["leaderboard"].read_text() and "<table" in files["report"].read_text()
 
 
-def test_interrupted_suite_keeps_finished_runs(tmp_path, monkeypatch):
-    from posenc.bench import runner
-
-    configs = [_tiny(encoding="none", steps=5), _tiny(encoding="sinusoidal", steps=5)]
-    real = runner.run_one
-    calls = []
-
-    def flaky(cfg, on_step=None):
-        calls.append(cfg.encoding)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(cfg, on_step)
-
-    monkeypatch.setattr(runner, "run_one", flaky)
-    with pytest.raises(KeyboardInterrupt):
-        run_suite(configs, tmp_path, progress=False)
-    assert len(ResultStore(tmp_path / "results.jsonl").load()) == 1
-    monkeypatch.setattr(runner, "run_one", real)
-    # a line cut short by the interruption is tolerated
+def test_legacy_jsonl_store_tolerates_a_cut_line_and_rejects_corruption(tmp_path):
+    # the JSON-lines file of the first version: still read (and imported into results.sqlite)
+    store = ResultStore(tmp_path / "results.jsonl")
+    store.add({"key": "a", "config": {"task": "order"}})
     with (tmp_path / "results.jsonl").open("a") as f:
         f.write('{"key": "trunc')
-    results = run_suite(configs, tmp_path, progress=False)
-    assert [r["config"]["encoding"] for r in results] == ["none", "sinusoidal"]
-    # and the run added after the cut line is itself kept
-    assert len(ResultStore(tmp_path / "results.jsonl").load()) == 2
-
-
-def test_corrupt_store_is_a_clear_error(tmp_path):
+    assert set(store.load()) == {"a"}
+    store.add({"key": "b", "config": {"task": "order"}})
+    assert set(store.load()) == {"a", "b"}
     (tmp_path / "results.jsonl").write_text("garbage\n" + json.dumps({"key": "k"}) + "\n")
     with pytest.raises(ConfigError, match="corrupt"):
-        ResultStore(tmp_path / "results.jsonl").load()
+        store.load()
 
 
 def test_unreachable_length_is_recorded_not_fatal(tmp_path):
@@ -170,7 +154,7 @@ def test_cli_bench_end_to_end(tmp_path, capsys):
             "--seeds",
             "0",
             "--steps",
-            "20",
+            "5",
             "--train-max",
             "8",
             "--test-lengths",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from . import __version__
 from .errors import PosencError
@@ -17,6 +15,7 @@ examples:
   posenc list                         every encoding with its family and paper
   posenc list --markdown              the same as a Markdown table
   posenc bench                        the quick suite: train, extrapolate, leaderboard, report
+  posenc bench --list-suites          the paper reproductions (alibi, tener, chomsky ...)
   posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
   posenc inspect rope                 measured properties and pictures of one encoding
 """
@@ -56,37 +55,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import QUICK_ENCODINGS, quick_suite, run_suite, write_report
-    from .bench.report import leaderboard, markdown_table
-
-    encodings = args.encodings or list(QUICK_ENCODINGS)
-    if encodings == ["all"]:
-        encodings = available()
-    for e in encodings:
-        resolve(e)  # unknown names fail here, with the close matches
-    overrides: dict = {}
-    if args.steps is not None:
-        overrides["steps"] = args.steps
-    if args.train_max is not None:
-        overrides["train_lengths"] = (4, args.train_max)
-    if args.test_lengths:
-        overrides["test_lengths"] = tuple(args.test_lengths)
-    configs = quick_suite(encodings, args.tasks, args.seeds, **overrides)
-    out = Path(args.out)
-    print(
-        f"posenc bench: {len(configs)} runs ({len(encodings)} encodings × {len(args.tasks)} tasks × "
-        f"{len(args.seeds)} seeds) -> {out}/"
-    )
-    t0 = time.perf_counter()
-    results = run_suite(configs, out, progress=not args.quiet, resume=not args.fresh)
-    files = write_report(results, out)
-    print()
-    print(markdown_table(leaderboard(results)))
-    print(f"finished in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in files.values()))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="posenc",
@@ -102,32 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--family", choices=["none", "absolute", "rotary", "relative", "bias"], help="only this family")
     pl.set_defaults(func=_cmd_list)
 
-    pb = sub.add_parser(
-        "bench",
-        help="train small models with each encoding, test extrapolation, print a leaderboard",
-        description=(
-            "Train a small encoder per (task, encoding, seed) on lengths 4..16, test it on longer "
-            "sequences, print a leaderboard and write results.jsonl, results.json, leaderboard.md, "
-            "accuracy_vs_length.png and report.html to --out. Finished runs are kept: run the same "
-            "command again to resume an interrupted suite."
-        ),
-    )
-    pb.add_argument("--encodings", nargs="+", metavar="NAME", help="encodings to compare ('all' for every one)")
-    pb.add_argument(
-        "--tasks",
-        nargs="+",
-        default=["order", "adjacent"],
-        choices=["order", "adjacent"],
-        help="synthetic tasks (default: order adjacent)",
-    )
-    pb.add_argument("--seeds", nargs="+", type=int, default=[0, 1], help="seeds (default: 0 1)")
-    pb.add_argument("--steps", type=int, help="training steps per run (default 300)")
-    pb.add_argument("--train-max", type=int, help="longest training length (default 16)")
-    pb.add_argument("--test-lengths", nargs="+", type=int, metavar="L", help="test lengths (default 16 32 64)")
-    pb.add_argument("--out", default="posenc-results/quick", help="output folder (default posenc-results/quick)")
-    pb.add_argument("--fresh", action="store_true", help="ignore finished runs in --out and run everything again")
-    pb.add_argument("--quiet", action="store_true", help="no progress bar")
-    pb.set_defaults(func=_cmd_bench)
+    from .bench import cli as bench_cli
+
+    bench_cli.add_parser(sub)
 
     try:
         from .analysis import cli as inspect_cli

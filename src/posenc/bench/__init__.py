@@ -1,15 +1,26 @@
 """``posenc bench``: train small models with each encoding and test how they extrapolate.
 
->>> from posenc.bench import quick_suite, run_suite, write_report
->>> results = run_suite(quick_suite(), "posenc-results/quick")      # doctest: +SKIP
->>> write_report(results, "posenc-results/quick")                   # doctest: +SKIP
+>>> from posenc import bench
+>>> res = bench.run_suite("quick", out="posenc-results/quick", workers=2)    # doctest: +SKIP
+>>> bench.leaderboard(bench.results("posenc-results/quick"))                 # doctest: +SKIP
+>>> bench.write_report(res, "posenc-results/quick")                          # doctest: +SKIP
+
+Suites are TOML files (:func:`load_suite`, :func:`available_suites`); results go
+to an SQLite store (:mod:`posenc.bench.store`); runs execute in this process, a
+process pool, on Ray, or across torchrun ranks (:mod:`posenc.bench.executors`).
+See ``docs/bench.md``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from .api import Task, available_tasks, get_task, register_task
 from .report import leaderboard, markdown_table, write_report
-from .runner import ResultStore, RunConfig, run_one, run_suite
+from .runner import Job, ResultStore, RunConfig, RunFailedError, run_one, run_suite
+from .store import SQLiteStore, StoreCorruptError, StoreError, StoreLockedError, open_store
+from .suites import Suite, available_suites, load_suite
 
 QUICK_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "binary", "normalized")
 
@@ -20,21 +31,40 @@ def quick_suite(
     seeds: tuple[int, ...] | list[int] = (0, 1),
     **overrides: object,
 ) -> list[RunConfig]:
-    """The default suite: every (task, encoding, seed), trained on lengths 4..16, tested to 64."""
+    """The default suite as configs: every (task, encoding, seed), trained on lengths 4..16, tested to 64."""
     return [RunConfig(task=t, encoding=e, seed=s, **overrides) for t in tasks for e in encodings for s in seeds]  # type: ignore[arg-type]
+
+
+def results(store: str | Path | SQLiteStore, **filters: Any) -> list[dict[str, Any]]:
+    """Every finished run in a store (a results.sqlite file or the folder holding one).
+
+    ``task=`` / ``encoding=`` keep only those runs.
+    """
+    return open_store(store).results(**filters)
 
 
 __all__ = [
     "QUICK_ENCODINGS",
+    "Job",
     "ResultStore",
     "RunConfig",
+    "RunFailedError",
+    "SQLiteStore",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreLockedError",
+    "Suite",
     "Task",
+    "available_suites",
     "available_tasks",
     "get_task",
-    "register_task",
     "leaderboard",
+    "load_suite",
     "markdown_table",
+    "open_store",
     "quick_suite",
+    "register_task",
+    "results",
     "run_one",
     "run_suite",
     "write_report",

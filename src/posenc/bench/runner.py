@@ -1,9 +1,11 @@
-"""Train a small encoder per (task, encoding, seed), test it on longer lengths, keep every result.
+"""Train a small model per (task, encoding, seed), test it on longer lengths, keep every result.
 
 Every run is a pure function of its :class:`RunConfig` (the seed fixes the data
-and the initialisation). Finished runs are appended to ``results.jsonl`` in the
-output folder as soon as they finish, so an interrupted suite loses nothing it
-had finished; started again, it skips the runs already there.
+and the initialisation). Finished runs go to an SQLite store
+(:mod:`posenc.bench.store`, default ``<out>/results.sqlite``) as soon as they
+finish, one transaction each, written by this (the parent) process only; an
+interrupted suite loses nothing it had finished and, started again, skips
+exactly the runs already stored.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PosencError
 from ..registry import resolve
+
+if TYPE_CHECKING:
+    from .store import SQLiteStore
+    from .suites import Suite
 
 MODELS = ("auto", "encoder", "decoder")
 
@@ -101,6 +107,44 @@ class RunConfig:
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
+def default_label(encoding: str, options: dict[str, Any] | None = None) -> str:
+    """The display name of an encoding with options: ``shaw(max_relative_position=4)``."""
+    if not options:
+        return encoding
+    return f"{encoding}({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})"
+
+
+def label_of(record: dict[str, Any]) -> str:
+    """The display label of a stored run (its suite's label, or the encoding and its options)."""
+    cfg = record["config"]
+    return record.get("label") or default_label(cfg["encoding"], cfg.get("encoding_options"))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A run of a suite: its config, the label it is shown under, the suite it belongs to."""
+
+    config: RunConfig
+    label: str = ""
+    suite: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", default_label(self.config.encoding, self.config.encoding_options))
+
+    @property
+    def key(self) -> str:
+        return self.config.key()
+
+    @property
+    def title(self) -> str:
+        return f"{self.config.task}/{self.label}/seed{self.config.seed}"
+
+
+class RunFailedError(PosencError):
+    """A run raised an error and the suite was asked to stop (``on_error="stop"``)."""
+
+
 def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Train and evaluate one configuration with its task; return a JSON-able result."""
     from .api import get_task
@@ -119,11 +163,12 @@ def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None)
         "train_seconds": out.get("train_seconds", round(time.perf_counter() - t0, 2)),
         "parameters": out.get("parameters"),
         "final_loss": curve[-1][1] if curve else None,
+        **({"extra": out["extra"]} if "extra" in out else {}),
     }
 
 
 class ResultStore:
-    """Append-only JSON-lines file of finished runs, keyed by :meth:`RunConfig.key`."""
+    """The JSON-lines file of the first ``posenc bench`` (read for migration; see :mod:`.store`)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -152,7 +197,6 @@ class ResultStore:
         if self.path.exists():
             text = self.path.read_bytes()
             if text and not text.endswith(b"\n"):
-                # a line cut short by an interruption: drop it (it was never a finished run)
                 with self.path.open("r+b") as f:
                     f.truncate(text.rfind(b"\n") + 1)
         with self.path.open("a") as f:
@@ -160,39 +204,98 @@ class ResultStore:
             f.flush()
 
 
+class SuiteResults(list):
+    """The finished runs of a suite (a list of records, in suite order) with ``failures`` and ``store``."""
+
+    failures: list[dict[str, Any]]
+    store_path: Path | None
+    suite: Suite | None
+
+
+def as_jobs(suite_or_configs: Suite | str | Path | Sequence[RunConfig | Job]) -> tuple[list[Job], Suite | None]:
+    """Jobs from a suite, a suite name or file, or a list of configs / jobs."""
+    from .suites import Suite, load_suite
+
+    if isinstance(suite_or_configs, str | Path):
+        suite_or_configs = load_suite(suite_or_configs)
+    if isinstance(suite_or_configs, Suite):
+        return suite_or_configs.jobs(), suite_or_configs
+    jobs = [j if isinstance(j, Job) else Job(j) for j in suite_or_configs]
+    for j in jobs:
+        if not isinstance(j.config, RunConfig):
+            raise ConfigError(f"run_suite takes a suite, a suite name or RunConfigs, got {type(j.config).__name__}")
+    return jobs, None
+
+
 def run_suite(
-    configs: Sequence[RunConfig],
-    out_dir: Path,
+    suite_or_configs: Suite | str | Path | Sequence[RunConfig | Job],
+    out: str | Path | None = None,
     *,
+    store: str | Path | SQLiteStore | None = None,
+    workers: int = 1,
+    executor: str = "auto",
     progress: bool = True,
+    live: bool | None = None,
     resume: bool = True,
-) -> list[dict[str, Any]]:
-    """Run every configuration not already in ``out_dir/results.jsonl``; return all their results."""
-    store = ResultStore(Path(out_dir) / "results.jsonl")
-    done = store.load() if resume else {}
-    todo = [c for c in configs if c.key() not in done]
-    if progress and len(todo) < len(configs):
-        print(f"resuming: {len(configs) - len(todo)} of {len(configs)} runs already finished in {store.path}")
-    bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
+    on_error: str = "continue",
+    ray_address: str | None = None,
+    ddp: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> SuiteResults:
+    """Run every job of a suite not already in the store; return the finished ones in suite order.
 
-        bar = tqdm(total=sum(c.steps for c in todo), unit="step", dynamic_ncols=True)
+    ``suite_or_configs``: a :class:`~posenc.bench.suites.Suite`, a built-in suite name
+    (``"quick"``), a suite file, or a list of :class:`RunConfig`. ``out`` is the output
+    folder (default ``posenc-results/<suite>``), ``store`` the SQLite file (default
+    ``<out>/results.sqlite``). ``executor`` is ``"local"`` (this process), ``"process"``
+    (``workers`` processes), ``"ray"`` (a Ray cluster; ``ray_address`` or a local one)
+    or ``"auto"`` (``process`` when ``workers > 1``). ``ddp=N`` runs each job across N
+    processes with torchrun (DDP, gloo). ``resume=False`` runs finished jobs again
+    (their rows are replaced only when the new run finishes). ``on_error="continue"``
+    records a failed run (e.g. a missing data package) and goes on; ``"stop"`` raises
+    :class:`RunFailedError` after recording it. Results are written by this process only.
+    """
+    from .executors import make_executor
+    from .live import LiveBoard
+    from .store import open_store
+
+    if on_error not in ("continue", "stop"):
+        raise ConfigError(f"on_error must be 'continue' or 'stop', got {on_error!r}")
+    jobs, suite = as_jobs(suite_or_configs)
+    if out is None:
+        out = Path("posenc-results") / (suite.name if suite else "runs")
+    out = Path(out)
+    st = open_store(store if store is not None else out / "results.sqlite")
+    say = log or (lambda s: print(s))
+    done = st.keys() if resume else set()
+    todo = [j for j in jobs if j.key not in done]
+    if progress and len(todo) < len(jobs):
+        say(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs already finished in {st.path}")
+    ex = make_executor(executor, workers=workers, ray_address=ray_address, ddp=ddp)
+    board = LiveBoard(jobs, st, progress=progress, live=progress if live is None else live, per_step=ex.reports_steps)
+    failures: list[dict[str, Any]] = []
     try:
-        for cfg in todo:
-            if bar is not None:
-                bar.set_description(f"{cfg.task}/{cfg.encoding}/seed{cfg.seed}")
-
-            def tick(step: int, loss: float) -> None:
-                if bar is not None:
-                    bar.update(1)
-                    if step % 25 == 0:
-                        bar.set_postfix(loss=f"{loss:.3f}")
-
-            rec = run_one(cfg, tick)
-            store.add(rec)
-            done[rec["key"]] = rec
+        for job, record, error in ex.run(todo, board.on_step):
+            if error is None:
+                assert record is not None
+                record = {**record, "label": job.label, "suite": job.suite}
+                st.add(record)
+                board.finished(job, record)
+            else:
+                st.add_failure(job.key, job.config.as_dict(), error, job.label)
+                failures.append({"key": job.key, "label": job.label, "config": job.config.as_dict(), "error": error})
+                board.failed(job, error)
+                if on_error == "stop":
+                    raise RunFailedError(
+                        f"run {job.title} failed: {error}\n(finished runs are kept in {st.path}; "
+                        "pass --on-error continue to record failures and go on)"
+                    )
     finally:
-        if bar is not None:
-            bar.close()
-    return [done[c.key()] for c in configs]
+        board.close()
+        ex.close()
+    stored = st.load()
+    res = SuiteResults({**stored[j.key], "label": j.label} for j in jobs if j.key in stored)
+    res.failures = failures
+    res.store_path = st.path
+    res.suite = suite
+    return res

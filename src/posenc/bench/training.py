@@ -1,4 +1,9 @@
-"""Shared training loops for benchmark tasks (sequence classification on generated data)."""
+"""Shared training loops for benchmark tasks (sequence classification on generated data).
+
+Under ``torchrun`` (see :mod:`posenc.bench.ddp`) the loop trains a
+DistributedDataParallel model on this rank's share of each batch; otherwise it
+is the plain single-process loop.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from torch import Tensor
 
 from ..models import SequenceClassifier
 from .api import OnStep
+from .executors import ddp_wrap, mean_over_ranks, shard
 from .runner import RunConfig
 
 # make(n, (min_len, max_len), generator) -> (tokens [N, L], attention_mask [N, L], labels [N])
@@ -56,21 +62,25 @@ def train_classifier(
     torch.manual_seed(cfg.seed)
     g = torch.Generator().manual_seed(cfg.seed)
     model = classifier_for(cfg, vocab_size, n_classes)
+    trained = ddp_wrap(model)  # the model itself unless torch.distributed is initialised
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+    if cfg.steps >= 20:
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
+    else:  # OneCycleLR divides by zero for some short schedules (e.g. 10 steps): a constant rate
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     curve: list[list[float]] = []
     running = 0.0
     t0 = time.perf_counter()
     model.train()
     for step in range(1, cfg.steps + 1):
-        tokens, mask, labels = make(cfg.batch_size, cfg.train_lengths, g)
-        loss = F.cross_entropy(model(tokens, attention_mask=mask), labels)
+        tokens, mask, labels = shard(*make(cfg.batch_size, cfg.train_lengths, g))
+        loss = F.cross_entropy(trained(tokens, attention_mask=mask), labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        value = loss.item()
+        value = mean_over_ranks(loss.item())
         if not math.isfinite(value):
             break
         running = value if step == 1 else 0.9 * running + 0.1 * value

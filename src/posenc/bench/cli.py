@@ -1,0 +1,216 @@
+"""``posenc bench``: the command line of the benchmark (suites, single runs, executors, report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+DESCRIPTION = """\
+Train small models with each positional encoding, test them on longer inputs, print a live
+and a final leaderboard, and write results.sqlite, results.json, leaderboard.md/.json, plots
+and report.html to --out. Finished runs are kept: the same command again resumes an
+interrupted suite and never runs a finished one twice.
+
+Without --suite it runs the quick suite (order, adjacent × 6 encodings × seeds 0 1);
+--tasks/--encodings/--seeds then replace the quick suite's lists. With --suite they
+keep only those parts of the suite."""
+
+EXAMPLES = """\
+examples:
+  posenc bench                                  the quick suite (a few minutes on 2 cores)
+  posenc bench --list-suites                    the built-in suites
+  posenc bench --suite alibi --workers 2        a paper reproduction, 2 processes
+  posenc bench --suite my_suite.toml            a suite file of your own
+  posenc bench --task order --encodings rope alibi --seeds 0 1 2 --steps 200
+  posenc bench --task order --encodings shaw --encoding-option max_relative_position=4
+  posenc bench --suite quick --executor ray --ray-address auto
+  posenc bench --task order --encodings rope --ddp 2     one run across 2 torchrun processes
+  posenc bench --report-only --out posenc-results/quick  the report of a store, nothing run
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    pb = sub.add_parser(
+        "bench",
+        help="train small models with each encoding, test extrapolation, print a leaderboard",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = pb.add_argument_group("what to run")
+    what.add_argument("--suite", metavar="NAME|FILE", help="a built-in suite (see --list-suites) or a TOML file")
+    what.add_argument("--list-suites", action="store_true", help="list the built-in suites and exit")
+    what.add_argument("--list-tasks", action="store_true", help="list the registered tasks and exit")
+    what.add_argument("--tasks", "--task", nargs="+", metavar="TASK", dest="tasks", help="tasks (default: the suite's)")
+    what.add_argument("--encodings", nargs="+", metavar="NAME", help="encodings ('all' for every one)")
+    what.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the suite's; quick: 0 1)")
+    what.add_argument(
+        "--encoding-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='an option for every encoding of a run without --suite (VALUE is JSON: 4, 1e4, true, "x")',
+    )
+    st = pb.add_argument_group("settings (override the suite's)")
+    st.add_argument("--steps", type=int, help="training steps per run")
+    st.add_argument("--train-max", type=int, help="longest training length")
+    st.add_argument("--test-lengths", nargs="+", type=int, metavar="L", help="test lengths")
+    st.add_argument("--model", choices=["auto", "encoder", "decoder"], help="model style")
+    where = pb.add_argument_group("where and how")
+    where.add_argument("--out", help="output folder (default posenc-results/<suite>)")
+    where.add_argument("--store", help="SQLite results store (default <out>/results.sqlite)")
+    where.add_argument("--workers", type=int, default=1, help="parallel processes on this machine (default 1)")
+    where.add_argument(
+        "--executor",
+        choices=["auto", "local", "process", "ray"],
+        default="auto",
+        help="local (this process), process (--workers processes), ray (a Ray cluster); auto: process if --workers > 1",
+    )
+    where.add_argument("--ray-address", help="Ray cluster address (default: start a local one)")
+    where.add_argument(
+        "--ddp", type=int, default=0, metavar="N", help="run each job across N torchrun processes (gloo)"
+    )
+    where.add_argument(
+        "--on-error",
+        choices=["continue", "stop"],
+        default="continue",
+        help="a run that fails (e.g. a data package not installed): record it and go on (default), or stop",
+    )
+    where.add_argument("--fresh", action="store_true", help="run finished runs again (rows replaced when they finish)")
+    where.add_argument("--report-only", action="store_true", help="write the report of what is stored; run nothing")
+    where.add_argument("--quiet", action="store_true", help="no progress bar and no live leaderboard")
+    pb.set_defaults(func=run)
+    return pb
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"--encoding-option takes KEY=VALUE, got {text!r}")
+    k, v = text.split("=", 1)
+    try:
+        return k.strip(), json.loads(v)
+    except json.JSONDecodeError:
+        return k.strip(), v
+
+
+def _suite(args: argparse.Namespace):
+    from ..registry import available
+    from .suites import Grid, _encoding, load_suite
+
+    if args.suite:
+        if args.encoding_option:
+            raise ConfigError("--encoding-option is for runs without --suite; give options in the suite file")
+        suite = load_suite(args.suite)
+        encodings = args.encodings
+        return suite, dict(tasks=args.tasks, encodings=encodings, seeds=args.seeds)
+    suite = load_suite("quick")
+    g: Grid = suite.grids[0]
+    options = dict(_parse_option(o) for o in args.encoding_option)
+    if args.encodings:
+        names = available() if args.encodings == ["all"] else args.encodings
+        g.encodings = [_encoding("--encodings", {"name": n, "options": options} if options else n) for n in names]
+    elif options:
+        g.encodings = [_encoding("--encodings", {"name": e.name, "options": options}) for e in g.encodings]
+    if args.tasks:
+        from .api import get_task
+
+        for t in args.tasks:
+            get_task(t)
+        g.tasks = list(args.tasks)
+    if args.seeds:
+        g.seeds = list(args.seeds)
+    if args.tasks or args.encodings or args.seeds or options:
+        suite.name, suite.description = "runs", ""
+    return suite, {}
+
+
+def run(args: argparse.Namespace) -> int:
+    from .report import leaderboard, markdown_table, write_report
+    from .runner import run_suite
+    from .store import open_store
+    from .suites import describe_suites
+
+    if args.list_suites:
+        for name, desc, n in describe_suites():
+            print(f"{name:<14} {n:>4} runs  {desc}")
+        print("\nposenc bench --suite NAME runs one; a suite file of your own: see docs/bench.md")
+        return 0
+    if args.list_tasks:
+        from .api import available_tasks, get_task
+
+        for t in available_tasks():
+            task = get_task(t)
+            print(f"{t:<20} {task.metric:<12} {task.description}")
+        return 0
+    suite, filters = _suite(args)
+    overrides: dict[str, Any] = {}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    if args.train_max is not None:
+        lo = min(g.settings.get("train_lengths", (4, 16))[0] for g in suite.grids)
+        overrides["train_lengths"] = (min(lo, args.train_max), args.train_max)
+    if args.test_lengths:
+        overrides["test_lengths"] = tuple(args.test_lengths)
+    if args.model:
+        overrides["model"] = args.model
+    jobs = suite.jobs(**filters, overrides=overrides)
+    out = Path(args.out or Path("posenc-results") / suite.name)
+    store = open_store(args.store or out / "results.sqlite")
+    t0 = time.perf_counter()
+    if args.report_only:
+        stored = store.load()
+        res = [{**stored[j.key], "label": j.label} for j in jobs if j.key in stored]
+        print(f"posenc bench: {len(res)} of {len(jobs)} runs of suite {suite.name!r} are in {store.path}")
+        failures: list[dict[str, Any]] = []
+    else:
+        tasks = sorted({j.config.task for j in jobs})
+        labels = sorted({j.label for j in jobs})
+        seeds = sorted({j.config.seed for j in jobs})
+        how = (
+            f"{args.workers} processes" if args.workers > 1 and args.executor in ("auto", "process") else args.executor
+        )
+        if args.ddp:
+            how = f"torchrun × {args.ddp}"
+        print(
+            f"posenc bench: suite {suite.name!r}: {len(jobs)} runs ({len(labels)} encodings × {len(tasks)} tasks × "
+            f"{len(seeds)} seeds) -> {out}/ (store {store.path}; {how})",
+            flush=True,
+        )
+        res = run_suite(
+            jobs,
+            out,
+            store=store,
+            workers=args.workers,
+            executor=args.executor,
+            ray_address=args.ray_address,
+            ddp=args.ddp,
+            progress=not args.quiet,
+            resume=not args.fresh,
+            on_error=args.on_error,
+        )
+        failures = res.failures
+    title = f"posenc bench — {suite.name}"
+    files = write_report(
+        list(res), out, title, published=suite.published, failures=failures, description=suite.description
+    )
+    print()
+    print(markdown_table(leaderboard(list(res))))
+    if suite.published:
+        from .report import published_table
+
+        print(published_table(suite.published, leaderboard(list(res))))
+    print(f"finished in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in files.values()))
+    if failures:
+        print(
+            f"posenc bench: {len(failures)} run(s) failed (listed above and in {files['report']}); "
+            "they are recorded as failures, not results: fix the cause and run the same command again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

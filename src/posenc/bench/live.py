@@ -1,0 +1,133 @@
+"""Progress of a running suite: a tqdm bar and a live leaderboard, one plain line per finished run.
+
+Readable in a terminal and in CI logs alike: the bar is redrawn in place (tqdm
+prints only occasional lines when the output is not a terminal) and every
+finished run prints one line with its result and the current leaders of its
+task (mean over the seeds finished so far), e.g.::
+
+    [ 7/24] order/rope/seed0  L=16 99.6  L=32 97.3  L=64 88.1  (11.2 s)  | order: rope 92.7 > t5 90.1 > learned 71.0
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from .runner import Job, label_of
+
+_POSENC_PREFIXES = ("DataUnavailableError", "ConfigError", "PositionError", "UnknownNameError", "PosencError")
+
+
+def _fmt(v: Any, metric: str) -> str:
+    if v is None:
+        return "n/a"
+    return f"{100 * v:.1f}" if metric in ("accuracy", "f1", "sequence_accuracy") else f"{v:.2f}"
+
+
+class LiveBoard:
+    """Progress bar (steps when runs report them, else runs) plus one summary line per finished run."""
+
+    def __init__(self, jobs: Sequence[Job], store: Any, *, progress: bool, live: bool, per_step: bool):
+        self.jobs = list(jobs)
+        self.live = live
+        self.per_step = per_step
+        done = store.keys()
+        self.todo = [j for j in self.jobs if j.key not in done]
+        self.n_done = 0
+        self.steps_seen: dict[str, int] = {}
+        self.total = len(self.todo)
+        keys = {j.key for j in self.jobs}
+        # results so far (stored runs of this suite count from the start)
+        self.scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        self.higher: dict[str, bool] = {}
+        for key, rec in store.load().items() if keys & done else ():
+            if key in keys:
+                self._score(rec)
+        self.bar = None
+        if progress and self.todo:
+            from tqdm.auto import tqdm
+
+            total = sum(j.config.steps for j in self.todo) if per_step else len(self.todo)
+            self.bar = tqdm(total=total, unit="step" if per_step else "run", dynamic_ncols=True, mininterval=0.5)
+
+    def _score(self, rec: dict[str, Any]) -> float | None:
+        """Mean of the metric over lengths beyond training (else all lengths) of one run."""
+        cfg = rec["config"]
+        train_max = cfg["train_lengths"][1]
+        vals = {k: v for k, v in rec["metrics"].items() if not k.endswith("_error")}
+        beyond = [v for k, v in vals.items() if k.isdigit() and int(k) > train_max]
+        pool = beyond or [v for v in vals.values() if v is not None]
+        hib = rec.get("higher_is_better", True)
+        if not pool:
+            return None
+        worst = 0.0 if hib else float("inf")
+        score = statistics.fmean(worst if v is None else float(v) for v in pool)
+        self.scores[cfg["task"]][label_of(rec)].append(score)
+        self.higher[cfg["task"]] = hib
+        return score
+
+    def leaders(self, task: str, n: int = 3) -> str:
+        rows = [(statistics.fmean(v), lab) for lab, v in self.scores[task].items() if v]
+        hib = self.higher.get(task, True)
+        rows.sort(key=lambda r: -r[0] if hib else r[0])
+        metric_pct = hib and all(0 <= m <= 1 for m, _ in rows)
+        return " > ".join(f"{lab} {100 * m:.1f}" if metric_pct else f"{lab} {m:.2f}" for m, lab in rows[:n])
+
+    def write(self, line: str, err: bool = False) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr if err else sys.stdout)
+        elif self.live or err:
+            print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+    def on_step(self, job: Job, step: int, loss: float) -> None:
+        if self.bar is None:
+            return
+        if step == 1:
+            self.bar.set_description(job.title)
+        self.bar.update(1)
+        self.steps_seen[job.key] = step
+        if step % 25 == 0:
+            self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+    def _advance(self, job: Job) -> None:
+        self.n_done += 1
+        if self.bar is not None and self.per_step:  # a run that stopped early: count its remaining steps
+            left = job.config.steps - self.steps_seen.get(job.key, 0)
+            if left > 0:
+                self.bar.update(left)
+        if self.bar is not None and not self.per_step:
+            self.bar.update(1)
+            self.bar.set_description(job.title)
+
+    def finished(self, job: Job, rec: dict[str, Any]) -> None:
+        self._advance(job)
+        self._score(rec)
+        if not self.live:
+            return
+        metric = rec.get("metric", "accuracy")
+        cells = "  ".join(
+            f"{'L=' + k if k.isdigit() else k} {_fmt(v, metric)}"
+            for k, v in rec["metrics"].items()
+            if not k.endswith("_error")
+        )
+        w = len(str(self.total))
+        self.write(
+            f"[{self.n_done:>{w}}/{self.total}] {job.title}  {cells}  ({rec.get('train_seconds', 0):.1f} s)"
+            f"  | {job.config.task}: {self.leaders(job.config.task)}"
+        )
+
+    def failed(self, job: Job, error: str) -> None:
+        self._advance(job)
+        w = len(str(self.total))
+        # a posenc error is its message (what to do); anything else its first line (type: message)
+        lines = error.strip().splitlines() or ["(no message)"]
+        text = "\n    ".join(lines[:8] if error.startswith(_POSENC_PREFIXES) else lines[:1])
+        self.write(f"[{self.n_done:>{w}}/{self.total}] {job.title}  FAILED: {text}", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

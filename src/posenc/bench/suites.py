@@ -1,0 +1,313 @@
+"""Suites: named grids of runs, kept in TOML files.
+
+A suite file (see ``docs/bench.md`` and the built-in ones in ``posenc/bench/suites/``)::
+
+    name = "mine"
+    description = "rope against alibi on order"
+    tasks = ["order"]
+    seeds = [0, 1, 2]
+    encodings = ["rope", {name = "alibi", label = "ALiBi"}, {name = "shaw", options = {max_relative_position = 4}}]
+
+    [settings]                      # shared RunConfig fields
+    steps = 300
+    train_lengths = [4, 16]
+    test_lengths = [16, 32, 64]
+
+    [[grid]]                        # optional: more grids, each with its own tasks/encodings/seeds/settings
+    tasks = ["adjacent"]
+    encodings = ["t5"]
+    settings = {steps = 100}
+
+    [published]                     # optional: the paper's numbers, shown beside ours
+    source = "..."; metric = "..."; note = "..."; columns = [...]
+    rows = {rope = [...], alibi = [...]}
+
+Every name and setting is checked when the file is loaded: unknown keys, tasks
+and encodings (with close matches), impossible lengths, encoding options that
+the encoding does not take, and an encoding that cannot reach the longest test
+length (e.g. ``learned`` with ``max_len`` below it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, PosencError, PositionError, UnknownNameError
+from ..registry import resolve
+from .runner import Job, RunConfig, default_label
+
+TOP_KEYS = ("name", "description", "paper", "tasks", "encodings", "seeds", "settings", "grid", "published", "notes")
+GRID_KEYS = ("name", "tasks", "encodings", "seeds", "settings")
+ENCODING_KEYS = ("name", "label", "options")
+PUBLISHED_KEYS = ("source", "metric", "note", "columns", "rows", "text", "task", "higher_is_better")
+PER_RUN = ("task", "encoding", "seed", "encoding_options")
+SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in PER_RUN)
+
+
+def _check_keys(where: str, got: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    for k in got:
+        if k not in allowed:
+            close = difflib.get_close_matches(k, allowed, n=3, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{where}: unknown key {k!r}.{hint} Allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """An encoding of a grid: registry name, display label, options passed to it."""
+
+    name: str
+    label: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Grid:
+    tasks: list[str]
+    encodings: list[EncodingSpec]
+    seeds: list[int]
+    settings: dict[str, Any]
+    name: str = ""
+
+
+@dataclass
+class Suite:
+    """A named set of grids (tasks × encodings × seeds with shared settings), plus published numbers."""
+
+    name: str
+    description: str = ""
+    paper: str = ""
+    grids: list[Grid] = field(default_factory=list)
+    published: dict[str, Any] = field(default_factory=dict)
+    notes: str = ""
+    path: Path | None = None
+
+    def jobs(
+        self,
+        *,
+        tasks: list[str] | None = None,
+        encodings: list[str] | None = None,
+        seeds: list[int] | None = None,
+        overrides: dict[str, Any] | None = None,
+        check: bool = True,
+    ) -> list[Job]:
+        """Every run of the suite (optionally only these tasks / encodings or labels / seeds)."""
+        all_tasks = {t for g in self.grids for t in g.tasks}
+        all_encs = {e.name for g in self.grids for e in g.encodings} | {
+            e.label for g in self.grids for e in g.encodings
+        }
+        for kind, want, have in (("task", tasks, all_tasks), ("encoding", encodings, all_encs)):
+            for w in want or ():
+                if w not in have:
+                    raise UnknownNameError(f"{kind} of suite {self.name!r},", w, have)
+        out: list[Job] = []
+        seen: set[str] = set()
+        for gi, g in enumerate(self.grids, 1):
+            for t in g.tasks:
+                if tasks and t not in tasks:
+                    continue
+                for e in g.encodings:
+                    if encodings and e.name not in encodings and e.label not in encodings:
+                        continue
+                    for s in g.seeds if seeds is None else seeds:
+                        where = f"suite {self.name!r}" + (f" grid {g.name or gi}" if len(self.grids) > 1 else "")
+                        where += f", task {t!r}, encoding {e.label!r}, seed {s}"
+                        settings = {**g.settings, **(overrides or {})}
+                        try:
+                            cfg = RunConfig(
+                                task=t, encoding=e.name, seed=s, encoding_options=dict(e.options), **settings
+                            )
+                            if check:
+                                check_reach(cfg)
+                        except UnknownNameError:
+                            raise
+                        except PosencError as exc:
+                            raise ConfigError(f"{where}: {exc}") from None
+                        except TypeError as exc:
+                            raise ConfigError(f"{where}: {exc}") from None
+                        if cfg.key() not in seen:
+                            seen.add(cfg.key())
+                            out.append(Job(cfg, e.label, self.name))
+        return out
+
+    def configs(self, **kw: Any) -> list[RunConfig]:
+        return [j.config for j in self.jobs(**kw)]
+
+    def validate(self) -> list[Job]:
+        """Check every run of the suite (raises :class:`ConfigError`); return the runs."""
+        return self.jobs()
+
+
+def check_reach(cfg: RunConfig) -> None:
+    """Raise :class:`ConfigError` if ``cfg.encoding`` with its options cannot take the test lengths.
+
+    The encoding is built as a model built for ``max(cfg.test_lengths)`` would build it;
+    options it does not take fail here. Positions up to the longest test length then go
+    through its position hooks (cheap: no attention), so that a table too short
+    (``learned`` with a small ``max_len``, ``binary`` with too few bits) fails before
+    anything is trained. Whatever cannot be known without a model is left to the run.
+    """
+    import torch
+
+    from ..registry import build
+
+    longest = max(cfg.test_lengths)
+    dims = dict(
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        head_dim=cfg.d_model // cfg.n_heads,
+        max_len=longest,
+        vocab_size=64,
+        n_layers=cfg.n_layers,
+        causal=cfg.model == "decoder",
+    )
+    enc = build(cfg.encoding, dims=dims, options=cfg.encoding_options or None)
+    sample = getattr(enc, "sample", None)
+    if callable(sample):  # randomized positions: the random range must hold the training length
+        try:
+            sample(torch.arange(cfg.train_lengths[1])[None])
+        except PositionError as exc:
+            raise ConfigError(
+                f"encoding {cfg.encoding!r} cannot train at length {cfg.train_lengths[1]}: {exc}"
+            ) from None
+        except Exception:  # noqa: BLE001 -- not knowable up front
+            pass
+    try:
+        with torch.no_grad():
+            pos = enc.positions(torch.arange(longest)[None], training=False)
+            enc.embed(torch.zeros(1, longest, cfg.d_model), pos)
+    except PositionError as exc:
+        raise ConfigError(
+            f"encoding {cfg.encoding!r} with options {cfg.encoding_options} cannot reach test length {longest}: {exc}"
+        ) from None
+    except Exception:  # noqa: BLE001 -- e.g. an embed hook that needs tokens: left to the run
+        pass
+
+
+def _encoding(where: str, e: Any) -> EncodingSpec:
+    if isinstance(e, str):
+        resolve(e)
+        return EncodingSpec(e, e, {})
+    if not isinstance(e, dict):
+        raise ConfigError(f"{where}: an encoding is a name or a table {{name, label, options}}, got {e!r}")
+    _check_keys(where, e, ENCODING_KEYS)
+    if "name" not in e:
+        raise ConfigError(f"{where}: an encoding table needs a name, got {e!r}")
+    resolve(e["name"])
+    options = e.get("options", {})
+    if not isinstance(options, dict):
+        raise ConfigError(f"{where}: options of {e['name']!r} must be a table, got {options!r}")
+    label = e.get("label") or default_label(e["name"], options)
+    return EncodingSpec(e["name"], str(label), dict(options))
+
+
+def _list(where: str, key: str, v: Any, typ: type | tuple[type, ...], what: str) -> list[Any]:
+    if not isinstance(v, list) or not v or not all(isinstance(x, typ) and not isinstance(x, bool) for x in v):
+        raise ConfigError(f"{where}: {key} must be a non-empty list of {what}, got {v!r}")
+    return v
+
+
+def _grid(where: str, d: dict[str, Any], base: dict[str, Any]) -> Grid:
+    from .api import get_task
+
+    _check_keys(where, d, GRID_KEYS)
+    merged = {k: d.get(k, base.get(k)) for k in ("tasks", "encodings", "seeds")}
+    for k, v in merged.items():
+        if v is None:
+            raise ConfigError(f"{where}: no {k} (give {k} = [...] in the grid or at the top of the file)")
+    tasks = _list(where, "tasks", merged["tasks"], str, "task names")
+    for t in tasks:
+        get_task(t)  # unknown names: close matches
+    seeds = _list(where, "seeds", merged["seeds"], int, "integers")
+    encs = [
+        _encoding(f"{where} encodings", e)
+        for e in _list(where, "encodings", merged["encodings"], (str, dict), "names or tables")
+    ]
+    labels = [e.label for e in encs]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ConfigError(f"{where}: two encodings share the label(s) {dup}; give each a distinct label")
+    settings = {**base.get("settings", {}), **d.get("settings", {})}
+    _check_keys(f"{where} settings", settings, SETTING_KEYS)
+    for k in ("train_lengths", "test_lengths"):
+        if k in settings:
+            settings[k] = tuple(settings[k])
+    return Grid(tasks, encs, seeds, settings, str(d.get("name", "")))
+
+
+def parse_suite(data: dict[str, Any], *, name: str = "suite", path: Path | None = None) -> Suite:
+    """A :class:`Suite` from the parsed TOML ``data`` (everything validated)."""
+    where = f"suite {data.get('name', name)!r}" + (f" ({path})" if path else "")
+    _check_keys(where, data, TOP_KEYS)
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}: settings must be a table")
+    _check_keys(f"{where} settings", settings, SETTING_KEYS)
+    published = data.get("published", {})
+    _check_keys(f"{where} published", published, PUBLISHED_KEYS)
+    cols = published.get("columns")
+    for row, vals in published.get("rows", {}).items():
+        if cols is not None and len(vals) != len(cols):
+            raise ConfigError(f"{where} published: row {row!r} has {len(vals)} values for {len(cols)} columns")
+    raw_grids = data.get("grid") or [{}]
+    grids = [_grid(f"{where} grid {i}", g, data) for i, g in enumerate(raw_grids, 1)]
+    suite = Suite(
+        name=str(data.get("name", name)),
+        description=str(data.get("description", "")),
+        paper=str(data.get("paper", "")),
+        grids=grids,
+        published=published,
+        notes=str(data.get("notes", "")),
+        path=path,
+    )
+    suite.validate()
+    return suite
+
+
+def _builtin_dir() -> Path:
+    return Path(str(resources.files("posenc.bench") / "suites"))
+
+
+def available_suites() -> list[str]:
+    """Names of the built-in suites."""
+    return sorted(p.stem for p in _builtin_dir().glob("*.toml"))
+
+
+def suite_path(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.exists():
+            raise ConfigError(f"suite file {p} does not exist")
+        return p
+    q = _builtin_dir() / f"{name_or_path}.toml"
+    if not q.exists():
+        raise UnknownNameError("suite", str(name_or_path), available_suites())
+    return q
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    """A built-in suite by name (``quick``, ``alibi`` ...) or a suite file by path, validated."""
+    path = suite_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"suite file {path} is not valid TOML: {exc}") from None
+    return parse_suite(data, name=path.stem, path=path)
+
+
+def describe_suites() -> list[tuple[str, str, int]]:
+    """(name, description, number of runs) of every built-in suite; a broken one says why."""
+    out = []
+    for n in available_suites():
+        try:
+            s = load_suite(n)
+            out.append((n, s.description, len(s.jobs(check=False))))
+        except PosencError as exc:
+            out.append((n, f"cannot be loaded here: {exc}", 0))
+    return out

@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from posenc import bench
 from posenc.bench import RunConfig, load_suite, run_suite
@@ -24,6 +25,16 @@ from posenc.bench.store import SQLiteStore, StoreCorruptError, StoreLockedError
 from posenc.bench.suites import available_suites, parse_suite
 from posenc.cli import main
 from posenc.errors import ConfigError, PosencError, UnknownNameError
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread (and on a shared machine two threads can be 100x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 TINY = dict(
     steps=5,
@@ -253,6 +264,7 @@ def test_suite_file_grid_labels_and_options(tmp_path):
         ({"encodings": [{"name": "shaw", "options": {"max_relative": 2}}]}, r"does not take 'max_relative'"),
         ({"encodings": ["rope", {"name": "alibi", "label": "rope"}]}, r"share the label"),
         ({"seeds": []}, r"seeds must be a non-empty list"),
+        ({"published": {"task": "copy"}}, r"published: task 'copy' is not a task of this suite"),
     ],
 )
 def test_suite_errors_are_clear(edit, match):

@@ -16,6 +16,15 @@ from posenc.cli import main
 from posenc.errors import ConfigError, UnknownNameError
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest on one thread (and on a shared machine two threads can be 100x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_version_and_help(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])

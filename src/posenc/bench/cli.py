@@ -100,7 +100,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _suite(args: argparse.Namespace):
-    from ..registry import available
     from .suites import Grid, _encoding, load_suite
 
     if args.suite:
@@ -113,7 +112,7 @@ def _suite(args: argparse.Namespace):
     g: Grid = suite.grids[0]
     options = dict(_parse_option(o) for o in args.encoding_option)
     if args.encodings:
-        names = available() if args.encodings == ["all"] else args.encodings
+        names = _all_buildable(suite) if args.encodings == ["all"] else args.encodings
         g.encodings = [_encoding("--encodings", {"name": n, "options": options} if options else n) for n in names]
     elif options:
         g.encodings = [_encoding("--encodings", {"name": e.name, "options": options}) for e in g.encodings]
@@ -128,6 +127,25 @@ def _suite(args: argparse.Namespace):
     if args.tasks or args.encodings or args.seeds or options:
         suite.name, suite.description = "runs", ""
     return suite, {}
+
+
+def _all_buildable(suite: Any) -> list[str]:
+    """Every registered encoding that runs with the quick suite's settings and no options."""
+    from ..errors import PosencError
+    from ..registry import available
+    from .runner import RunConfig
+    from .suites import check_reach
+
+    names, skipped = [], []
+    for name in available():
+        try:
+            check_reach(RunConfig(task="order", encoding=name, **suite.grids[0].settings))
+            names.append(name)
+        except PosencError as exc:
+            skipped.append(f"{name} ({exc})")
+    if skipped:
+        print("--encodings all: skipping encodings that need options: " + "; ".join(skipped), file=sys.stderr)
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         stored = store.load()
         res = [{**stored[j.key], "label": j.label} for j in jobs if j.key in stored]
         print(f"posenc bench: {len(res)} of {len(jobs)} runs of suite {suite.name!r} are in {store.path}")
-        failures: list[dict[str, Any]] = []
+        keys = {j.key for j in jobs} - set(stored)
+        failures: list[dict[str, Any]] = [f for f in store.failures() if f["key"] in keys]
     else:
         tasks = sorted({j.config.task for j in jobs})
         labels = sorted({j.label for j in jobs})

@@ -21,7 +21,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
@@ -63,7 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     record, error = None, None
     try:
         cfg = _config(args)

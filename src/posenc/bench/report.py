@@ -272,7 +272,7 @@ def plot_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
             # mean over seeds at the steps every seed logged
             steps = sorted(set.intersection(*[{int(s) for s, _ in r["curve"]} for r in runs]))
             ys = [statistics.fmean(dict((int(s), v) for s, v in r["curve"])[s] for r in runs) for s in steps]
-            ax.plot(steps, ys, label=lab)
+            ax.plot(steps, ys, marker="o" if len(steps) <= 3 else None, label=lab)
         ax.set_title(f"{task}: training loss (mean over seeds)")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (smoothed)")

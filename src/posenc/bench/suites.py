@@ -257,6 +257,9 @@ def parse_suite(data: dict[str, Any], *, name: str = "suite", path: Path | None 
             raise ConfigError(f"{where} published: row {row!r} has {len(vals)} values for {len(cols)} columns")
     raw_grids = data.get("grid") or [{}]
     grids = [_grid(f"{where} grid {i}", g, data) for i, g in enumerate(raw_grids, 1)]
+    ptask = published.get("task")
+    if ptask is not None and ptask not in {t for g in grids for t in g.tasks}:
+        raise ConfigError(f"{where} published: task {ptask!r} is not a task of this suite")
     suite = Suite(
         name=str(data.get("name", name)),
         description=str(data.get("description", "")),

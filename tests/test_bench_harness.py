@@ -187,6 +187,18 @@ def test_locked_store_is_a_clear_error_and_loses_nothing(tmp_path):
     assert _count(db) == 1
     store.add(rec2)
     assert _count(db) == 2
+    # a suite whose store is locked when a run finishes: the run is kept aside, not lost
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreLockedError, match="kept in .*pending.jsonl"):
+            run_suite([tiny(encoding="rope")], tmp_path, store=SQLiteStore(db, timeout=0.2), progress=False)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert _count(db) == 2
+    assert tiny(encoding="rope").key() in SQLiteStore(db).keys()  # imported when opened again
+    assert _count(db) == 3 and not (tmp_path / "results.sqlite.pending.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------------------ suites

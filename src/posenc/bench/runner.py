@@ -279,7 +279,7 @@ def run_suite(
             if error is None:
                 assert record is not None
                 record = {**record, "label": job.label, "suite": job.suite}
-                st.add(record)
+                st.add_or_keep(record)  # locked: kept aside, imported next time
                 board.finished(job, record)
             else:
                 st.add_failure(job.key, job.config.as_dict(), error, job.label)

@@ -114,6 +114,26 @@ class SQLiteStore:
             legacy = self.path.parent / "results.jsonl"
             if legacy.exists():
                 self.import_jsonl(legacy)
+        if self.pending_path.exists():  # finished runs that could not be written last time
+            self.import_jsonl(self.pending_path)
+            self.pending_path.unlink()
+
+    @property
+    def pending_path(self) -> Path:
+        """Where a finished run goes when the store cannot take it (imported at the next open)."""
+        return self.path.with_name(self.path.name + ".pending.jsonl")
+
+    def add_or_keep(self, record: dict[str, Any]) -> None:
+        """:meth:`add`; if the store is locked or unwritable, keep the run in :attr:`pending_path` and re-raise."""
+        try:
+            self.add(record)
+        except StoreError as exc:
+            with self.pending_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            raise type(exc)(
+                f"{exc}. The run that had just finished is kept in {self.pending_path} "
+                "and goes into the store the next time it is opened"
+            ) from None
 
     # -- plumbing -----------------------------------------------------------------
     @property

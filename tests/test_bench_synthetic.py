@@ -114,6 +114,7 @@ def test_string_outputs_follow_their_definition(task, truth, n):
 def test_alphabet_option_and_defaults():
     _, opts = examples("bucket-sort", 4)
     assert opts["symbols"] == 5  # Delétang et al.'s bucket sort alphabet
+    assert examples("reverse", 4)[1]["symbols"] == 2 and examples("copy", 4)[1]["symbols"] == 10
     exs, opts = examples("reverse", 6, symbols=7)
     assert {t for inp, _ in exs for t in inp} == set(range(FIRST, FIRST + 7))
 
@@ -342,6 +343,7 @@ def test_copy_is_learnable_with_rope(model, steps, target):
         n_layers=2,
         lr=1e-2,
         eval_samples=128,
+        task_options={"symbols": 2},
     )
     out = run_one(cfg)
     assert out["metrics"]["5"] >= target, out["metrics"]
@@ -370,3 +372,21 @@ def test_bad_settings_raise_config_errors():
         tiny("counting", task_options={"weights": [0, 2, 3]})
     with pytest.raises(ConfigError, match="vars must be in 1..26"):
         tiny("counting", task_options={"vars": 0})
+
+
+def test_token_accuracy_of_addition_counts_digits_not_hints():
+    from posenc.bench.seq_training import score
+
+    exs, _ = examples("addition", 3, count=4)
+    task = get_task("addition")
+    # hints all wrong, digits right: no whole answer is right, every digit is
+    wrong_hints = [[t if t < arithmetic.HINT0 else arithmetic.HINT0 for t in out] for _, out in exs]
+    shifted = [[t if t < arithmetic.HINT0 else t + 1 for t in out] for _, out in exs]
+    assert score(exs, shifted, task) == (0.0, 1.0)
+    # one digit wrong in each example: 4 digits per answer, 3 right
+    bad = [list(out) for _, out in exs]
+    for b in bad:
+        b[1] = arithmetic.DIGIT0 + (b[1] - arithmetic.DIGIT0 + 1) % 10
+    assert score(exs, bad, task) == (0.0, 0.75)
+    assert score(exs, [out for _, out in exs], task) == (1.0, 1.0)
+    assert score(exs, wrong_hints, None)[1] < 1.0  # without the task every token counts

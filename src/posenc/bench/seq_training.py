@@ -23,7 +23,8 @@ each test length ``n`` is evaluated on ``cfg.eval_samples`` fresh examples from
 a generator of its own, seeded by ``(cfg.seed, n)``. The metric at ``"n"`` is the
 fraction of examples whose whole output is right (``sequence_accuracy``; for
 one-token outputs that is plain ``accuracy``); ``"n_token"`` is the fraction of
-output tokens right. Every run is a pure function of its configuration.
+output tokens right (for addition: of the answer digits, not their index
+hints). Every run is a pure function of its configuration.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ class SeqTask(Task):
     def max_total(self, n: int, opts: dict[str, Any]) -> int:  # pragma: no cover
         """An upper bound on ``len(input) + 1 + len(output)`` at input length ``n``."""
         raise NotImplementedError
+
+    def scored(self, output: list[int]) -> list[bool]:
+        """Which output tokens count in the per-token accuracy (all; addition leaves out its index hints)."""
+        return [True] * len(output)
 
     def check_options(self, cfg: RunConfig, opts: dict[str, Any]) -> None:
         """Task-specific checks of the options against the config (raise ConfigError)."""
@@ -225,12 +230,18 @@ def predict(model: torch.nn.Module, style: str, examples: list[Example], chunk: 
     return preds  # type: ignore[return-value]
 
 
-def score(examples: list[Example], preds: list[list[int]]) -> tuple[float, float]:
-    """(fraction of examples entirely right, fraction of output tokens right)."""
+def score(examples: list[Example], preds: list[list[int]], task: SeqTask | None = None) -> tuple[float, float]:
+    """(fraction of examples entirely right, fraction of scored output tokens right).
+
+    The tokens scored are those ``task.scored`` marks (all of them without a task).
+    """
     whole = sum(p == out for (_, out), p in zip(examples, preds))
-    tok = sum(sum(a == b for a, b in zip(p, out)) for (_, out), p in zip(examples, preds))
-    total = sum(len(out) for _, out in examples)
-    return whole / len(examples), tok / total
+    right = total = 0
+    for (_, out), p in zip(examples, preds):
+        keep = task.scored(out) if task is not None else [True] * len(out)
+        right += sum(k and a == b for a, b, k in zip(p, out, keep))
+        total += sum(keep)
+    return whole / len(examples), right / max(total, 1)
 
 
 # ---- training -----------------------------------------------------------------------------------
@@ -280,7 +291,7 @@ def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnSt
     for n in cfg.test_lengths:
         examples = task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)
         try:
-            whole, tok = score(examples, predict(model, cfg.model, examples))
+            whole, tok = score(examples, predict(model, cfg.model, examples), task)
         except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
             metrics[str(n)] = None
             metrics[f"{n}_error"] = f"{type(exc).__name__}: {exc}"

@@ -74,6 +74,10 @@ class AdditionTask(SeqTask):
         opts["hints"] = hints_for(cfg, opts)
         return train_seq(self, cfg, opts, on_step)
 
+    def scored(self, output: list[int]) -> list[bool]:
+        """Per-token accuracy counts the answer digits only: the hints are copied, not computed."""
+        return [DIGIT0 <= t < DIGIT0 + 10 for t in output]
+
     def vocab_size(self, opts: dict[str, Any]) -> int:
         return HINT0 + max(opts["hints"], 1)
 

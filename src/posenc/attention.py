@@ -29,6 +29,10 @@ from .errors import ConfigError, PositionError
 
 PATHS = ("auto", "fast", "reference")
 
+# ctx.cache key: ``(q_pos, k_pos)`` that this attention made with ``arange`` (so contiguous without a check;
+# relative encodings then skew without reading the positions, which torch.compile could not trace)
+ARANGE_POSITIONS = "posenc:arange-positions"
+
 
 @dataclass
 class KVCache:
@@ -256,6 +260,8 @@ class MultiHeadAttention(nn.Module):
             attention=self,
             caching=kv_cache is not None,
         )
+        if positions is None and key_positions is None:
+            ctx.cache[ARANGE_POSITIONS] = (q_pos, new_k_pos)
         if enc is not None and self._has["rotate"]:
             q, k = enc.rotate(q, k, ctx)
         if past is not None:

@@ -113,10 +113,14 @@ class _Kerple(PositionalEncoding):
             with torch.no_grad():
                 # write only when something is out of range: an in-place write bumps the version
                 # counter and would break a backward through an earlier use in the same graph
-                if bool((self.raw_r1 < self.eps).any()):
+                if torch.compiler.is_compiling():  # no data-dependent branch in a traced graph (it is functional)
                     self.raw_r1.clamp_(min=self.eps)
-                if bool(((self.raw_r2 < self.eps) | (self.raw_r2 > hi)).any()):
                     self.raw_r2.clamp_(min=self.eps, max=hi)
+                else:
+                    if bool((self.raw_r1 < self.eps).any()):
+                        self.raw_r1.clamp_(min=self.eps)
+                    if bool(((self.raw_r2 < self.eps) | (self.raw_r2 > hi)).any()):
+                        self.raw_r2.clamp_(min=self.eps, max=hi)
             return self.raw_r1, self.raw_r2
         r1 = F.softplus(self.raw_r1)
         r2 = self.r2_max * torch.sigmoid(self.raw_r2) if self.r2_max is not None else F.softplus(self.raw_r2)

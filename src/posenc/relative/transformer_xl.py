@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import ARANGE_POSITIONS
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
@@ -100,11 +101,18 @@ class RelativeTerms:
         q_pos, k_pos = ctx.q_pos, ctx.k_pos
         self.lq, self.lk = q_pos.shape[-1], k_pos.shape[-1]
         self.index: Tensor | None = None
-        if _is_contiguous(q_pos) and _is_contiguous(k_pos):
+        marked = ctx.cache.get(ARANGE_POSITIONS)  # set by the attention when it made the positions with arange
+        known = marked is not None and marked[0] is q_pos and marked[1] is k_pos
+        if known or (not torch.compiler.is_compiling() and _is_contiguous(q_pos) and _is_contiguous(k_pos)):
             self.mode = "shift"
             top = q_pos[:, -1:] - k_pos[:, :1]  # [B', 1] the largest distance i - j
             steps = torch.arange(self.lq + self.lk - 1, device=q_pos.device, dtype=top.dtype)
             self.distances = top - steps  # [B', P]
+        elif torch.compiler.is_compiling():
+            # traced with positions of unknown spacing: torch.unique has a data-dependent size, so gather from
+            # every (i, j) pair's own distance instead (O(Lq·Lk·d) work; the same numbers)
+            self.mode = "pairs"
+            self.distances = (q_pos[:, :, None] - k_pos[:, None, :]).reshape(-1)  # [B' · Lq · Lk]
         else:
             self.mode = "gather"
             rel = q_pos[:, :, None] - k_pos[:, None, :]  # [B', Lq, Lk], i - j
@@ -124,7 +132,8 @@ class RelativeTerms:
         """``query_i · rel_keys(i - j)`` for every (i, j): ``[B, H, Lq, Lk]``.
 
         ``query`` is ``[B, H, Lq, Dh]``; ``rel_keys`` the keys of ``self.distances``:
-        ``[B', P, H, Dh]`` (shift) or ``[U, H, Dh]`` (gather).
+        ``[B', P, H, Dh]`` (shift), ``[U, H, Dh]`` (gather) or ``[B' · Lq · Lk, H, Dh]`` (pairs: only while
+        ``torch.compile`` traces positions whose spacing it cannot know).
         """
         if self.mode == "shift":
             if rel_keys.shape[0] == 1:
@@ -132,6 +141,9 @@ class RelativeTerms:
             else:
                 raw = torch.einsum("bhid,bphd->bhip", query, rel_keys)
             return relative_shift(raw, self.lk)
+        if self.mode == "pairs":
+            per_pair = rel_keys.reshape(-1, self.lq, self.lk, *rel_keys.shape[-2:])  # [B', Lq, Lk, H, Dh]
+            return torch.einsum("bhid,bijhd->bhij", query, per_pair.expand(query.shape[0], -1, -1, -1, -1))
         assert self.index is not None
         raw = torch.einsum("bhid,uhd->bhiu", query, rel_keys)  # [B, H, Lq, U]
         b, h = raw.shape[0], raw.shape[1]

@@ -69,11 +69,15 @@ def _check_original(name: str, original_max_len: int | None) -> int:
     return original_max_len
 
 
-def _sequence_length(positions: Tensor) -> int:
-    """``max(position) + 1`` (HF's ``seq_len``), 0 for no positions."""
+def _sequence_length(positions: Tensor) -> int | Tensor:
+    """``max(position) + 1`` (HF's ``seq_len``), 0 for no positions.
+
+    While ``torch.compile`` traces, the same value as a 0-d int64 tensor (a Python int would need the data)."""
     if positions.numel() == 0:
         return 0
     check_positions(positions, integer=False)
+    if torch.compiler.is_compiling():
+        return positions.max().to(torch.float64).floor().to(torch.int64) + 1
     return int(math.floor(float(positions.max()))) + 1
 
 
@@ -117,7 +121,11 @@ class ScaledRoPE(RoPE):
         key = ("scaled-rope-cos-sin", id(self))
         got = ctx.cache.get(key)
         if got is None or got[0] is not ctx.q_pos or got[1] is not ctx.k_pos:
-            seq_len = max(_sequence_length(ctx.q_pos), _sequence_length(ctx.k_pos))
+            lq, lk = _sequence_length(ctx.q_pos), _sequence_length(ctx.k_pos)
+            if isinstance(lq, Tensor) or isinstance(lk, Tensor):
+                seq_len = torch.maximum(torch.as_tensor(lq), torch.as_tensor(lk))
+            else:
+                seq_len = max(lq, lk)
             qc, qs = self.cos_sin(ctx.q_pos, seq_len)
             kc, ks = (qc, qs) if ctx.k_pos is ctx.q_pos else self.cos_sin(ctx.k_pos, seq_len)
             got = (ctx.q_pos, ctx.k_pos, qc[:, None], qs[:, None], kc[:, None], ks[:, None])
@@ -252,10 +260,18 @@ class RoPEDynamicNTK(ScaledRoPE):
         (from a tensor length; its ``ROPE_INIT_FUNCTIONS`` with a Python ``int`` length rounds
         the base in float64, which can differ in the last bit)."""
         s, n = self.factor, self.original_max_len
-        length = torch.tensor(max(seq_len, n), dtype=torch.int64)
+        if isinstance(seq_len, Tensor):  # traced by torch.compile
+            length = torch.clamp(seq_len.to(torch.int64), min=n)
+        else:
+            length = torch.tensor(max(seq_len, n), dtype=torch.int64)
         return self.base * ((s * length / n) - (s - 1)) ** (self.rotary_dim / (self.rotary_dim - 2))
 
-    def frequencies(self, seq_len: int) -> Tensor:
+    def frequencies(self, seq_len: int | Tensor) -> Tensor:
+        if isinstance(seq_len, Tensor):  # traced by torch.compile: both branches, chosen by value
+            base = self.dynamic_base(seq_len)
+            exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float() / self.rotary_dim
+            scaled = (1.0 / (base**exponents)).to(self.inv_freq.device)
+            return torch.where(seq_len.to(self.inv_freq.device) <= self.original_max_len, self.inv_freq, scaled)
         if seq_len <= self.original_max_len:
             return self.inv_freq
         base = self.dynamic_base(seq_len)

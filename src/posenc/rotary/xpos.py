@@ -112,8 +112,8 @@ class XPos(RoPE):
         work = torch.float64 if dtype == torch.float64 else torch.float32
         return torch.exp(exponent * log_zeta).to(work)
 
-    def _check_range(self, positions: Tensor, center: float, dtype: torch.dtype) -> None:
-        if positions.numel() == 0:
+    def _check_range(self, positions: Tensor, center: float | Tensor, dtype: torch.dtype) -> None:
+        if positions.numel() == 0 or torch.compiler.is_compiling():
             return
         far = float((positions.to(torch.float64) - center).abs().max())
         largest = far / self.scale_base * -math.log(float(self.zeta[0]))
@@ -127,9 +127,13 @@ class XPos(RoPE):
                 "use center='auto', a center nearer the positions, or a wider dtype"
             )
 
-    def _center(self, *positions: Tensor) -> float:
+    def _center(self, *positions: Tensor) -> float | Tensor:
         if self.center != "auto":
             return float(self.center)
+        if torch.compiler.is_compiling():  # the same value as a 0-d float64 tensor (no data-dependent float())
+            lo = torch.stack([p.min() for p in positions if p.numel()]).min().to(torch.float64)
+            hi = torch.stack([p.max() for p in positions if p.numel()]).max().to(torch.float64)
+            return torch.floor((lo + hi) / 2)
         lo = min(float(p.min()) for p in positions if p.numel())
         hi = max(float(p.max()) for p in positions if p.numel())
         return float(math.floor((lo + hi) / 2))

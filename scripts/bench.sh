@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# tiny models train fastest on one thread per process (and a shared machine stays usable)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec .venv/bin/posenc bench "$@"

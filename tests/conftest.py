@@ -4,7 +4,9 @@ import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# the tests use tiny tensors: one thread is fastest, and on a shared 2-core machine two threads
+# competing with other processes were measured 10-100x slower
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -269,7 +269,7 @@ def run_suite(
     say = log or (lambda s: print(s))
     done = st.keys() if resume else set()
     todo = [j for j in jobs if j.key not in done]
-    if progress and len(todo) < len(jobs):
+    if len(todo) < len(jobs):  # said even when quiet: it explains why nothing (or less) runs
         say(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs already finished in {st.path}")
     ex = make_executor(executor, workers=workers, ray_address=ray_address, ddp=ddp)
     board = LiveBoard(jobs, st, progress=progress, live=progress if live is None else live, per_step=ex.reports_steps)

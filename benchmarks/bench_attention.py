@@ -134,7 +134,7 @@ ENC_OPTIONS: dict[str, dict] = {
     "rope-ntk": {"factor": 4.0},
     "rope-dynamic": {"factor": 4.0, "original_max_len": 512},
     "rope-llama3": {"factor": 8.0, "original_max_len": 512},
-    "rope-longrope": {"short_factor": [1.0] * 32, "long_factor": [4.0] * 32, "original_max_len": 512},
+    "rope-longrope": {"short_factor": [1.0] * 32, "long_factor": [4.0] * 32, "original_max_len": 512, "factor": 4.0},
 }
 
 # peers known not to fit in memory at a length (L x L x d tensors): skipped, recorded as such
@@ -574,16 +574,15 @@ def worker(case: str, L: int, repeats: int, threads: int, seed: int = 0) -> dict
     if L <= 1024:  # the profiled runs were the warm-up; one more plain pass where it is cheap
         fwdbwd()
         fwd()
-    tf, tfb = [], []
+    tf, tfb, cf, cfb = [], [], [], []
     load0 = os.getloadavg()[0]
     c0, w0 = time.process_time(), time.perf_counter()
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fwd()
-        tf.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        fwdbwd()
-        tfb.append(time.perf_counter() - t0)
+        for f, wall, cpu in ((fwd, tf, cf), (fwdbwd, tfb, cfb)):
+            p0, t0 = time.process_time(), time.perf_counter()
+            f()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - p0)
     c1, w1 = time.process_time(), time.perf_counter()
     n_params = 0 if module is None else sum(p.numel() for p in module.parameters())
     return {
@@ -595,6 +594,10 @@ def worker(case: str, L: int, repeats: int, threads: int, seed: int = 0) -> dict
         "fwdbwd_s": statistics.median(tfb),
         "fwdbwd_min_s": min(tfb),
         "fwdbwd_max_s": max(tfb),
+        "fwd_cpu_s": statistics.median(cf),
+        "fwdbwd_cpu_s": statistics.median(cfb),
+        "fwdbwd_cpu_min_s": min(cfb),
+        "fwdbwd_cpu_max_s": max(cfb),
         "peak_fwd_MB": peak_f / 2**20,
         "peak_fwdbwd_MB": peak_fb / 2**20,
         "repeats": repeats,
@@ -629,7 +632,7 @@ def load(path: Path) -> list[dict]:
 
 def run(args: argparse.Namespace) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{args.tag}.json"
+    path = RESULTS / (f"{args.tag}.part-{args.part}.json" if args.part else f"{args.tag}.json")
     records = load(path)
     if args.cases:
         cases = args.cases
@@ -659,7 +662,7 @@ def run(args: argparse.Namespace) -> None:
                 if L >= TOO_BIG.get(pid, 1 << 30):
                     rec = {"case": case, "L": L, "round": rnd, "skipped": "does not fit in this machine's memory"}
                 else:
-                    reps = args.repeats or (2 if args.quick else (5 if L <= 512 else 3 if L <= 1024 else 2))
+                    reps = args.repeats or (2 if args.quick else (3 if L <= 1024 else 2))
                     cmd = [python_for(case), str(Path(__file__)), "worker", case, str(L), str(reps), str(args.threads)]
                     t0 = time.perf_counter()
                     try:
@@ -689,19 +692,26 @@ def run(args: argparse.Namespace) -> None:
 
 
 # ========================================================================== the report
-def summarise(records: list[dict]) -> dict[tuple[str, int], dict]:
-    """Median over rounds of each (case, L); spread = min/max of the per-round medians."""
+def summarise(records: list[dict], metric: str = "cpu") -> dict[tuple[str, int], dict]:
+    """Median over rounds of each (case, L); spread = min/max of the per-round medians.
+
+    ``metric="cpu"``: process CPU seconds of the (single-threaded) timed calls, which other processes on a
+    shared machine barely change; ``"wall"``: wall-clock seconds.
+    """
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in records:
-        if "fwdbwd_s" in r:
+        if "fwdbwd_s" in r and (metric == "wall" or "fwdbwd_cpu_s" in r):
             groups.setdefault((r["case"], r["L"]), []).append(r)
+    sfx = "_cpu_s" if metric == "cpu" else "_s"
+    lo_k, hi_k = ("fwdbwd_cpu_min_s", "fwdbwd_cpu_max_s") if metric == "cpu" else ("fwdbwd_min_s", "fwdbwd_max_s")
     out = {}
     for key, rs in groups.items():
         out[key] = {
-            "fwd_s": statistics.median(r["fwd_s"] for r in rs),
-            "fwdbwd_s": statistics.median(r["fwdbwd_s"] for r in rs),
-            "fwdbwd_lo": min(r["fwdbwd_s"] for r in rs),
-            "fwdbwd_hi": max(r["fwdbwd_s"] for r in rs),
+            "fwd_s": statistics.median(r["fwd" + sfx] for r in rs),
+            "fwdbwd_s": statistics.median(r["fwdbwd" + sfx] for r in rs),
+            "fwdbwd_lo": min(r[lo_k] for r in rs),
+            "fwdbwd_hi": max(r[hi_k] for r in rs),
+            "wall_fwdbwd_s": statistics.median(r["fwdbwd_s"] for r in rs),
             "peak_fwd_MB": statistics.median(r["peak_fwd_MB"] for r in rs),
             "peak_fwdbwd_MB": statistics.median(r["peak_fwdbwd_MB"] for r in rs),
             "cpu_util": statistics.median(r["cpu_util"] for r in rs),
@@ -712,9 +722,10 @@ def summarise(records: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def report(args: argparse.Namespace) -> None:
-    path = RESULTS / f"{args.tag}.json"
-    records = load(path)
-    s = summarise(records)
+    records = load(RESULTS / f"{args.tag}.json")
+    for part in sorted(RESULTS.glob(f"{args.tag}.part-*.json")):  # runs made side by side (--part)
+        records += load(part)
+    s = summarise(records, args.metric)
     lengths = sorted({L for _, L in s})
     encs = []
     for c, _ in s:
@@ -722,9 +733,10 @@ def report(args: argparse.Namespace) -> None:
             encs.append(c[7:])
     order = {e: i for i, e in enumerate(DEFAULT_ENCODINGS)}
     encs.sort(key=lambda e: (order.get(e, 999), e))
-    lines = [f"# {args.tag}: one attention layer, B={B}, H={H}, d_head={DH}, fp32", ""]
+    lines = [f"# {args.tag} ({args.metric} time): one attention layer, B={B}, H={H}, d_head={DH}, fp32", ""]
     lines.append(
-        "Times are medians (of repeats, then of rounds) in seconds; ratios: posenc / floor (plain SDPA, no "
+        f"Times ({args.metric} seconds, min–max of the repeats in brackets) are medians (of repeats, then of "
+        "rounds); ratios: posenc / floor (plain SDPA, no "
         "position) and posenc / fastest peer of the same method (<1 = posenc faster). Memory: allocator peak of "
         "forward+backward, MB."
     )
@@ -882,9 +894,13 @@ def main() -> None:
     r.add_argument("--timeout", type=int, default=900)
     r.add_argument("--tag", default="cpu-fp32")
     r.add_argument("--force", action="store_true")
+    r.add_argument(
+        "--part", help="write to <tag>.part-<PART>.json (two runs side by side; the report reads every part)"
+    )
     p = sub.add_parser("report", help="tables and plots from the results JSON")
     p.add_argument("--tag", default="cpu-fp32")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--metric", choices=("cpu", "wall"), default="cpu", help="CPU seconds (default) or wall seconds")
     args = ap.parse_args()
     (run if args.cmd == "run" else report)(args)
 

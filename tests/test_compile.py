@@ -25,9 +25,10 @@ OPTIONS = {
     "rope-ntk": {"factor": 4.0},
     "rope-dynamic": {"factor": 4.0, "original_max_len": 16},
     "rope-llama3": {"factor": 8.0, "original_max_len": 16},
-    "rope-longrope": {"short_factor": [1.0] * 4, "long_factor": [4.0] * 4, "original_max_len": 4},
+    "rope-longrope": {"short_factor": [1.0] * 4, "long_factor": [4.0] * 4, "original_max_len": 4, "factor": 4.0},
     "deberta": {"position_buckets": 8, "max_len": 16},
     "shaw": {"max_relative_position": 3},  # lengths beyond the clip distance
+    "rope-2d": {"grid_width": 3},
     "nezha": {"max_relative_position": 3},
 }
 INDUCTOR = ["rope", "alibi", "t5", "transformer-xl", "shaw"]

@@ -22,6 +22,7 @@ from torch import Tensor
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
+from ..relative._skew import arange_rows, offsets, toeplitz
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -105,9 +106,15 @@ class ALiBi(PositionalEncoding):
         key = ("alibi", id(self), id(ctx.q_pos), id(ctx.k_pos), dtype)
         got = ctx.cache.get(key)
         if got is None:  # once per forward, shared by every layer: -m (i - j) from j - i
-            rel = ctx.relative()
-            dist = rel.abs() if self.bidirectional else -rel
-            out = -self.slopes.to(dtype)[None, :, None, None] * dist[:, None].to(dtype)
+            if arange_rows(ctx):  # offset-only: Lq + Lk - 1 values laid out as a Toeplitz matrix
+                d = offsets(ctx)
+                dist = d.abs() if self.bidirectional else -d
+                vals = -self.slopes.to(dtype)[:, None] * dist[None, :].to(dtype)
+                out = toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+            else:
+                rel = ctx.relative()
+                dist = rel.abs() if self.bidirectional else -rel
+                out = -self.slopes.to(dtype)[None, :, None, None] * dist[:, None].to(dtype)
             ctx.cache[key] = (ctx.q_pos, ctx.k_pos, out)  # keeps the position tensors (and their ids) alive
             return out
         return got[2]

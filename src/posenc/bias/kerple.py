@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
+from ..relative._skew import arange_rows, offsets, toeplitz
 
 CONSTRAINTS = ("clamp", "softplus")
 
@@ -135,6 +136,10 @@ class _Kerple(PositionalEncoding):
                 f"{self.info.name} was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}"
             )
         r1, r2 = self.parameters_in_range()
+        if not ctx.reference and arange_rows(ctx):  # offset-only: the kernel at Lq + Lk - 1 distances, laid out
+            dist = offsets(ctx).abs().to(r1.dtype)[None, :]  # [1, P]
+            vals = self.kernel(dist, r1[:, None], r2[:, None])  # [H, P]
+            return toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         dist = ctx.relative().abs().to(r1.dtype)[:, None]  # |i - j|, [B, 1, Lq, Lk]
         return self.kernel(dist, r1[None, :, None, None], r2[None, :, None, None])
 

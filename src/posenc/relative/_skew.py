@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..attention import ARANGE_POSITIONS
 from ..base import AttentionContext
 from ..errors import PositionError
 
@@ -123,3 +124,66 @@ def value_table_term(probs: Tensor, table: Tensor, index: Tensor) -> Tensor:
 def materialise(table: Tensor, index: Tensor) -> Tensor:
     """The literal ``a_{ij} = table[index[i, j]]``: ``[B|1, Lq, Lk, ...]`` (reference paths only)."""
     return table[index]
+
+
+# ----------------------------------------------------------------- Toeplitz (offset-only) biases
+def arange_rows(ctx: AttentionContext) -> bool:
+    """Whether ``ctx.q_pos`` / ``ctx.k_pos`` are single ``arange`` rows made by the attention itself.
+
+    Then ``j - i`` runs through ``k_pos[0] - q_pos[-1] .. k_pos[-1] - q_pos[0]`` (``Lq + Lk - 1`` values) and a
+    bias that depends only on ``j - i`` is a Toeplitz matrix (see :func:`toeplitz`).
+    """
+    marked = ctx.cache.get(ARANGE_POSITIONS)
+    return (
+        marked is not None
+        and marked[0] is ctx.q_pos
+        and marked[1] is ctx.k_pos
+        and ctx.q_pos.shape[0] == 1
+        and ctx.k_pos.shape[0] == 1
+        and not torch.compiler.is_compiling()
+    )
+
+
+def offsets(ctx: AttentionContext) -> Tensor:
+    """The ``Lq + Lk - 1`` offsets ``j - i`` of :func:`arange_rows` positions, ascending: ``[P]``."""
+    lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
+    low = ctx.k_pos[0, :1] - ctx.q_pos[0, -1:]
+    return low + torch.arange(lq + lk - 1, device=ctx.q_pos.device, dtype=ctx.q_pos.dtype)
+
+
+class _Toeplitz(torch.autograd.Function):
+    """``out[h, i, j] = vals[h, j - i + Lq - 1]``; the backward sums ``grad`` along each diagonal."""
+
+    @staticmethod
+    def forward(ctx, vals: Tensor, lq: int, lk: int) -> Tensor:  # type: ignore[override]
+        h, p = vals.shape
+        vals = vals.contiguous()
+        ctx.lq, ctx.lk = lq, lk
+        # row r of the strided view is vals[r : r + Lk], i.e. query i = Lq - 1 - r; flip puts the rows in order
+        rows = torch.arange(lq - 1, -1, -1, device=vals.device)
+        return torch.index_select(vals.as_strided((h, lq, lk), (p, 1, 1)), 1, rows)  # contiguous, one pass
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        lq, lk = ctx.lq, ctx.lk
+        h, p = grad.shape[0], lq + lk - 1
+        # rows of width P + 1: (i, j) placed at i·(P + 1) + (j - i + Lq - 1) = i·P + j + Lq - 1 puts every
+        # diagonal j - i in one column; one head at a time through one zeroed buffer (the gaps stay zero)
+        buf = grad.new_zeros(lq * (p + 1))
+        place = buf.as_strided((lq, lk), (p, 1), lq - 1)
+        out = grad.new_empty(h, p)
+        for hi in range(h):
+            place.copy_(grad[hi])
+            torch.sum(buf.view(lq, p + 1)[:, :p], dim=0, out=out[hi])
+        return out, None, None
+
+
+def toeplitz(vals: Tensor, lq: int, lk: int) -> Tensor:
+    """``[1, H, Lq, Lk]`` with ``out[0, h, i, j] = vals[h, j - i + Lq - 1]`` from ``vals [H, Lq + Lk - 1]``.
+
+    One write of the ``H·Lq·Lk`` output and, in the backward, one diagonal sum: the bias of an offset-only
+    encoding (T5, KERPLE, ALiBi ...) then costs ``Lq + Lk - 1`` evaluations instead of ``Lq·Lk``.
+    """
+    if vals.shape[-1] != lq + lk - 1:
+        raise ValueError(f"toeplitz needs Lq + Lk - 1 = {lq + lk - 1} offsets, got {vals.shape[-1]}")
+    return _Toeplitz.apply(vals, lq, lk)[None]

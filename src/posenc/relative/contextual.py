@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
-from ._skew import cached_index, key_table_term, query_table_term
+from ._skew import arange_rows, cached_index, key_table_term, offsets, query_table_term, toeplitz
 
 
 def seed_relative_position_bucket(relative_position: Tensor, num_buckets: int, max_distance: int = 128) -> Tensor:
@@ -123,6 +123,9 @@ class RelativeBias(_Bucketed):
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"{self.info.name} was built for n_heads={self.n_heads}, got {ctx.n_heads}")
+        if not ctx.reference and arange_rows(ctx):  # offset-only: Lq + Lk - 1 lookups laid out as a Toeplitz matrix
+            buckets = seed_relative_position_bucket(-offsets(ctx), self.num_buckets, self.max_distance)  # of i - j
+            return toeplitz(self.embeddings(buckets).t(), ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         return self.embeddings(self.index(ctx)).permute(0, 3, 1, 2)  # [B|1, H, Lq, Lk]
 
 

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError, PositionError
 from ..registry import register
+from ._skew import arange_rows, offsets, toeplitz
 
 SCALINGS = ("default", "t5")
 
@@ -185,7 +186,13 @@ class T5Bias(PositionalEncoding):
         got = ctx.cache.get(key)
         if got is not None and _same(got[0], ctx.q_pos) and _same(got[1], ctx.k_pos):
             return got[2]
-        out = self.compute_bias(ctx.q_pos, ctx.k_pos)
+        if not ctx.reference and arange_rows(ctx):
+            # positions made by the attention: the bias depends on j - i only, so look up Lq + Lk - 1 offsets
+            # and lay them out as a Toeplitz matrix (no Lq·Lk bucket arithmetic, no Lq·Lk-row embedding backward)
+            vals = self.relative_attention_bias(self.buckets(offsets(ctx)))  # [P, H]
+            out = toeplitz(vals.t(), ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+        else:
+            out = self.compute_bias(ctx.q_pos, ctx.k_pos)
         ctx.cache[key] = (ctx.q_pos, ctx.k_pos, out)
         return out
 

@@ -36,6 +36,47 @@ def rope_inverse_frequencies(rotary_dim: int, base: float) -> Tensor:
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
 
 
+def _fast_rotation(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
+    """Whether :meth:`RoPE.apply` may use its one-pass forms (eager, constant phases, real floats)."""
+    return (
+        not torch.compiler.is_compiling()
+        and x.dtype in (torch.float32, torch.float64)
+        and not cos.requires_grad
+        and not sin.requires_grad
+    )
+
+
+def _complex_view_ok(x: Tensor) -> bool:
+    """``view_as_complex`` needs unit stride in the last dim and even strides / offset elsewhere."""
+    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in x.stride()[:-1])
+
+
+def _rotate_half_into(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``cat(x1 cos - x2 sin, x2 cos + x1 sin)`` written straight into one output (no temporaries, no cat)."""
+    h = x.shape[-1] // 2
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=o2)
+    o2.addcmul_(x1, sin)
+    return out
+
+
+class _RotateHalf(torch.autograd.Function):
+    """Rotate-half RoPE as one autograd node; the backward rotates the gradient back (by ``-θ``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        return _rotate_half_into(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        return _RotateHalf.apply(grad, cos, -sin), None, None
+
+
 @register
 class RoPE(PositionalEncoding):
     r"""Rotary position embedding, rotate-half layout (GPT-NeoX / Llama).
@@ -114,6 +155,17 @@ class RoPE(PositionalEncoding):
         r = self.rotary_dim
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         rot, rest = (x, None) if r == self.head_dim else (x[..., :r], x[..., r:])
+        if _fast_rotation(rot, cos, sin):
+            if self.interleaved and _complex_view_ok(rot):
+                # pairs (2i, 2i+1) are the real and imaginary parts of one complex number: one multiply
+                z = torch.view_as_complex(rot.unflatten(-1, (r // 2, 2)))
+                out = torch.view_as_real(z * torch.complex(cos, sin)).flatten(-2)
+            elif not self.interleaved:
+                out = _RotateHalf.apply(rot, cos, sin)
+            else:
+                out = None
+            if out is not None:
+                return out if rest is None else torch.cat((out, rest), dim=-1)
         if self.interleaved:
             pairs = rot.unflatten(-1, (r // 2, 2))
             x0, x1 = pairs[..., 0], pairs[..., 1]

@@ -501,4 +501,8 @@ class RoPELongRoPE(ScaledRoPE):
         self.register_buffer("long_inv_freq", long, persistent=False)
 
     def frequencies(self, seq_len: int) -> Tensor:
+        if isinstance(seq_len, Tensor):  # traced by torch.compile: chosen by value
+            return torch.where(
+                seq_len.to(self.inv_freq.device) > self.original_max_len, self.long_inv_freq, self.inv_freq
+            )
         return self.long_inv_freq if seq_len > self.original_max_len else self.inv_freq

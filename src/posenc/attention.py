@@ -44,9 +44,10 @@ class _BiasedSDPA(torch.autograd.Function):
     :func:`~torch.nn.functional.scaled_dot_product_attention` sends such a mask to its math path, which keeps
     several ``[B, H, Lq, Lk]`` tensors for the backward (2.6–3.1× the time and 20–40× the memory of flash
     attention on CPU at L=2048). Here the forward is the CPU flash kernel with the bias as a constant mask
-    (it also returns the row log-sum-exp), and the backward recomputes the probabilities block by block of query
-    rows (each block stays in cache for its five uses) from that log-sum-exp, giving the usual gradients of q, k, v plus ``∂L/∂bias = P ∘ (dP − rowsum(dO ∘ O))``
-    summed over the dimensions the bias broadcasts over. Equal to the math path up to float rounding
+    (it also returns the row log-sum-exp), and the backward recomputes the probabilities block by block of
+    query rows (each block stays in cache for its five uses) from that log-sum-exp, giving the usual gradients
+    of q, k, v plus ``∂L/∂bias = P ∘ (dP − rowsum(dO ∘ O))`` summed over the dimensions the bias broadcasts
+    over. Equal to the math path up to float rounding
     (tests/test_fastpath_speedups.py).
     """
 

@@ -329,7 +329,7 @@ def test_runs_are_pure_functions_of_config_and_seed():
 
 @pytest.mark.parametrize(
     "model, steps, target",
-    [("encoder", 120, 0.9), ("decoder", 150, 0.8)],
+    [("encoder", 200, 0.9), ("decoder", 150, 0.8)],
 )
 def test_copy_is_learnable_with_rope(model, steps, target):
     cfg = tiny(

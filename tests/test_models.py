@@ -117,3 +117,16 @@ def test_bad_model_inputs():
         m(torch.randint(0, 10, (1, 5)), memory=[torch.randn(1, 2, 16)])
     with pytest.raises(ConfigError, match="only with an encoding name"):
         posenc.Encoder(10, encoding=posenc.get("none"), encoding_options={"x": 1})
+
+
+def test_token_embeddings_have_the_scale_of_the_codes_added_to_them():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 500, (4, 64))
+    # Vaswani et al. 3.4: weights N(0, 1/d) times sqrt(d): unit RMS, like a sinusoid's 1/sqrt(2)
+    m = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4)
+    rms = (m.tok(tokens) * m.embed_scale).pow(2).mean().sqrt()
+    assert 0.9 < float(rms) < 1.1
+    assert 0.9 < float(m.encoding.weight.std()) < 1.1  # the learned table starts at the same scale
+    bert = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4, embedding_scale=False)
+    assert 0.015 < float(bert.tok.weight.std()) < 0.025 and 0.015 < float(bert.encoding.weight.std()) < 0.025
+    assert posenc.get("learned", d_model=8).init_std == 0.02  # alone: BERT's initialisation

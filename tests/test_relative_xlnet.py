@@ -149,9 +149,18 @@ def test_whole_model_matches_hf_xlnet_with_memory_and_segments():
     config = hf_config(n_layer=2)
     torch.manual_seed(1)
     hf = transformers.XLNetModel(config).to(F64).eval()
-    ours = Transformer(20, encoding="xlnet", d_model=8, n_layers=2, n_heads=2, d_ff=16, norm="post", causal=False).to(
-        F64
-    )
+    # HF XLNet does not scale its word embeddings: embedding_scale=False
+    ours = Transformer(
+        20,
+        encoding="xlnet",
+        d_model=8,
+        n_layers=2,
+        n_heads=2,
+        d_ff=16,
+        norm="post",
+        causal=False,
+        embedding_scale=False,
+    ).to(F64)
     ours.eval()
     with torch.no_grad():
         ours.tok.weight.copy_(hf.word_embedding.weight)

@@ -87,11 +87,15 @@ class Transformer(nn.Module):
         encoding: a registered name (``"rope"``, ``"t5"`` ...) or an encoding instance.
         encoding_options: settings for the encoding (e.g. ``{"base": 500000}``); the
             model passes ``d_model``, ``n_heads``, ``head_dim``, ``max_len``, ``vocab_size``,
-            ``n_layers`` and ``causal`` to encodings that take them.
+            ``n_layers``, ``causal`` and ``embedding_std`` to encodings that take them.
         d_model, n_layers, n_heads, d_ff: sizes (``d_ff`` defaults to ``4 * d_model``).
         causal: decoder (causal mask) instead of a bidirectional encoder.
         norm: ``"pre"`` or ``"post"`` layer norm.
         embedding_size: factorised embedding (``vocab -> embedding_size -> d_model``).
+        embedding_scale: multiply the token embeddings by ``sqrt(size)`` with weights drawn from
+            ``N(0, 1/size)`` (Vaswani et al. 2017, section 3.4), so that tokens have unit RMS like
+            the fixed absolute codes (sinusoids, binary) added to them; ``False``: BERT/GPT style,
+            ``N(0, 0.02²)`` and no scale, for learned positions of the same small scale.
         max_len: the longest position the model is built for (tables of learned encodings).
         path: attention path, ``"auto"``, ``"fast"`` or ``"reference"``.
     """
@@ -110,6 +114,7 @@ class Transformer(nn.Module):
         norm: str = "pre",
         dropout: float = 0.0,
         embedding_size: int | None = None,
+        embedding_scale: bool = True,
         max_len: int = 512,
         path: str = "auto",
     ):
@@ -130,7 +135,11 @@ class Transformer(nn.Module):
         else:
             self.tok = nn.Embedding(vocab_size, embedding_size)
             self.factor = nn.Linear(embedding_size, d_model)
-        nn.init.normal_(self.tok.weight, std=0.02)
+        size = self.tok.embedding_dim
+        # Vaswani et al. 3.4: weights N(0, 1/size) times sqrt(size) = unit RMS per dimension, the scale of a
+        # sinusoid (RMS 1/sqrt(2)); a 0.02 embedding under a unit sinusoid is drowned by position
+        self.embed_scale = size**0.5 if embedding_scale else 1.0
+        nn.init.normal_(self.tok.weight, std=size**-0.5 if embedding_scale else 0.02)
         self.drop = nn.Dropout(dropout)
         enc = self.encoding
         uses_attention = bool(enc.hooks() - {"embed", "positions"}) or not enc.key_projection
@@ -149,7 +158,7 @@ class Transformer(nn.Module):
         self.final_norm: nn.Module = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
 
     def embed_tokens(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        x = self.factor(self.tok(tokens))
+        x = self.factor(self.tok(tokens) * self.embed_scale)
         if "embed" in self.encoding.hooks():
             x = self.encoding.embed(x, positions, tokens=tokens)
         return self.drop(x)

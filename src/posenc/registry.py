@@ -105,7 +105,16 @@ def get(name: str, **kwargs: Any) -> PositionalEncoding:
 
 
 # the dimensions a model knows and passes to any encoding that asks for them
-MODEL_DIMENSIONS = ("d_model", "n_heads", "head_dim", "max_len", "vocab_size", "n_layers", "causal")
+MODEL_DIMENSIONS = (
+    "d_model",
+    "n_heads",
+    "head_dim",
+    "max_len",
+    "vocab_size",
+    "n_layers",
+    "causal",
+    "embedding_std",  # the per-dimension scale of the token embeddings an absolute code is added to
+)
 
 
 def build(

@@ -19,7 +19,10 @@ class LearnedAbsolute(AdditiveAbsolute):
 
     As in HF BERT's ``BertEmbeddings``: ``nn.Embedding(max_position_embeddings,
     hidden_size)`` initialised from N(0, 0.02²), looked up by position id and
-    added to the token embeddings. Shortcoming (seeds 002, 004): nothing ties
+    added to the token embeddings. The table starts at the scale of the token
+    embeddings it is added to (``embedding_std``, passed by posenc's models: 1 when
+    they scale tokens as Vaswani et al., 0.02 as BERT otherwise; ``init_std``
+    overrides it). Shortcoming (seeds 002, 004): nothing ties
     one position to the next, the parameters grow linearly with ``max_len``,
     and positions ``>= max_len`` have no vector at all -- asking for one is an
     error that names the limit.
@@ -38,11 +41,16 @@ class LearnedAbsolute(AdditiveAbsolute):
         shortcoming="undefined past max_len; parameters grow with max_len",
     )
 
-    def __init__(self, d_model: int, max_len: int = 512, init_std: float = 0.02):
+    def __init__(
+        self, d_model: int, max_len: int = 512, init_std: float | None = None, embedding_std: float | None = None
+    ):
         super().__init__()
         if max_len < 1 or d_model < 1:
             raise ConfigError(f"d_model and max_len must be positive, got {d_model} and {max_len}")
-        self.d_model, self.max_len, self.init_std = d_model, max_len, init_std
+        std = init_std if init_std is not None else (embedding_std if embedding_std is not None else 0.02)
+        if std <= 0:
+            raise ConfigError(f"init_std must be > 0, got {std}")
+        self.d_model, self.max_len, self.init_std = d_model, max_len, std
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         self.reset_parameters()
 

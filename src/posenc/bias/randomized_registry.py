@@ -47,6 +47,9 @@ class RandomizedNamed(Randomized):
         head_dim: int | None = None,
         max_len: int = 512,
         vocab_size: int | None = None,
+        n_layers: int | None = None,
+        causal: bool | None = None,
+        embedding_std: float | None = None,
         random_max_len: int | None = None,
         at_eval: str = "ordinary",
         inner_options: dict[str, Any] | None = None,
@@ -54,7 +57,16 @@ class RandomizedNamed(Randomized):
         span = max_len if random_max_len is None else random_max_len
         if not isinstance(span, int) or isinstance(span, bool) or span < 1:
             raise ConfigError(f"{self.info.name}: random_max_len must be a positive integer, got {span!r}")
-        dims = dict(d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=span, vocab_size=vocab_size)
+        dims = dict(
+            d_model=d_model,
+            n_heads=n_heads,
+            head_dim=head_dim,
+            max_len=span,
+            vocab_size=vocab_size,
+            n_layers=n_layers,
+            causal=causal,
+            embedding_std=embedding_std,
+        )
         dims = {k: v for k, v in dims.items() if v is not None}
         inner = build(self.inner_class.info.name, dims=dims, options=inner_options)
         super().__init__(inner, span, at_eval=at_eval)

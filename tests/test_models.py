@@ -130,3 +130,14 @@ def test_token_embeddings_have_the_scale_of_the_codes_added_to_them():
     bert = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4, embedding_scale=False)
     assert 0.015 < float(bert.tok.weight.std()) < 0.025 and 0.015 < float(bert.encoding.weight.std()) < 0.025
     assert posenc.get("learned", d_model=8).init_std == 0.02  # alone: BERT's initialisation
+
+
+def test_models_pass_their_dimensions_to_encodings():
+    dec = posenc.Decoder(30, encoding="t5", d_model=32, n_heads=4, n_layers=3)
+    enc = posenc.Encoder(30, encoding="t5", d_model=32, n_heads=4, n_layers=3)
+    assert dec.encoding.bidirectional is False and enc.encoding.bidirectional is True  # T5's decoder buckets
+    deb = posenc.Encoder(
+        30, encoding="deberta", encoding_options={"share_att_key": False}, d_model=32, n_heads=4, n_layers=3, max_len=64
+    )
+    assert deb.encoding.n_layers == 3
+    deb(torch.randint(0, 30, (1, 6)))  # every layer finds its own position projections

@@ -300,13 +300,15 @@ def test_tiny_model_learns_previous_token() -> None:
 
 
 def test_model_needs_n_layers_without_shared_keys() -> None:
+    # the models pass their n_layers; a smaller one given explicitly is a clear error at the first extra layer
     opts = {"share_att_key": False, "position_buckets": 8, "max_relative_positions": 12}
-    model = posenc.Encoder(9, encoding="deberta", d_model=16, n_heads=2, n_layers=2, encoding_options=opts)
+    model = posenc.Encoder(
+        9, encoding="deberta", d_model=16, n_heads=2, n_layers=2, encoding_options={**opts, "n_layers": 1}
+    )
     with pytest.raises(ConfigError, match="n_layers >= 2"):
         model(torch.randint(0, 9, (1, 5)))
-    model = posenc.Encoder(
-        9, encoding="deberta", d_model=16, n_heads=2, n_layers=2, encoding_options={**opts, "n_layers": 2}
-    )
+    model = posenc.Encoder(9, encoding="deberta", d_model=16, n_heads=2, n_layers=2, encoding_options=opts)
+    assert model.encoding.n_layers == 2
     assert model(torch.randint(0, 9, (1, 5))).hidden.shape == (1, 5, 16)
 
 

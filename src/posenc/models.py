@@ -126,7 +126,14 @@ class Transformer(nn.Module):
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
         self.causal, self.norm_kind, self.max_len = causal, norm, max_len
         dims = dict(
-            d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, max_len=max_len, vocab_size=vocab_size
+            d_model=d_model,
+            n_heads=n_heads,
+            head_dim=d_model // n_heads,
+            max_len=max_len,
+            vocab_size=vocab_size,
+            n_layers=n_layers,
+            causal=causal,
+            embedding_std=1.0 if embedding_scale else 0.02,
         )
         self.encoding = build(encoding, dims=dims, options=encoding_options)
         if embedding_size is None or embedding_size == d_model:

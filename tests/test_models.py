@@ -119,16 +119,34 @@ def test_bad_model_inputs():
         posenc.Encoder(10, encoding=posenc.get("none"), encoding_options={"x": 1})
 
 
-def test_token_embeddings_have_the_scale_of_the_codes_added_to_them():
+def test_token_embeddings_have_the_scale_each_paper_uses():
     torch.manual_seed(0)
     tokens = torch.randint(0, 500, (4, 64))
-    # Vaswani et al. 3.4: weights N(0, 1/d) times sqrt(d): unit RMS, like a sinusoid's 1/sqrt(2)
-    m = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4)
-    rms = (m.tok(tokens) * m.embed_scale).pow(2).mean().sqrt()
-    assert 0.9 < float(rms) < 1.1
-    assert 0.9 < float(m.encoding.weight.std()) < 1.1  # the learned table starts at the same scale
-    bert = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4, embedding_scale=False)
-    assert 0.015 < float(bert.tok.weight.std()) < 0.025 and 0.015 < float(bert.encoding.weight.std()) < 0.025
+
+    def token_rms(m):
+        return float((m.tok(tokens) * m.embed_scale).pow(2).mean().sqrt())
+
+    # Vaswani et al. 3.4: a fixed unit sinusoid, tokens N(0, 1/d) times sqrt(d) = unit RMS
+    sin = posenc.Encoder(500, encoding="sinusoidal", d_model=64, n_heads=4)
+    assert 0.9 < token_rms(sin) < 1.1
+    assert (
+        posenc.Encoder(
+            500,
+            encoding="binary",
+            d_model=64,
+            n_heads=4,
+        ).embed_scale
+        == 8.0
+    )
+    # BERT / GPT / rotary and relative models: small tokens, N(0, 0.02^2), and a learned table at that scale
+    for name in ("learned", "rope", "t5", "none"):
+        m = posenc.Encoder(500, encoding=name, d_model=64, n_heads=4)
+        assert 0.015 < token_rms(m) < 0.025, name
+    learned = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4)
+    assert 0.015 < float(learned.encoding.weight.std()) < 0.025
+    # asked for explicitly, the learned table follows the tokens' scale
+    scaled = posenc.Encoder(500, encoding="learned", d_model=64, n_heads=4, embedding_scale=True)
+    assert 0.9 < token_rms(scaled) < 1.1 and 0.9 < float(scaled.encoding.weight.std()) < 1.1
     assert posenc.get("learned", d_model=8).init_std == 0.02  # alone: BERT's initialisation
 
 

@@ -141,12 +141,17 @@ class PositionalEncoding(nn.Module):
     * ``key_projection``: ``False`` makes the attention use ``K = H`` with no
       ``W_k`` (TENER).
     * ``requires_tokens``: the ``embed`` hook needs the token ids (complex-order).
+    * ``scale_token_embeddings``: the models scale the token embeddings to unit RMS
+      (Vaswani et al. 3.4) when this encoding adds a fixed unit-amplitude code to them
+      (sinusoids, binary ...); otherwise they keep BERT/GPT's small ``N(0, 0.02²)`` tokens,
+      as the papers of learned, rotary and relative encodings do.
     """
 
     info: ClassVar[Card]
     shared_across_layers: ClassVar[bool] = True
     key_projection: ClassVar[bool] = True
     requires_tokens: ClassVar[bool] = False
+    scale_token_embeddings: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

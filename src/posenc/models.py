@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from .attention import KVCache, MultiHeadAttention
 from .base import PositionalEncoding, as_position_rows
 from .errors import ConfigError
-from .registry import build
+from .registry import build, resolve
 
 NORMS = ("pre", "post")
 
@@ -92,10 +92,11 @@ class Transformer(nn.Module):
         causal: decoder (causal mask) instead of a bidirectional encoder.
         norm: ``"pre"`` or ``"post"`` layer norm.
         embedding_size: factorised embedding (``vocab -> embedding_size -> d_model``).
-        embedding_scale: multiply the token embeddings by ``sqrt(size)`` with weights drawn from
-            ``N(0, 1/size)`` (Vaswani et al. 2017, section 3.4), so that tokens have unit RMS like
-            the fixed absolute codes (sinusoids, binary) added to them; ``False``: BERT/GPT style,
-            ``N(0, 0.02²)`` and no scale, for learned positions of the same small scale.
+        embedding_scale: ``True``: token embeddings drawn from ``N(0, 1/size)`` and multiplied by
+            ``sqrt(size)`` (Vaswani et al. 2017, section 3.4), unit RMS like the fixed absolute
+            codes (sinusoids, binary) added to them; ``False``: BERT/GPT style ``N(0, 0.02²)``, no
+            scale. ``None`` (default): as the encoding's paper does
+            (``encoding.scale_token_embeddings``: fixed additive codes scale, the others do not).
         max_len: the longest position the model is built for (tables of learned encodings).
         path: attention path, ``"auto"``, ``"fast"`` or ``"reference"``.
     """
@@ -114,7 +115,7 @@ class Transformer(nn.Module):
         norm: str = "pre",
         dropout: float = 0.0,
         embedding_size: int | None = None,
-        embedding_scale: bool = True,
+        embedding_scale: bool | None = None,
         max_len: int = 512,
         path: str = "auto",
     ):
@@ -125,6 +126,11 @@ class Transformer(nn.Module):
             raise ConfigError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
         self.causal, self.norm_kind, self.max_len = causal, norm, max_len
+        if embedding_scale is None:
+            if isinstance(encoding, PositionalEncoding):
+                embedding_scale = encoding.scale_token_embeddings
+            else:
+                embedding_scale = resolve("none" if encoding is None else encoding).scale_token_embeddings
         dims = dict(
             d_model=d_model,
             n_heads=n_heads,

@@ -115,6 +115,7 @@ class Randomized(PositionalEncoding):
         self.shared_across_layers = inner.shared_across_layers  # type: ignore[misc]
         self.key_projection = inner.key_projection  # type: ignore[misc]
         self.requires_tokens = inner.requires_tokens  # type: ignore[misc]
+        self.scale_token_embeddings = inner.scale_token_embeddings  # type: ignore[misc]
         if type(self).info.name == "randomized":
             base: Card | None = getattr(type(inner), "info", None)  # an unregistered encoding may have none
             name = base.name if base is not None else type(inner).__name__.lower()

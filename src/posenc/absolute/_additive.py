@@ -18,6 +18,7 @@ class AdditiveAbsolute(PositionalEncoding):
     """
 
     max_len: int | None = None  # positions 0..max_len-1 are defined (None: all)
+    scale_token_embeddings = True  # a fixed unit-amplitude code: tokens at unit RMS too (Vaswani 3.4)
     integer_positions: bool = True
 
     def table(self, positions: Tensor) -> Tensor:  # pragma: no cover - abstract

@@ -40,6 +40,7 @@ class LearnedAbsolute(AdditiveAbsolute):
         reference="HF transformers BertEmbeddings with the same weights",
         shortcoming="undefined past max_len; parameters grow with max_len",
     )
+    scale_token_embeddings = False  # BERT / GPT: small tokens and positions alike
 
     def __init__(
         self, d_model: int, max_len: int = 512, init_std: float | None = None, embedding_std: float | None = None

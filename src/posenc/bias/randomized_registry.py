@@ -110,7 +110,15 @@ def _make(inner: type[PositionalEncoding]) -> type[RandomizedNamed]:
     )
     cls_name = "Randomized" + inner.__name__
     cls = type(
-        cls_name, (RandomizedNamed,), {"inner_class": inner, "info": card, "__doc__": doc, "__module__": __name__}
+        cls_name,
+        (RandomizedNamed,),
+        {
+            "inner_class": inner,
+            "info": card,
+            "__doc__": doc,
+            "__module__": __name__,
+            "scale_token_embeddings": inner.scale_token_embeddings,
+        },
     )
     return register(cls)
 

@@ -124,7 +124,7 @@ def test_token_embeddings_have_the_scale_each_paper_uses():
     tokens = torch.randint(0, 500, (4, 64))
 
     def token_rms(m):
-        return float((m.tok(tokens) * m.embed_scale).pow(2).mean().sqrt())
+        return float((m.tok(tokens) * m.embed_scale).detach().pow(2).mean().sqrt())
 
     # Vaswani et al. 3.4: a fixed unit sinusoid, tokens N(0, 1/d) times sqrt(d) = unit RMS
     sin = posenc.Encoder(500, encoding="sinusoidal", d_model=64, n_heads=4)

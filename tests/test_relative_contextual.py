@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from shape_recorder import ShapeRecorder
 
 import posenc
 from posenc.attention import KVCache, MultiHeadAttention
@@ -175,19 +175,6 @@ def test_translation_invariance(name):
         torch.testing.assert_close(att(x, positions=pos + 500), att(x, positions=pos), atol=TOL, rtol=0)
 
 
-class _Shapes(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 def _lld(shapes, lq, lk):
     """A tensor with [.., Lq, Lk, more ..] dimensions: per-pair vectors."""
     return any(s[i : i + 2] == (lq, lk) and len(s) > i + 2 for s in shapes for i in range(len(s) - 1))
@@ -199,7 +186,7 @@ def test_fast_path_builds_no_lq_lk_d_tensor(name):
     x = torch.randn(1, 13, 8, dtype=DT)
     for path, expect in (("fast", False), ("reference", True)):
         att.path = path
-        with _Shapes() as rec:
+        with ShapeRecorder() as rec:
             att(x).sum().backward()
         assert _lld(rec.shapes, 13, 13) is expect, path
 

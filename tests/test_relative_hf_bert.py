@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from shape_recorder import ShapeRecorder
 
 import posenc
 from posenc.attention import KVCache, MultiHeadAttention
@@ -194,26 +194,13 @@ def test_translation_invariance(kind):
         torch.testing.assert_close(att(x, positions=pos + 300), att(x, positions=pos), atol=TOL, rtol=0)
 
 
-class _Shapes(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_fast_path_builds_no_lq_lk_d_tensor(kind):
     att = make(kind, max_len=32)
     x = torch.randn(1, 11, 8, dtype=DT)
     for path, expect in (("fast", False), ("reference", True)):
         att.path = path
-        with _Shapes() as rec:
+        with ShapeRecorder() as rec:
             att(x).sum().backward()
         assert any(len(s) >= 3 and s[-3:] == (11, 11, 4) for s in rec.shapes) is expect, path
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from shape_recorder import ShapeRecorder
 
 import posenc
 from posenc.attention import KVCache, MultiHeadAttention
@@ -232,19 +232,6 @@ def test_translation_invariance(name):
         torch.testing.assert_close(att(x, positions=pos + 1000), att(x, positions=pos), atol=TOL, rtol=0)
 
 
-class _Shapes(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 def _has_lld(shapes, lq, lk, d):
     return any(len(s) >= 3 and s[-3:] == (lq, lk, d) for s in shapes)
 
@@ -255,7 +242,7 @@ def test_fast_path_builds_no_lq_lk_d_tensor(name):
     x = torch.randn(1, 13, 8, dtype=DT)
     for path, expect in (("fast", False), ("reference", True)):
         att.path = path
-        with _Shapes() as rec:
+        with ShapeRecorder() as rec:
             att(x).sum().backward()
         assert _has_lld(rec.shapes, 13, 13, 4) is expect, path
 

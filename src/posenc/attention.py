@@ -14,6 +14,12 @@ Two paths give the same numbers:
   O(L·d)-memory forms (skewing, gathers). An encoding with a ``values`` hook
   needs the probabilities, so it runs softmax itself but still with the fast
   hooks.
+
+On CPU, an encoding that describes its logits (and values) as offset tables
+(:meth:`~posenc.base.PositionalEncoding.relative_form`: Shaw, NEZHA, BERT
+relative_key(_query), Transformer-XL, XLNet, TENER, DeBERTa) goes to
+:func:`posenc.fused.relative_attention` instead, which computes the same numbers
+one block of query rows at a time and never holds a ``[B, H, Lq, Lk]`` tensor.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch import Tensor, nn
 
 from .base import AttentionContext, PositionalEncoding, as_position_rows, check_positions
 from .errors import ConfigError, PositionError
+from .fused import relative_attention
 
 PATHS = ("auto", "fast", "reference")
 
@@ -204,6 +211,10 @@ class MultiHeadAttention(nn.Module):
         path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
     """
 
+    # use the row-blocked kernel of :mod:`posenc.fused` for encodings that give a ``relative_form``
+    # (CPU, fast path, no dropout); set to False to compare with the hook-by-hook fast path
+    fused: bool = True
+
     def __init__(
         self,
         d_model: int,
@@ -371,12 +382,29 @@ class MultiHeadAttention(nn.Module):
         )
         ctx.mask = allowed
         scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
-        extra = enc.logits(q, k, ctx) if enc is not None and self._has["logits"] else None
-        post = enc.bias(ctx) if enc is not None and self._has["bias"] else None
-        needs_probs = return_weights or self._has["values"] or reference
         p_drop = self.dropout if self.training else 0.0
+        form = None
+        if (
+            enc is not None
+            and self.fused
+            and not reference
+            and not return_weights
+            and p_drop == 0.0
+            and not self._has["bias"]
+            and q.device.type == "cpu"
+            and lq > 0
+            and lk > 0
+            and not torch.compiler.is_compiling()
+        ):
+            form = enc.relative_form(q, k, ctx)
+        extra = enc.logits(q, k, ctx) if form is None and enc is not None and self._has["logits"] else None
+        post = enc.bias(ctx) if enc is not None and self._has["bias"] else None
+        needs_probs = form is None and (return_weights or self._has["values"] or reference)
 
-        if not needs_probs:
+        if form is not None:
+            out = relative_attention(form, v, scale, allowed)
+            weights = None
+        elif not needs_probs:
             add: Tensor | None = None
             if extra is not None:
                 add = extra * scale

@@ -41,12 +41,15 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from .errors import PositionError
+
+if TYPE_CHECKING:
+    from .fused import RelativeForm
 
 HOOKS = ("positions", "embed", "rotate", "logits", "bias", "values", "scale")
 
@@ -189,6 +192,15 @@ class PositionalEncoding(nn.Module):
     def scale(self, head_dim: int) -> float:
         """The softmax temperature multiplying the logits (default ``1/sqrt(d_head)``)."""
         return head_dim**-0.5
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """This encoding's ``logits`` (and ``values``) as offset tables, for the row-blocked kernel.
+
+        Not a hook of the paper: an optional fast form of ``logits`` + ``values`` that
+        :func:`posenc.fused.relative_attention` computes without any ``[B, H, Lq, Lk]`` tensor. Return
+        ``None`` (the default) where it does not apply; the attention then uses the hooks.
+        """
+        return None
 
     # ------------------------------------------------------------ utilities
     @classmethod

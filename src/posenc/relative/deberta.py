@@ -53,7 +53,9 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError, PositionError
+from ..fused import RelativeForm
 from ..registry import register
+from ._skew import arange_rows, offsets
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
 P2C_OFFSETS = ("hf", "paper")
@@ -279,12 +281,32 @@ class DeBERTa(PositionalEncoding):
         needs_k = "c2p" in self.terms or "p2p" in self.terms
         return (heads(q_proj) if needs_q else None), (heads(k_proj) if needs_k else None)
 
-    def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """c2p as a query term and p2c as a key term, the tables at the ``Lq + Lk - 1`` offsets (no p2p)."""
+        if ctx.reference or "p2p" in self.terms or not arange_rows(ctx):
+            return None
+        self._check_sizes(ctx)
+        off = offsets(ctx)[None, None, :]  # j - i as a [1, 1, P] "position grid" for indices()
+        c2p, p2c = self.indices(off.new_zeros(1, 1), off[0])  # rows of q_pos 0 against k_pos = j - i
+        q_r, k_r = self._projections(ctx)  # [H, 2k, Dh]
+        form = RelativeForm(q=q, k=k)
+        if "c2p" in self.terms:
+            assert k_r is not None
+            form.query_terms.append((q, k_r.to(q.dtype).index_select(1, c2p[0, 0]).transpose(0, 1)))
+        if "p2c" in self.terms:
+            assert q_r is not None
+            form.key_terms.append((k, q_r.to(q.dtype).index_select(1, p2c[0, 0]).transpose(0, 1)))
+        return form
+
+    def _check_sizes(self, ctx: AttentionContext) -> None:
         if ctx.n_heads != self.n_heads or ctx.head_dim != self.head_dim:
             raise ConfigError(
                 f"deberta was built for n_heads={self.n_heads}, head_dim={self.head_dim} but the attention has "
                 f"n_heads={ctx.n_heads}, head_dim={ctx.head_dim}; build it with the attention's sizes"
             )
+
+    def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
+        self._check_sizes(ctx)
         c2p_idx, p2c_idx = self._cached_indices(ctx)  # [Bp, Lq, Lk]
         q_r, k_r = self._projections(ctx)  # [H, 2k, Dh]
         if ctx.reference:

@@ -37,8 +37,9 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError, PositionError
+from ..fused import RelativeForm
 from ..registry import register
-from ._skew import cached_index, key_table_term, materialise, query_table_term
+from ._skew import arange_rows, cached_index, key_table_term, materialise, offsets, query_table_term
 
 
 @register
@@ -91,7 +92,10 @@ class RelativeKey(PositionalEncoding):
         return cached_index(ctx, ("bert-distance", self.max_len, self.clip), self._build_index, self.info.name)
 
     def _build_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = q_pos[:, :, None] - k_pos[:, None, :]  # i - j, as HF
+        return self._rows(q_pos[:, :, None] - k_pos[:, None, :])  # i - j, as HF
+
+    def _rows(self, distance: Tensor) -> Tensor:
+        """Table rows of distances ``i - j``: ``i - j + max_len - 1`` (checked, or clipped)."""
         top = self.max_len - 1
         if self.clip:
             distance = distance.clamp(-top, top)
@@ -104,6 +108,15 @@ class RelativeKey(PositionalEncoding):
                     f"apart; build it with max_len >= {far + 1}, or with clip=True to clip longer distances"
                 )
         return distance + top
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """The table at the ``Lq + Lk - 1`` distances (see :mod:`posenc.fused`)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        if q.shape[-1] != self.head_dim:
+            raise ConfigError(f"{self.info.name} was built for head_dim={self.head_dim}, got {q.shape[-1]}")
+        table = self.distance_embedding.weight.to(q.dtype).index_select(0, self._rows(-offsets(ctx)))[:, None]
+        return RelativeForm(q=q, k=k, query_terms=[(q, table)], key_terms=[(k, table)] if self.key_query else [])
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         if q.shape[-1] != self.head_dim:

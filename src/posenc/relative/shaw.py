@@ -34,8 +34,9 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
+from ..fused import RelativeForm
 from ..registry import register
-from ._skew import cached_index, materialise, query_table_term, value_table_term
+from ._skew import arange_rows, cached_index, materialise, offsets, query_table_term, value_table_term
 
 
 def clipped_offset_index(q_pos: Tensor, k_pos: Tensor, k: int) -> Tensor:
@@ -99,6 +100,17 @@ class _ClippedRelative(PositionalEncoding):
             a_k = materialise(table.to(q.dtype), index)  # [B|1, Lq, Lk, d]: the paper's a^K_ij
             return torch.einsum("bhid,bijd->bhij", q, a_k.expand(q.shape[0], -1, -1, -1))
         return query_table_term(q, table, index)
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """Both tables expanded to the ``Lq + Lk - 1`` offsets ``clip(j - i, k)`` (see :mod:`posenc.fused`)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        self._check_dim(q)
+        kk = self.max_relative_position
+        rows = offsets(ctx).clamp(-kk, kk) + kk
+        terms = [(q, self.key_table().to(q.dtype).index_select(0, rows)[:, None])] if self.keys else []
+        vt = self.value_table().to(q.dtype).index_select(0, rows)[:, None] if self.values_term else None
+        return RelativeForm(q=q, k=k, query_terms=terms, value_table=vt)
 
     def values(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         r"""``Σ_j α_{ij} a^V_{ij}``: ``[B, H, Lq, d]``."""

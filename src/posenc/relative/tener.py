@@ -57,7 +57,9 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
+from ..fused import RelativeForm
 from ..registry import register
+from ._skew import arange_rows, offsets
 from .transformer_xl import RelativeTerms, check_heads, relative_sinusoid
 
 
@@ -111,6 +113,16 @@ class TENER(PositionalEncoding):
 
     def scale(self, head_dim: int) -> float:
         return head_dim**-0.5 if self.scaled else 1.0
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """``(Q + u) K`` and ``(Q + v) R`` over the offsets (see :mod:`posenc.fused`)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        check_heads(self.info.name, q, self.n_heads, self.head_dim)
+        R = self.R(-offsets(ctx)).to(q.dtype)[:, None]  # [P, 1, d_k] at distances t - j, shared by the heads
+        qu = q + self.u[:, None, :].to(q.dtype)
+        qv = q + self.v[:, None, :].to(q.dtype)
+        return RelativeForm(q=qu, k=k, query_terms=[(qv, R)])
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         check_heads(self.info.name, q, self.n_heads, self.head_dim)

@@ -39,7 +39,9 @@ from torch import Tensor, nn
 from ..attention import ARANGE_POSITIONS
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
+from ..fused import RelativeForm
 from ..registry import register
+from ._skew import arange_rows, offsets
 
 # ------------------------------------------------------------------ helpers
 
@@ -280,6 +282,16 @@ class TransformerXL(PositionalEncoding):
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
         return self.position_terms(q, ctx) + self.content_bias(k)
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """(a) + (c) as ``(q + u) · k``, (b) + (d) as ``(q + v) · W_{k,R} R`` over the offsets (:mod:`posenc.fused`)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        check_heads(self.info.name, q, self.n_heads, self.head_dim)
+        rel_keys = self.projected_R(-offsets(ctx), q.dtype)  # [P, H, Dh] at distances i - j = -(j - i)
+        qu = q + self.u[:, None, :].to(q.dtype)
+        qv = q + self.v[:, None, :].to(q.dtype)
+        return RelativeForm(q=qu, k=k, query_terms=[(qv, rel_keys)])
 
 
 __all__ = ["TransformerXL", "RelativeTerms", "relative_shift", "relative_sinusoid", "check_heads"]

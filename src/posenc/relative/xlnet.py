@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card
 from ..errors import ConfigError
+from ..fused import RelativeForm
 from ..registry import register
 from .transformer_xl import TransformerXL, check_heads
 
@@ -143,6 +144,19 @@ class XLNet(TransformerXL):
             return torch.einsum("bhid,bijhd->bhij", qb, s_ij.expand(q.shape[0], -1, -1, -1, -1))
         e = torch.einsum("bhid,shd->bhis", qb, seg)  # [B, H, Lq, 2]: (q_i + b)·s+, (q_i + b)·s-
         return torch.where(same[:, None], e[..., :1], e[..., 1:])
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """Transformer-XL's form plus ``(q_i + b) · s±`` as a per-row pair chosen by segment equality."""
+        form = super().relative_form(q, k, ctx)
+        if form is None:
+            return None
+        got = self.segments(ctx, q.shape[0], q.shape[2], k.shape[2])
+        if got is not None:
+            qs, ks = got
+            qb = q + self.b[:, None, :].to(q.dtype)
+            e = torch.einsum("bhid,shd->bhis", qb, self.seg_embed.to(q.dtype))  # [B, H, Lq, 2]
+            form.segment = (e, qs[:, :, None] == ks[:, None, :])
+        return form
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         check_heads(self.info.name, q, self.n_heads, self.head_dim)

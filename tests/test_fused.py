@@ -1,0 +1,256 @@
+"""posenc.fused: the row-blocked relative attention against the formula written out, and the attention's use of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shape_recorder import ShapeRecorder
+
+import posenc.fused as fused
+from posenc.attention import MultiHeadAttention
+from posenc.fused import RelativeForm, relative_attention
+from posenc.registry import build
+
+
+class NewTensors(ShapeRecorder):
+    """Shapes of the tensors an operation *allocates* (views of existing storage left out)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+F64 = torch.float64
+
+
+def literal(form: RelativeForm, v: torch.Tensor, scale: float, allowed: torch.Tensor | None) -> torch.Tensor:
+    """The module docstring's formula with every [Lq, Lk, d] table gathered explicitly (float64 reference)."""
+    q, k = form.q, form.k
+    lq, lk = q.shape[2], k.shape[2]
+    t = torch.arange(lk)[None, :] - torch.arange(lq)[:, None] + lq - 1  # [Lq, Lk]
+    logits = q @ k.transpose(-1, -2)
+    for a, table in form.query_terms:
+        g = table[t].permute(2, 0, 1, 3)  # [H|1, Lq, Lk, d]
+        logits = logits + torch.einsum("bhid,hijd->bhij", a, g.expand(q.shape[1], -1, -1, -1))
+    for c, table in form.key_terms:
+        g = table[t].permute(2, 0, 1, 3)
+        logits = logits + torch.einsum("bhjd,hijd->bhij", c, g.expand(q.shape[1], -1, -1, -1))
+    if form.segment is not None:
+        e, same = form.segment
+        logits = logits + torch.where(same[:, None], e[..., :1], e[..., 1:])
+    logits = logits * scale
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+    p = torch.softmax(logits, -1)
+    out = p @ v
+    if form.value_table is not None:
+        g = form.value_table[t].permute(2, 0, 1, 3)
+        out = out + torch.einsum("bhij,hijd->bhid", p, g.expand(q.shape[1], -1, -1, -1))
+    return out
+
+
+def random_case(
+    seed: int,
+    b: int,
+    h: int,
+    lq: int,
+    lk: int,
+    d: int,
+    nq: int,
+    nk: int,
+    values: bool,
+    seg: bool,
+    shared: bool,
+    mask: str,
+):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=F64).requires_grad_()
+
+    p, th = lq + lk - 1, 1 if shared else h
+    form = RelativeForm(
+        q=r(b, h, lq, d),
+        k=r(b, h, lk, d),
+        query_terms=[(r(b, h, lq, d), r(p, th, d)) for _ in range(nq)],
+        key_terms=[(r(b, h, lk, d), r(p, th, d)) for _ in range(nk)],
+        value_table=r(p, th, d) if values else None,
+        segment=(
+            r(b, h, lq, 2),
+            torch.randint(0, 2, (b, lq, 1), generator=g) == torch.randint(0, 2, (b, 1, lk), generator=g),
+        )
+        if seg
+        else None,
+    )
+    v = r(b, h, lk, d)
+    allowed = None
+    if mask == "padding":
+        allowed = torch.ones(b, 1, 1, lk, dtype=torch.bool)
+        allowed[-1, ..., : lk // 2] = False
+    elif mask == "causal":
+        allowed = (torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq))[None, None]
+    elif mask == "random":
+        allowed = torch.rand(b, h, lq, lk, generator=g) > 0.3
+        allowed[..., 0] = True
+    return form, v, allowed
+
+
+def leaves(form: RelativeForm, v: torch.Tensor) -> list[torch.Tensor]:
+    out = [form.q, form.k, v]
+    for pair in form.query_terms + form.key_terms:
+        out += list(pair)
+    if form.value_table is not None:
+        out.append(form.value_table)
+    if form.segment is not None:
+        out.append(form.segment[0])
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    lq=st.integers(1, 40),
+    extra=st.integers(0, 12),
+    d=st.sampled_from([1, 4, 8]),
+    nq=st.integers(0, 2),
+    nk=st.integers(0, 2),
+    values=st.booleans(),
+    seg=st.booleans(),
+    shared=st.booleans(),
+    mask=st.sampled_from(["none", "padding", "causal", "random"]),
+    block=st.sampled_from([1, 2**10, 2**20]),
+    ratio=st.sampled_from([0.25, 1.0]),
+)
+def test_kernel_equals_the_formula(seed, b, h, lq, extra, d, nq, nk, values, seg, shared, mask, block, ratio):
+    """Random shapes (Lk >= Lq, as with memory or a cache), every term, every mask, blocks of 16 rows and up."""
+    lk = lq + extra
+    form, v, allowed = random_case(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask)
+    old = fused.BLOCK_BYTES, fused.CHUNK_RATIO
+    fused.BLOCK_BYTES, fused.CHUNK_RATIO = block, ratio  # 1 byte: blocks of 16 rows, key chunks of 16 or 4
+    try:
+        got = relative_attention(form, v, 0.37, allowed)
+    finally:
+        fused.BLOCK_BYTES, fused.CHUNK_RATIO = old
+    want = literal(form, v, 0.37, allowed)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    weight = torch.randn(got.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
+    fused.BLOCK_BYTES, fused.CHUNK_RATIO = block, ratio
+    try:
+        g_got = torch.autograd.grad((got * weight).sum(), leaves(form, v))
+    finally:
+        fused.BLOCK_BYTES, fused.CHUNK_RATIO = old
+    g_want = torch.autograd.grad((want * weight).sum(), leaves(form, v))
+    for x, y in zip(g_got, g_want):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-11)
+
+
+def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
+    """Forward and backward: no tensor as large as [B, H, Lq, Lk] (the blocks are [b, Lk] per head)."""
+    monkeypatch.setattr(fused, "BLOCK_BYTES", 1)  # 16-row blocks
+    b, h, lq, lk, d = 2, 2, 64, 64, 4
+    form, v, allowed = random_case(0, b, h, lq, lk, d, 1, 1, True, True, False, "padding")
+    with NewTensors() as rec:
+        out = relative_attention(form, v, 0.5, allowed)
+        out.sum().backward()
+    biggest = max(torch.Size(s).numel() for s in rec.shapes)
+    assert biggest < lq * lk  # smaller than the scores of even one head
+    assert form.q.grad is not None and form.value_table is not None and form.value_table.grad is not None
+
+
+def test_kernel_rejects_mismatched_tables():
+    form, v, _ = random_case(0, 1, 2, 5, 5, 4, 1, 0, False, False, False, "none")
+    bad = RelativeForm(q=form.q, k=form.k, query_terms=[(form.query_terms[0][0], torch.zeros(8, 2, 4, dtype=F64))])
+    with pytest.raises(ValueError, match=r"table \[9, 2\|1, 4\]"):
+        relative_attention(bad, v, 1.0)
+
+
+FORM_ENCODINGS = {
+    "shaw": {"max_relative_position": 3},
+    "nezha": {"max_relative_position": 3},
+    "relative-key": {"max_len": 8, "clip": True},
+    "relative-key-query": {"max_len": 40},
+    "transformer-xl": {},
+    "xlnet": {},
+    "tener": {},
+    "deberta": {"max_len": 16, "position_buckets": 8},
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORM_ENCODINGS))
+@pytest.mark.parametrize("setting", ["plain", "causal+padding", "memory", "segments"])
+def test_attention_uses_the_kernel_and_matches_both_other_paths(name, setting, monkeypatch):
+    """fused == the hook-by-hook fast path == the reference path, outputs and every gradient (float64)."""
+    if setting == "segments" and name != "xlnet":
+        pytest.skip("segments are XLNet's")
+    if setting == "memory" and name not in ("transformer-xl", "xlnet", "tener"):
+        pytest.skip("recurrence memory is Transformer-XL's")
+    calls = []
+    real = fused._RelativeAttention.apply
+    monkeypatch.setattr(fused._RelativeAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(fused, "BLOCK_BYTES", 1)  # several blocks and key chunks even at L = 37
+    torch.manual_seed(3)
+    dims = dict(d_model=32, n_heads=4, head_dim=8, max_len=40, n_layers=1, causal=False, vocab_size=50)
+    enc = build(name, dims=dims, options=FORM_ENCODINGS[name]).double()
+    with torch.no_grad():
+        for p in enc.parameters():  # away from zero-initialised tables, so that a dropped term shows
+            p.add_(torch.randn_like(p))
+    layers = [MultiHeadAttention(32, 4, enc, path=p).double() for p in ("fast", "fast", "reference")]
+    layers[1].fused = False
+    for layer in layers[1:]:
+        layer.load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 37, 32, dtype=F64)
+    kw: dict = {}
+    if setting == "causal+padding":
+        am = torch.ones(2, 37, dtype=torch.bool)
+        am[0, :6] = False
+        kw = dict(causal=True, attention_mask=am)
+    elif setting == "memory":
+        kw = dict(memory=torch.randn(2, 11, 32, dtype=F64), causal=True)
+    elif setting == "segments":
+        kw = dict(segment_ids=(torch.arange(37) >= 20).long()[None].expand(2, -1))
+    results = []
+    for i, layer in enumerate(layers):
+        xx = x.clone().requires_grad_()
+        n_before = len(calls)
+        out = layer(xx, **kw)
+        assert (len(calls) > n_before) == (i == 0)  # only the first layer took the kernel
+        params = [xx, *layer.parameters()]
+        grads = torch.autograd.grad(
+            (out * torch.linspace(-1, 1, out.numel(), dtype=F64).view_as(out)).sum(), params, allow_unused=True
+        )
+        results.append((out, grads))
+    for out, grads in results[1:]:
+        torch.testing.assert_close(results[0][0], out, rtol=1e-9, atol=1e-11)
+        for a, b in zip(results[0][1], grads):
+            if a is None or b is None:
+                assert (a is None or not a.any()) and (b is None or not b.any())
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+def test_kernel_is_skipped_where_it_does_not_apply(monkeypatch):
+    """Explicit positions, dropout and returned weights keep the hook paths (and still agree)."""
+    calls = []
+    real = fused._RelativeAttention.apply
+    monkeypatch.setattr(fused._RelativeAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    enc = build("shaw", dims=dict(d_model=16, n_heads=2, head_dim=8, max_len=32), options={}).double()
+    layer = MultiHeadAttention(16, 2, enc, dropout=0.5).double()
+    x = torch.randn(1, 9, 16, dtype=F64)
+    layer.eval()
+    layer(x, positions=torch.arange(9) * 2)
+    layer(x, return_weights=True)
+    layer.train()
+    layer(x)
+    assert not calls
+    layer.eval()
+    with torch.no_grad():
+        layer(x)  # inference takes it too
+    assert calls

@@ -7,7 +7,8 @@ Truth:
 * what FIRE claims: progressive interpolation -- for i >= L the farthest key (j = 0) always gets
   f(1) whatever the length; shift invariance only while every query lies below the threshold L,
   and not beyond it;
-* fast (SDPA) == reference attention path (float64, 1e-10).
+* fast (SDPA) == reference attention path (float64, 1e-10);
+* the fast bias's piecewise-linear form of the MLP == the MLP itself (random weights, float64).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posenc
 from posenc import ConfigError, MultiHeadAttention
@@ -168,3 +171,29 @@ def test_bad_settings() -> None:
     ctx = AttentionContext(q_pos=torch.arange(3)[None], k_pos=torch.arange(3)[None], n_heads=2, head_dim=4)
     with pytest.raises(ConfigError, match="n_heads=4"):
         FIRE(4).bias(ctx)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), hidden=st.integers(1, 12), zeros=st.integers(0, 3), heads=st.integers(1, 3))
+def test_piecewise_linear_form_equals_the_mlp(seed: int, hidden: int, zeros: int, heads: int) -> None:
+    """The fast bias (knots + one multiply-add per pair) == the MLP on every pair: values and every gradient."""
+    torch.manual_seed(seed)
+    enc = FIRE(heads, hidden=hidden, init_c=0.7, init_L=5.0).double()
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.normal_()
+        enc.mlp[0].weight[: min(zeros, hidden)] = 0.0  # units that never switch
+    pos = torch.arange(23)[None]
+    out = []
+    for reference in (False, True):
+        ctx = AttentionContext(q_pos=pos, k_pos=pos, n_heads=heads, head_dim=4, reference=reference)
+        bias = enc.bias(ctx)
+        weight = torch.linspace(-1, 1, bias.numel(), dtype=bias.dtype).view_as(bias)
+        out.append((bias, torch.autograd.grad((bias * weight).sum(), list(enc.parameters()), allow_unused=True)))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(out[0][1], out[1][1]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    knots, slope, intercept = enc.piecewise_linear()
+    assert knots.numel() == hidden - min(zeros, hidden) and slope.shape == intercept.shape == (knots.numel() + 1, heads)

@@ -120,7 +120,51 @@ class FIRE(PositionalEncoding):
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"fire was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
         x = self.normalized_distance(ctx.q_pos, ctx.k_pos)  # [B, Lq, Lk]
-        return self.mlp(x[..., None]).permute(0, 3, 1, 2)  # [B, H, Lq, Lk]
+        if ctx.reference or torch.compiler.is_compiling() or not self._is_relu_mlp():
+            return self.mlp(x[..., None]).permute(0, 3, 1, 2)  # [B, H, Lq, Lk]: the MLP on every pair
+        knots, slope, intercept = self.piecewise_linear()
+        seg = torch.searchsorted(knots, x.detach().contiguous())  # the linear piece of every pair
+        # [H, B, Lq, Lk] -> [B, H, Lq, Lk] (a free transpose for B = 1)
+        return (slope.t()[:, seg] * x + intercept.t()[:, seg]).transpose(0, 1)
+
+    def _is_relu_mlp(self) -> bool:
+        m = self.mlp
+        return (
+            len(m) == 3
+            and isinstance(m[0], nn.Linear)
+            and isinstance(m[1], nn.ReLU)
+            and isinstance(m[2], nn.Linear)
+            and m[0].in_features == 1
+            and m[0].bias is not None
+        )
+
+    def piecewise_linear(self) -> tuple[Tensor, Tensor, Tensor]:
+        r"""The MLP as the piecewise-linear function it is: ``f(x) = A_s x + B_s`` on piece ``s``.
+
+        ``f(x) = W_2 \,\mathrm{relu}(w_1 x + b_1) + b_2`` of a scalar ``x`` changes slope only where a hidden unit
+        switches, at ``x = -b_{1,k} / w_{1,k}``: with those (at most ``hidden``) knots sorted, piece ``s`` has a fixed
+        set of active units and ``A_s = W_2 (a_s ∘ w_1)``, ``B_s = W_2 (a_s ∘ b_1) + b_2``. Evaluating the bias is
+        then a ``searchsorted`` and one multiply-add per pair and head instead of a ``hidden``-wide MLP per pair (and
+        its ``L²·hidden`` activations); the gradients of ``W_2, w_1, b_1, b_2`` flow through ``A`` and ``B``.
+
+        Returns ``(knots [m], A [m + 1, H], B [m + 1, H])``; ``x`` on a knot takes either side (``f`` is continuous).
+        """
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        w1, b1 = lin1.weight[:, 0], lin1.bias
+        with torch.no_grad():
+            moving = w1 != 0
+            knots = torch.sort(-b1[moving] / w1[moving]).values
+            if knots.numel():  # one point inside every piece, the two unbounded ones included
+                mids = (knots[1:] + knots[:-1]) / 2
+                inside = torch.cat([knots[:1] - 1, mids, knots[-1:] + 1])
+            else:
+                inside = knots.new_zeros(1)
+            active = (inside[:, None] * w1 + b1 > 0).to(w1.dtype)  # [m + 1, hidden]
+        slope = (active * w1) @ lin2.weight.t()
+        intercept = (active * b1) @ lin2.weight.t()
+        if lin2.bias is not None:
+            intercept = intercept + lin2.bias
+        return knots, slope, intercept
 
     def matrix(self, length: int) -> Tensor:
         """The ``[H, L, L]`` bias for positions ``0 .. length-1``."""

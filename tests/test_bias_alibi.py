@@ -202,3 +202,26 @@ def test_head_count_mismatch() -> None:
     ctx = AttentionContext(q_pos=torch.arange(3)[None], k_pos=torch.arange(3)[None], n_heads=4, head_dim=4)
     with pytest.raises(ConfigError, match="n_heads=8"):
         enc.bias(ctx)
+
+
+def test_toeplitz_matrix_is_reused_only_while_it_is_right() -> None:
+    """Later forwards of the same shape reuse the matrix; another length, offset, dtype or slope buffer rebuilds it."""
+    enc = ALiBi(4)
+    layer = MultiHeadAttention(16, 4, enc)
+    x = torch.randn(2, 7, 16)
+    first = layer(x)
+    memo = enc._memo[1]
+    torch.testing.assert_close(layer(x), first)
+    assert enc._memo[1] is memo  # reused
+    layer(torch.randn(2, 9, 16))
+    assert enc._memo[1].shape[-1] == 9
+    with torch.no_grad():
+        enc.slopes.mul_(2.0)  # an edited slope buffer: rebuilt with the new slopes
+    ref = MultiHeadAttention(16, 4, enc, path="reference")
+    ref.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(layer(x), ref(x), rtol=1e-5, atol=1e-6)
+    with torch.inference_mode():
+        layer(x)
+    out = layer(x.requires_grad_())
+    out.sum().backward()  # an inference-mode matrix is never reused in a graph
+    assert x.grad is not None

@@ -199,6 +199,7 @@ def test_attention_uses_the_kernel_and_matches_both_other_paths(name, setting, m
     torch.manual_seed(3)
     dims = dict(d_model=32, n_heads=4, head_dim=8, max_len=40, n_layers=1, causal=False, vocab_size=50)
     enc = build(name, dims=dims, options=FORM_ENCODINGS[name]).double()
+    enc.fused_min_pairs = 1  # the kernel even at L = 37 (its default threshold is for speed only)
     with torch.no_grad():
         for p in enc.parameters():  # away from zero-initialised tables, so that a dropped term shows
             p.add_(torch.randn_like(p))
@@ -242,6 +243,7 @@ def test_kernel_is_skipped_where_it_does_not_apply(monkeypatch):
     real = fused._RelativeAttention.apply
     monkeypatch.setattr(fused._RelativeAttention, "apply", lambda *a: calls.append(1) or real(*a))
     enc = build("shaw", dims=dict(d_model=16, n_heads=2, head_dim=8, max_len=32), options={}).double()
+    enc.fused_min_pairs = 1
     layer = MultiHeadAttention(16, 2, enc, dropout=0.5).double()
     x = torch.randn(1, 9, 16, dtype=F64)
     layer.eval()
@@ -253,4 +255,19 @@ def test_kernel_is_skipped_where_it_does_not_apply(monkeypatch):
     layer.eval()
     with torch.no_grad():
         layer(x)  # inference takes it too
+    assert calls
+
+
+def test_short_sequences_keep_the_batched_hook_path(monkeypatch):
+    """Below an encoding's fused_min_pairs the attention keeps its batched path (faster there), same numbers."""
+    calls = []
+    real = fused._RelativeAttention.apply
+    monkeypatch.setattr(fused._RelativeAttention, "apply", lambda *a: calls.append(1) or real(*a))
+    enc = build("transformer-xl", dims=dict(d_model=16, n_heads=2, head_dim=8, max_len=32), options={}).double()
+    layer = MultiHeadAttention(16, 2, enc).double()
+    x = torch.randn(2, 9, 16, dtype=F64)
+    short = layer(x)
+    assert not calls and 9 * 9 < enc.fused_min_pairs
+    enc.fused_min_pairs = 81
+    torch.testing.assert_close(layer(x), short, rtol=1e-10, atol=1e-12)
     assert calls

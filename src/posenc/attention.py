@@ -392,8 +392,7 @@ class MultiHeadAttention(nn.Module):
             and p_drop == 0.0
             and not self._has["bias"]
             and q.device.type == "cpu"
-            and lq > 0
-            and lk > 0
+            and lq * lk >= max(1, enc.fused_min_pairs)
             and not torch.compiler.is_compiling()
         ):
             form = enc.relative_form(q, k, ctx)

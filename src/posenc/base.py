@@ -148,6 +148,9 @@ class PositionalEncoding(nn.Module):
       (Vaswani et al. 3.4) when this encoding adds a fixed unit-amplitude code to them
       (sinusoids, binary ...); otherwise they keep BERT/GPT's small ``N(0, 0.02²)`` tokens,
       as the papers of learned, rotary and relative encodings do.
+    * ``fused_min_pairs``: the attention uses :meth:`relative_form` (the row-blocked kernel of
+      :mod:`posenc.fused`) only from this many query-key pairs ``Lq·Lk`` on; below it the per-block
+      loop costs more than the ``[B, H, Lq, Lk]`` tensors it saves (measured in benchmarks/README.md).
     """
 
     info: ClassVar[Card]
@@ -155,6 +158,7 @@ class PositionalEncoding(nn.Module):
     key_projection: ClassVar[bool] = True
     requires_tokens: ClassVar[bool] = False
     scale_token_embeddings: ClassVar[bool] = False
+    fused_min_pairs: ClassVar[int] = 256 * 256
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

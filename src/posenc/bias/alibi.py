@@ -88,6 +88,7 @@ class ALiBi(PositionalEncoding):
         self.n_heads = n_heads
         self.bidirectional = self.bidirectional_default if bidirectional is None else bool(bidirectional)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads), dtype=torch.float64), persistent=False)
+        self._memo: tuple[tuple, Tensor] | None = None  # the last Toeplitz matrix (see bias)
 
     def _matrix(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dist = q_pos[:, :, None].double() - k_pos[:, None, :].double()  # i - j, [B, Lq, Lk]
@@ -108,9 +109,25 @@ class ALiBi(PositionalEncoding):
         if got is None:  # once per forward, shared by every layer: -m (i - j) from j - i
             if arange_rows(ctx):  # offset-only: Lq + Lk - 1 values laid out as a Toeplitz matrix
                 d = offsets(ctx)
-                dist = d.abs() if self.bidirectional else -d
-                vals = -self.slopes.to(dtype)[:, None] * dist[None, :].to(dtype)
-                out = toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+                # fixed slopes: the matrix of one (Lq, Lk, first offset) is reused by later forwards, as
+                # x-transformers keeps its bias buffer (a changed slope buffer bumps its version)
+                memo = (
+                    ctx.q_pos.shape[-1],
+                    ctx.k_pos.shape[-1],
+                    int(d[0]),
+                    dtype,
+                    d.device,
+                    id(self.slopes),
+                    self.slopes._version,
+                    torch.is_inference_mode_enabled(),
+                )
+                if self._memo is not None and self._memo[0] == memo:
+                    out = self._memo[1]
+                else:
+                    dist = d.abs() if self.bidirectional else -d
+                    vals = -self.slopes.to(dtype)[:, None] * dist[None, :].to(dtype)
+                    out = toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+                    self._memo = (memo, out)
             else:
                 rel = ctx.relative()
                 dist = rel.abs() if self.bidirectional else -rel

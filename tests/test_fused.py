@@ -10,7 +10,7 @@ from shape_recorder import ShapeRecorder
 
 import posenc.fused as fused
 from posenc.attention import MultiHeadAttention
-from posenc.fused import RelativeForm, relative_attention
+from posenc.fused import RelativeForm, Rows, relative_attention
 from posenc.registry import build
 
 
@@ -29,11 +29,24 @@ class NewTensors(ShapeRecorder):
 F64 = torch.float64
 
 
+def expand(table):
+    """A :class:`Rows` table at every offset: ``[P, H|1, d]``."""
+    return table.table[table.index] if isinstance(table, Rows) else table
+
+
 def literal(form: RelativeForm, v: torch.Tensor, scale: float, allowed: torch.Tensor | None) -> torch.Tensor:
     """The module docstring's formula with every [Lq, Lk, d] table gathered explicitly (float64 reference)."""
     q, k = form.q, form.k
     lq, lk = q.shape[2], k.shape[2]
     t = torch.arange(lk)[None, :] - torch.arange(lq)[:, None] + lq - 1  # [Lq, Lk]
+    form = RelativeForm(
+        q=form.q,
+        k=form.k,
+        query_terms=[(a, expand(x)) for a, x in form.query_terms],
+        key_terms=[(c, expand(x)) for c, x in form.key_terms],
+        value_table=None if form.value_table is None else expand(form.value_table),
+        segment=form.segment,
+    )
     logits = q @ k.transpose(-1, -2)
     for a, table in form.query_terms:
         g = table[t].permute(2, 0, 1, 3)  # [H|1, Lq, Lk, d]
@@ -68,6 +81,7 @@ def random_case(
     seg: bool,
     shared: bool,
     mask: str,
+    compact: bool = False,
 ):
     g = torch.Generator().manual_seed(seed)
 
@@ -75,12 +89,21 @@ def random_case(
         return torch.randn(*shape, generator=g, dtype=F64).requires_grad_()
 
     p, th = lq + lk - 1, 1 if shared else h
+
+    def table():
+        """A table at every offset, or (compact) a few rows and a random row per offset (runs included)."""
+        if not compact:
+            return r(p, th, d)
+        rows = int(torch.randint(1, 6, (1,), generator=g))
+        index = torch.randint(0, rows, (p,), generator=g).sort().values if p > 3 else torch.zeros(p, dtype=torch.long)
+        return Rows(r(rows, th, d), index)
+
     form = RelativeForm(
         q=r(b, h, lq, d),
         k=r(b, h, lk, d),
-        query_terms=[(r(b, h, lq, d), r(p, th, d)) for _ in range(nq)],
-        key_terms=[(r(b, h, lk, d), r(p, th, d)) for _ in range(nk)],
-        value_table=r(p, th, d) if values else None,
+        query_terms=[(r(b, h, lq, d), table()) for _ in range(nq)],
+        key_terms=[(r(b, h, lk, d), table()) for _ in range(nk)],
+        value_table=table() if values else None,
         segment=(
             r(b, h, lq, 2),
             torch.randint(0, 2, (b, lq, 1), generator=g) == torch.randint(0, 2, (b, 1, lk), generator=g),
@@ -101,18 +124,22 @@ def random_case(
     return form, v, allowed
 
 
+def expand_leaf(table):
+    return table.table if isinstance(table, Rows) else table
+
+
 def leaves(form: RelativeForm, v: torch.Tensor) -> list[torch.Tensor]:
     out = [form.q, form.k, v]
-    for pair in form.query_terms + form.key_terms:
-        out += list(pair)
+    for op, table in form.query_terms + form.key_terms:
+        out += [op, table.table if isinstance(table, Rows) else table]
     if form.value_table is not None:
-        out.append(form.value_table)
+        out.append(expand_leaf(form.value_table))
     if form.segment is not None:
         out.append(form.segment[0])
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
     b=st.integers(1, 2),
@@ -128,10 +155,11 @@ def leaves(form: RelativeForm, v: torch.Tensor) -> list[torch.Tensor]:
     mask=st.sampled_from(["none", "padding", "causal", "random"]),
     block=st.sampled_from([1, 2**10, 2**20]),
     ratio=st.sampled_from([0.25, 1.0]),
+    compact=st.booleans(),
 )
-def test_kernel_equals_the_formula(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask, block, ratio):
+def test_kernel_equals_the_formula(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask, block, ratio, compact):
     """Random shapes (Lk > Lq as with memory, Lk < Lq as in cross-attention), every term and mask, 16-row blocks."""
-    form, v, allowed = random_case(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask)
+    form, v, allowed = random_case(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask, compact)
     old = fused.BLOCK_BYTES, fused.CHUNK_RATIO
     fused.BLOCK_BYTES, fused.CHUNK_RATIO = block, ratio  # 1 byte: blocks of 16 rows, key chunks of 16 or 4
     try:
@@ -167,7 +195,7 @@ def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
 def test_kernel_rejects_mismatched_tables():
     form, v, _ = random_case(0, 1, 2, 5, 5, 4, 1, 0, False, False, False, "none")
     bad = RelativeForm(q=form.q, k=form.k, query_terms=[(form.query_terms[0][0], torch.zeros(8, 2, 4, dtype=F64))])
-    with pytest.raises(ValueError, match=r"table \[9, 2\|1, 4\]"):
+    with pytest.raises(ValueError, match=r"table of a query term must be \[9, 2\|1, 4\], got \(8, 2, 4\)"):
         relative_attention(bad, v, 1.0)
 
 

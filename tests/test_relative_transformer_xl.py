@@ -435,7 +435,11 @@ def test_fast_path_never_materialises_R_for_every_pair(monkeypatch):
     fast, ref = make_pair(d_model=8, n_heads=2, seed=14)
     x, mem = torch.randn(2, 6, 8, dtype=F64), torch.randn(2, 5, 8, dtype=F64)
     fast(x, memory=mem, causal=True)
-    assert seen == [(6 + 11 - 1,)]  # the Lq + Lk - 1 offsets (posenc.fused), never Lq × Lk pairs
+    assert seen == [(1, 6 + 11 - 1)]  # the Lq + Lk - 1 distances (the batched fast path), never Lq × Lk pairs
+    seen.clear()
+    fast.encoding.fused_min_pairs = 1  # the row-blocked kernel of posenc.fused: the same P offsets
+    fast(x, memory=mem, causal=True)
+    assert seen == [(6 + 11 - 1,)]
     seen.clear()
     fast(x, positions=torch.tensor([0, 1, 2, 0, 1, 2]))  # gather: the 5 distinct distances -2 .. 2
     assert seen == [(5,)]

@@ -34,6 +34,7 @@ a form (fast path, no dropout, not while ``torch.compile`` traces) and keeps its
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple, Union
 
 import torch
 from torch import Tensor
@@ -44,6 +45,21 @@ BLOCK_BYTES = 2 * 2**20
 CHUNK_RATIO = 0.25
 
 
+class Rows(NamedTuple):
+    """A table given by its distinct rows: offset ``t`` uses ``table[index[t]]`` (``index``: ``[P]``).
+
+    A clipped table (Shaw, NEZHA: ``2k + 1`` rows) or a bucketed one (DeBERTa: ``2k`` rows) is far smaller than
+    its ``P = Lq + Lk - 1`` offsets: the kernel then multiplies by the ``R`` rows once and gathers the offsets'
+    scores, and sums the gradient of the offsets that share a row.
+    """
+
+    table: Tensor  # [R, H|1, d]
+    index: Tensor  # [P] long
+
+
+Table = Union[Tensor, Rows]  # noqa: UP007 (a runtime alias)
+
+
 @dataclass
 class RelativeForm:
     """An encoding's logits in the offset-table form :func:`relative_attention` computes blockwise.
@@ -51,19 +67,20 @@ class RelativeForm:
     Attributes:
         q: content query ``q̃`` ``[B, H, Lq, d]`` (Transformer-XL: ``q + u``).
         k: content key ``k̃`` ``[B, H, Lk, d]``.
-        query_terms: ``(a [B, H, Lq, d], T [P, H|1, d])`` pairs, each adding ``a_i · T[j - i + Lq - 1]``.
-        key_terms: ``(c [B, H, Lk, d], U [P, H|1, d])`` pairs, each adding ``c_j · U[j - i + Lq - 1]``.
-        value_table: ``V [P, H|1, d]``: ``z_i`` gains ``Σ_j p_ij V[j - i + Lq - 1]`` (Shaw's ``a^V``).
+        query_terms: ``(a [B, H, Lq, d], T)`` pairs, each adding ``a_i · T[j - i + Lq - 1]``.
+        key_terms: ``(c [B, H, Lk, d], U)`` pairs, each adding ``c_j · U[j - i + Lq - 1]``.
+        value_table: ``V``: ``z_i`` gains ``Σ_j p_ij V[j - i + Lq - 1]`` (Shaw's ``a^V``).
         segment: ``(e [B, H, Lq, 2], same [B|1, Lq, Lk] bool)``: adds ``e[i, 0]`` where ``same[i, j]``
             else ``e[i, 1]`` (XLNet's relative segment term).
-    All terms are *logits*: the attention's temperature multiplies them with ``q̃ · k̃``.
+    Every table is ``[P, H|1, d]`` over the ``P = Lq + Lk - 1`` offsets, or :class:`Rows`. All terms are
+    *logits*: the attention's temperature multiplies them with ``q̃ · k̃``.
     """
 
     q: Tensor
     k: Tensor
-    query_terms: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    key_terms: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    value_table: Tensor | None = None
+    query_terms: list[tuple[Tensor, Table]] = field(default_factory=list)
+    key_terms: list[tuple[Tensor, Table]] = field(default_factory=list)
+    value_table: Table | None = None
     segment: tuple[Tensor, Tensor] | None = None
 
 
@@ -71,9 +88,64 @@ def _block_rows(lq: int, lk: int, itemsize: int) -> int:
     return max(16, min(lq, BLOCK_BYTES // max(1, lk * itemsize)))
 
 
-def _heads(table: Tensor) -> Tensor:
-    """``[P, H|1, d]`` -> ``[H|1, P, d]`` contiguous."""
-    return table.permute(1, 0, 2).contiguous()
+class _Table:
+    """One table of a term, per head, in its expanded (``[H|1, P, d]``) or compact (``[H|1, R, d]`` + index) form.
+
+    ``reverse`` stores it in reversed offset order (key terms read their bands backwards, see ``key_tile``).
+    """
+
+    def __init__(self, table: Tensor, index: Tensor | None, reverse: bool) -> None:
+        self.t = table.permute(1, 0, 2).contiguous()
+        self.idx = index
+        if reverse:
+            if index is None:
+                self.t = self.t.flip(1)
+            else:
+                self.idx = index.flip(0)
+        self.shared = self.t.shape[0] == 1
+        self.grad = torch.zeros_like(self.t)
+
+    def head(self, h: int) -> Tensor:
+        return self.t[0 if self.shared else h]
+
+    def dhead(self, h: int) -> Tensor:
+        return self.grad[0 if self.shared else h]
+
+    def scores(self, x: Tensor, h: int, lo: int, hi: int) -> Tensor:
+        """``x · table[offset]`` for the offsets ``lo .. hi - 1``: ``[n, hi - lo]`` (a new tensor)."""
+        if self.idx is None:
+            return torch.mm(x, self.head(h)[lo:hi].t())
+        return torch.mm(x, self.head(h).t()).index_select(1, self.idx[lo:hi])
+
+    def reduce(self, g: Tensor, lo: int, hi: int) -> Tensor:
+        """Compact form: the ``[n, W]`` per-offset ``g`` summed over offsets sharing a row: ``[R, n]``."""
+        assert self.idx is not None
+        out = g.new_zeros(self.t.shape[1], g.shape[0])
+        return out.index_add_(0, self.idx[lo:hi], g.t().contiguous())
+
+    def backward(self, g: Tensor, x: Tensor, h: int, lo: int, hi: int, dx: Tensor) -> None:
+        """Given ``g = ∂L/∂scores(x, h, lo, hi)``: write ``∂L/∂x`` into ``dx`` and add to the table's gradient."""
+        if self.idx is None:
+            torch.mm(g, self.head(h)[lo:hi], out=dx)
+            self.dhead(h)[lo:hi].addmm_(g.t(), x)
+        else:
+            gr = self.reduce(g, lo, hi)  # [R, n]
+            torch.mm(gr.t(), self.head(h), out=dx)
+            self.dhead(h).addmm_(gr, x)
+
+    def values(self, p: Tensor, h: int, lo: int, hi: int) -> Tensor:
+        """``Σ_offsets p[:, offset] · table[offset]`` for a ``[n, W]`` ``p``: ``[n, d]``."""
+        if self.idx is None:
+            return torch.mm(p, self.head(h)[lo:hi])
+        return torch.mm(self.reduce(p, lo, hi).t(), self.head(h))
+
+    def value_backward(self, p: Tensor, do: Tensor, h: int, lo: int, hi: int) -> Tensor:
+        """Add ``∂L/∂table`` of :meth:`values` and return its ``∂L/∂p``: ``[n, W]``."""
+        if self.idx is None:
+            self.dhead(h)[lo:hi].addmm_(p.t(), do)
+        else:
+            self.dhead(h).addmm_(self.reduce(p, lo, hi), do)
+        return self.scores(do, h, lo, hi)
 
 
 class _Plan:
@@ -84,9 +156,9 @@ class _Plan:
         self.lk = k.shape[2]
         self.p = self.lq + self.lk - 1
         self.rows = _block_rows(self.lq, self.lk, q.element_size())
-        self.blocks = [(r0, min(self.lq, r0 + self.rows)) for r0 in range(0, self.lq, self.rows)]
         self.chunk = max(16, int(self.rows * CHUNK_RATIO))  # key chunk width of a key term's tiles
-        self._bufs: dict[int, Tensor] = {}
+        self.blocks = [(r0, min(self.lq, r0 + self.rows)) for r0 in range(0, self.lq, self.rows)]
+        self._bufs: dict[object, Tensor] = {}
         self.dtype, self.device = q.dtype, q.device
 
     def window(self, r0: int, r1: int) -> tuple[int, int]:
@@ -130,124 +202,167 @@ class _Plan:
         return raw.as_strided((b, c), (1, w - 1), raw.storage_offset() + c - 1)
 
 
+class _Work:
+    """Everything one call needs, rebuilt from the saved inputs in the backward."""
+
+    def __init__(self, meta, q, k, v, allowed, same, e, vt, vt_idx, terms) -> None:
+        self.scale, nq, nk = meta
+        self.q, self.k, self.v, self.allowed, self.same, self.e = q, k, v, allowed, same, e
+        ops, tabs, idxs = terms[: nq + nk], terms[nq + nk : 2 * (nq + nk)], terms[2 * (nq + nk) :]
+        self.q_ops, self.k_ops = ops[:nq], ops[nq:]
+        self.q_tabs = [_Table(t, i, False) for t, i in zip(tabs[:nq], idxs[:nq])]
+        self.k_tabs = [_Table(t, i, True) for t, i in zip(tabs[nq:], idxs[nq:])]
+        self.vtab = _Table(vt, vt_idx, False) if vt is not None else None
+        self.plan = _Plan(q, k)
+
+    def key_rows(self, bi: int, hi: int) -> list[Tensor | None]:
+        """Per key term, ``c_h · rows`` of a compact table for the whole head (``[Lk, R]``), else ``None``."""
+        return [
+            torch.mm(c[bi, hi], u.head(hi).t()) if u.idx is not None else None for c, u in zip(self.k_ops, self.k_tabs)
+        ]
+
+    def scores(self, bi: int, hi: int, r0: int, r1: int, key_rows: list[Tensor | None]) -> Tensor:
+        """The scaled, masked logits of query rows ``[r0, r1)`` of head ``(bi, hi)``: ``[b, Lk]`` (a new tensor)."""
+        plan = self.plan
+        s = torch.mm(self.q[bi, hi, r0:r1], self.k[bi, hi].t())
+        if self.q_ops:
+            s0, w = plan.window(r0, r1)
+            for a, t in zip(self.q_ops, self.q_tabs):
+                s.add_(plan.skew(t.scores(a[bi, hi, r0:r1], hi, s0, s0 + w), plan.lk))
+        for c, u, rows in zip(self.k_ops, self.k_tabs, key_rows):
+            for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
+                if rows is None:  # [c, W'] against the reversed table band
+                    raw = torch.mm(c[bi, hi, j0:j1], u.head(hi)[lo:hi_].t())
+                else:
+                    raw = rows[j0:j1].index_select(1, u.idx[lo:hi_])
+                s[:, j0:j1].add_(plan.key_tile(raw, r1 - r0))
+        if self.e is not None:
+            same_rows = self.same[bi if self.same.shape[0] > 1 else 0, r0:r1]
+            eb = self.e[bi, hi, r0:r1]
+            s.add_(torch.where(same_rows, eb[:, :1], eb[:, 1:]))
+        s.mul_(self.scale)
+        blocked = self.blocked(bi, hi, r0, r1)
+        if blocked is not None:
+            s.masked_fill_(blocked, torch.finfo(s.dtype).min)
+        return s
+
+    def blocked(self, bi: int, hi: int, r0: int, r1: int) -> Tensor | None:
+        """``True`` where query ``r0 .. r1`` may not see a key: ``[b|1, Lk]``, or ``None`` without a mask."""
+        if self.allowed is None:
+            return None
+        m = self.allowed[bi if self.allowed.shape[0] > 1 else 0, hi if self.allowed.shape[1] > 1 else 0]
+        return ~(m[r0:r1] if m.shape[0] > 1 else m)  # a key-padding mask is [.., 1, Lk]
+
+
 class _RelativeAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, meta, q, k, v, allowed, same, e, vt, *terms):  # type: ignore[override]
-        scale, nq, nk = meta
-        q_ops, q_tabs = terms[:nq], [_heads(t) for t in terms[nq : 2 * nq]]
-        k_ops, k_tabs = terms[2 * nq : 2 * nq + nk], [_heads(t).flip(1) for t in terms[2 * nq + nk :]]
-        vtab = _heads(vt) if vt is not None else None
-        plan = _Plan(q, k)
+    def forward(ctx, meta, q, k, v, allowed, same, e, vt, vt_idx, *terms):  # type: ignore[override]
+        w_ = _Work(meta, q, k, v, allowed, same, e, vt, vt_idx, terms)
+        plan = w_.plan
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)
+        # the row max and log-sum separately (a row that sees no key has max = finfo.min, where max + log-sum
+        # would round back to the max and lose the log-sum)
+        row_max = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)
+        row_log_sum = torch.empty_like(row_max)
         for bi in range(plan.b):
             for hi in range(plan.h):
+                key_rows = w_.key_rows(bi, hi)
                 for r0, r1 in plan.blocks:
-                    s = _scores(plan, bi, hi, r0, r1, scale, q, k, allowed, same, e, q_ops, q_tabs, k_ops, k_tabs)
+                    s = w_.scores(bi, hi, r0, r1, key_rows)
                     m = s.amax(-1, keepdim=True)
                     s.sub_(m).exp_()
                     total = s.sum(-1, keepdim=True)
                     s.div_(total)
-                    lse[bi, hi, r0:r1] = (m + total.log()).squeeze(-1)
+                    row_max[bi, hi, r0:r1] = m.squeeze(-1)
+                    row_log_sum[bi, hi, r0:r1] = total.log_().squeeze(-1)
                     o = out[bi, hi, r0:r1]
                     torch.mm(s, v[bi, hi], out=o)
-                    if vtab is not None:
+                    if w_.vtab is not None:
                         s0, w = plan.window(r0, r1)
                         buf = plan.buffer(r1 - r0, w)
                         plan.skew(buf, plan.lk).copy_(s)
-                        o.addmm_(buf, vtab[hi if vtab.shape[0] > 1 else 0, s0 : s0 + w])
+                        o.add_(w_.vtab.values(buf, hi, s0, s0 + w))
         ctx.meta = meta
-        ctx.save_for_backward(q, k, v, allowed, same, e, vt, out, lse, *terms)
+        ctx.save_for_backward(q, k, v, allowed, same, e, vt, vt_idx, out, row_max, row_log_sum, *terms)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        scale, nq, nk = ctx.meta
-        q, k, v, allowed, same, e, vt, out, lse, *terms = ctx.saved_tensors
-        q_ops, q_tabs = terms[:nq], [_heads(t) for t in terms[nq : 2 * nq]]
-        k_ops, k_tabs = terms[2 * nq : 2 * nq + nk], [_heads(t).flip(1) for t in terms[2 * nq + nk :]]
-        vtab = _heads(vt) if vt is not None else None
-        plan = _Plan(q, k)
+        meta = ctx.meta
+        q, k, v, allowed, same, e, vt, vt_idx, out, row_max, row_log_sum, *terms = ctx.saved_tensors
+        w_ = _Work(meta, q, k, v, allowed, same, e, vt, vt_idx, terms)
+        plan, scale = w_.plan, w_.scale
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)  # rowsum(dO ∘ O), the softmax backward's Δ
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        d_qops = [torch.empty_like(a) for a in q_ops]
-        d_qtabs = [torch.zeros_like(t) for t in q_tabs]
-        d_kops = [torch.zeros_like(c) for c in k_ops]
-        d_ktabs = [torch.zeros_like(u) for u in k_tabs]
-        dvtab = torch.zeros_like(vtab) if vtab is not None else None
+        d_qops = [torch.empty_like(a) for a in w_.q_ops]
+        d_kops = [torch.zeros_like(c) for c in w_.k_ops]
         de = torch.empty_like(e) if e is not None else None
         for bi in range(plan.b):
             for hi in range(plan.h):
+                key_rows = w_.key_rows(bi, hi)
+                d_rows = [None if r is None else torch.zeros_like(r) for r in key_rows]
                 for r0, r1 in plan.blocks:
                     b_rows = r1 - r0
                     s0, w = plan.window(r0, r1)
-                    p = _scores(plan, bi, hi, r0, r1, scale, q, k, allowed, same, e, q_ops, q_tabs, k_ops, k_tabs)
-                    p.sub_(lse[bi, hi, r0:r1, None]).exp_()
+                    p = w_.scores(bi, hi, r0, r1, key_rows)
+                    p.sub_(row_max[bi, hi, r0:r1, None]).sub_(row_log_sum[bi, hi, r0:r1, None]).exp_()
                     do = dout[bi, hi, r0:r1]
                     dv[bi, hi].addmm_(p.t(), do)
                     dp = torch.mm(do, v[bi, hi].t())
-                    if vtab is not None and dvtab is not None:
-                        vh = 0 if vtab.shape[0] == 1 else hi
+                    if w_.vtab is not None:
                         buf = plan.buffer(b_rows, w)
                         plan.skew(buf, plan.lk).copy_(p)
-                        dvtab[vh, s0 : s0 + w].addmm_(buf.t(), do)
-                        dp.add_(plan.skew(torch.mm(do, vtab[vh, s0 : s0 + w].t()), plan.lk))
+                        dp.add_(plan.skew(w_.vtab.value_backward(buf, do, hi, s0, s0 + w), plan.lk))
                     dz = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p).mul_(scale)  # ∂L/∂(unscaled logits)
+                    blocked = w_.blocked(bi, hi, r0, r1)
+                    if blocked is not None:  # a query that sees no key has uniform p, but no gradient
+                        dz.masked_fill_(blocked, 0.0)
                     torch.mm(dz, k[bi, hi], out=dq[bi, hi, r0:r1])
                     dk[bi, hi].addmm_(dz.t(), q[bi, hi, r0:r1])
-                    if q_ops:
+                    if w_.q_ops:
                         buf = plan.buffer(b_rows, w)
                         plan.skew(buf, plan.lk).copy_(dz)
-                        for a, t, da, dt in zip(q_ops, q_tabs, d_qops, d_qtabs):
-                            th = 0 if t.shape[0] == 1 else hi
-                            torch.mm(buf, t[th, s0 : s0 + w], out=da[bi, hi, r0:r1])
-                            dt[th, s0 : s0 + w].addmm_(buf.t(), a[bi, hi, r0:r1])
-                    for c, u, dc, du in zip(k_ops, k_tabs, d_kops, d_ktabs):
-                        uh = 0 if u.shape[0] == 1 else hi
+                        for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
+                            t.backward(buf, a[bi, hi, r0:r1], hi, s0, s0 + w, da[bi, hi, r0:r1])
+                    for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
                         for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
                             buf = plan.buffer((j1 - j0, b_rows), hi_ - lo)
                             plan.key_tile(buf, b_rows).copy_(dz[:, j0:j1])
-                            dc[bi, hi, j0:j1].addmm_(buf, u[uh, lo:hi_])
-                            du[uh, lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
+                            if dr is None:
+                                dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])
+                                u.dhead(hi)[lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
+                            else:
+                                dr[j0:j1].index_add_(1, u.idx[lo:hi_], buf)
                     if de is not None:
                         same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1]
                         d_same = (dz * same_rows).sum(-1)
                         de[bi, hi, r0:r1, 0] = d_same
                         de[bi, hi, r0:r1, 1] = dz.sum(-1) - d_same
-        grads_terms = (
-            list(d_qops)
-            + [t.permute(1, 0, 2) for t in d_qtabs]
-            + list(d_kops)
-            + [u.flip(1).permute(1, 0, 2) for u in d_ktabs]
-        )
-        dvt = dvtab.permute(1, 0, 2) if dvtab is not None else None
-        return (None, dq, dk, dv, None, None, de, dvt, *grads_terms)
+                for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
+                    if dr is not None:  # the head's [Lk, R] gradient of c_h · rows
+                        dc[bi, hi].addmm_(dr, u.head(hi))
+                        u.dhead(hi).addmm_(dr.t(), c[bi, hi])
+        nq = len(w_.q_ops)
+        tabs = terms[len(w_.q_ops) + len(w_.k_ops) : 2 * (len(w_.q_ops) + len(w_.k_ops))]
+        d_tabs = [t.grad.permute(1, 0, 2) for t in w_.q_tabs]
+        d_tabs += [u.grad.flip(1).permute(1, 0, 2) if u.idx is None else u.grad.permute(1, 0, 2) for u in w_.k_tabs]
+        assert all(g.shape == t.shape for g, t in zip(d_tabs, tabs)), "table gradient layout"
+        dvt = w_.vtab.grad.permute(1, 0, 2) if w_.vtab is not None else None
+        n_idx = nq + len(w_.k_ops)
+        return (None, dq, dk, dv, None, None, de, dvt, None, *d_qops, *d_kops, *d_tabs, *([None] * n_idx))
 
 
-def _scores(plan, bi, hi, r0, r1, scale, q, k, allowed, same, e, q_ops, q_tabs, k_ops, k_tabs) -> Tensor:
-    """The scaled, masked logits of query rows ``[r0, r1)`` of head ``(bi, hi)``: ``[b, Lk]`` (a new tensor)."""
-    s = torch.mm(q[bi, hi, r0:r1], k[bi, hi].t())
-    if q_ops:
-        s0, w = plan.window(r0, r1)
-        for a, t in zip(q_ops, q_tabs):
-            raw = torch.mm(a[bi, hi, r0:r1], t[0 if t.shape[0] == 1 else hi, s0 : s0 + w].t())
-            s.add_(plan.skew(raw, plan.lk))
-    for c, u in zip(k_ops, k_tabs):
-        uh = 0 if u.shape[0] == 1 else hi
-        for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
-            raw = torch.mm(c[bi, hi, j0:j1], u[uh, lo:hi_].t())  # [c, W'] against the reversed table band
-            s[:, j0:j1].add_(plan.key_tile(raw, r1 - r0))
-    if e is not None:
-        same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1]
-        eb = e[bi, hi, r0:r1]
-        s.add_(torch.where(same_rows, eb[:, :1], eb[:, 1:]))
-    s.mul_(scale)
-    if allowed is not None:
-        m = allowed[bi if allowed.shape[0] > 1 else 0, hi if allowed.shape[1] > 1 else 0]
-        m = m[r0:r1] if m.shape[0] > 1 else m  # a key-padding mask is [.., 1, Lk]
-        s.masked_fill_(~m, torch.finfo(s.dtype).min)
-    return s
+def offset_table(table: Tensor, index: Tensor) -> Table:
+    """The table ``[R, H|1, d]`` at the offsets' rows ``index [P]``: :class:`Rows` when ``R`` is small (``R ≤ P/2``),
+    else expanded to ``[P, H|1, d]`` (one product with ``P`` rows is then cheaper than a product and a gather)."""
+    if 2 * table.shape[0] <= index.shape[0]:
+        return Rows(table, index)
+    return table.index_select(0, index)
+
+
+def _split(table: Table) -> tuple[Tensor, Tensor | None]:
+    return (table.table, table.index) if isinstance(table, Rows) else (table, None)
 
 
 def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Tensor | None = None) -> Tensor:
@@ -261,27 +376,33 @@ def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Ten
     p = lq + lk - 1
     if k.shape != (b, h, lk, d) or v.shape[:3] != (b, h, lk) or v.shape[-1] != d:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
+
+    def check(table: Table, what: str) -> tuple[Tensor, Tensor | None]:
+        t, idx = _split(table)
+        rows = p if idx is None else t.shape[0]
+        if t.dim() != 3 or t.shape[0] != rows or t.shape[1] not in (1, h) or t.shape[2] != d:
+            raise ValueError(f"{what} must be [{rows}, {h}|1, {d}], got {tuple(t.shape)}")
+        if idx is not None and (idx.shape != (p,) or idx.dtype != torch.long):
+            raise ValueError(f"the row index of {what} must be [{p}] (a long per offset), got {tuple(idx.shape)}")
+        return t, idx
+
+    ops, tabs, idxs = [], [], []
     for what, pairs, length in (("query", form.query_terms, lq), ("key", form.key_terms, lk)):
         for op, table in pairs:
-            if op.shape != (b, h, length, d) or table.dim() != 3 or table.shape[0] != p or table.shape[2] != d:
-                raise ValueError(
-                    f"a {what} term needs an operand [{b}, {h}, {length}, {d}] and a table [{p}, {h}|1, {d}], got "
-                    f"{tuple(op.shape)} and {tuple(table.shape)}"
-                )
-    vt = form.value_table
-    if vt is not None and (vt.dim() != 3 or vt.shape[0] != p or vt.shape[2] != d):
-        raise ValueError(f"the value table must be [{p}, {h}|1, {d}], got {tuple(vt.shape)}")
-    same, e = (None, None) if form.segment is None else (form.segment[1], form.segment[0])
+            if op.shape != (b, h, length, d):
+                raise ValueError(f"a {what} term needs an operand [{b}, {h}, {length}, {d}], got {tuple(op.shape)}")
+            t, idx = check(table, f"the table of a {what} term")
+            ops.append(op.contiguous())
+            tabs.append(t)
+            idxs.append(idx)
+    vt, vt_idx = check(form.value_table, "the value table") if form.value_table is not None else (None, None)
+    same, e = (None, None) if form.segment is None else (form.segment[1], form.segment[0].contiguous())
     if allowed is not None and allowed.dim() != 4:
         raise ValueError(f"allowed must be [B|1, H|1, Lq|1, Lk], got {tuple(allowed.shape)}")
-
-    def c(x: Tensor) -> Tensor:
-        return x.contiguous()
-
-    tensors = [c(a) for a, _ in form.query_terms] + [t for _, t in form.query_terms]
-    tensors += [c(x) for x, _ in form.key_terms] + [u for _, u in form.key_terms]
     meta = (float(scale), len(form.query_terms), len(form.key_terms))
-    return _RelativeAttention.apply(meta, c(q), c(k), c(v), allowed, same, None if e is None else c(e), vt, *tensors)
+    return _RelativeAttention.apply(
+        meta, q.contiguous(), k.contiguous(), v.contiguous(), allowed, same, e, vt, vt_idx, *ops, *tabs, *idxs
+    )
 
 
-__all__ = ["RelativeForm", "relative_attention", "BLOCK_BYTES", "CHUNK_RATIO"]
+__all__ = ["RelativeForm", "Rows", "offset_table", "relative_attention", "BLOCK_BYTES", "CHUNK_RATIO"]

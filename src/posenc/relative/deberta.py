@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError, PositionError
-from ..fused import RelativeForm
+from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._skew import arange_rows, offsets
 
@@ -292,10 +292,10 @@ class DeBERTa(PositionalEncoding):
         form = RelativeForm(q=q, k=k)
         if "c2p" in self.terms:
             assert k_r is not None
-            form.query_terms.append((q, k_r.to(q.dtype).index_select(1, c2p[0, 0]).transpose(0, 1)))
+            form.query_terms.append((q, offset_table(k_r.to(q.dtype).transpose(0, 1), c2p[0, 0])))
         if "p2c" in self.terms:
             assert q_r is not None
-            form.key_terms.append((k, q_r.to(q.dtype).index_select(1, p2c[0, 0]).transpose(0, 1)))
+            form.key_terms.append((k, offset_table(q_r.to(q.dtype).transpose(0, 1), p2c[0, 0])))
         return form
 
     def _check_sizes(self, ctx: AttentionContext) -> None:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError, PositionError
-from ..fused import RelativeForm
+from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._skew import arange_rows, cached_index, key_table_term, materialise, offsets, query_table_term
 
@@ -115,7 +115,7 @@ class RelativeKey(PositionalEncoding):
             return None
         if q.shape[-1] != self.head_dim:
             raise ConfigError(f"{self.info.name} was built for head_dim={self.head_dim}, got {q.shape[-1]}")
-        table = self.distance_embedding.weight.to(q.dtype).index_select(0, self._rows(-offsets(ctx)))[:, None]
+        table = offset_table(self.distance_embedding.weight.to(q.dtype)[:, None], self._rows(-offsets(ctx)))
         return RelativeForm(q=q, k=k, query_terms=[(q, table)], key_terms=[(k, table)] if self.key_query else [])
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
-from ..fused import RelativeForm
+from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._skew import arange_rows, cached_index, materialise, offsets, query_table_term, value_table_term
 
@@ -101,9 +101,9 @@ class _ClippedRelative(PositionalEncoding):
             return torch.einsum("bhid,bijd->bhij", q, a_k.expand(q.shape[0], -1, -1, -1))
         return query_table_term(q, table, index)
 
-    # the gathers of a (2k + 1)-row table are cheap: the blocked kernel pays off only on long sequences
-    # (Lq = Lk = 512: 355 ms fused vs 315 ms; 2048: 3.2 s vs 4.5 s and a tenth of the memory)
-    fused_min_pairs = 1536 * 1536
+    # the gathers of a (2k + 1)-row table are cheap, so the batched hook path stays faster up to L = 256
+    # (B=16, H=4, d=32: 94 ms against 114 ms fused); from L = 512 on the blocked kernel wins (benchmarks/README.md)
+    fused_min_pairs = 512 * 512
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """Both tables expanded to the ``Lq + Lk - 1`` offsets ``clip(j - i, k)`` (see :mod:`posenc.fused`)."""
@@ -112,8 +112,8 @@ class _ClippedRelative(PositionalEncoding):
         self._check_dim(q)
         kk = self.max_relative_position
         rows = offsets(ctx).clamp(-kk, kk) + kk
-        terms = [(q, self.key_table().to(q.dtype).index_select(0, rows)[:, None])] if self.keys else []
-        vt = self.value_table().to(q.dtype).index_select(0, rows)[:, None] if self.values_term else None
+        terms = [(q, offset_table(self.key_table().to(q.dtype)[:, None], rows))] if self.keys else []
+        vt = offset_table(self.value_table().to(q.dtype)[:, None], rows) if self.values_term else None
         return RelativeForm(q=q, k=k, query_terms=terms, value_table=vt)
 
     def values(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:

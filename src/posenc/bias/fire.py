@@ -62,7 +62,7 @@ class FIRE(PositionalEncoding):
         learnable=True,
         summary="MLP of log(c(i-j)+1)/log(c max(L,i)+1) per head, added after scaling.",
         reference="the paper's equation (and appendix pseudo-code) on hand-computed cases",
-        shortcoming="not translation invariant past the threshold L; an MLP per pair costs O(L^2 · hidden)",
+        shortcoming="not translation invariant past the threshold L; a bias per pair (no Toeplitz shortcut)",
     )
 
     def __init__(

@@ -301,7 +301,8 @@ class _RelativeAttention(torch.autograd.Function):
         for bi in range(plan.b):
             for hi in range(plan.h):
                 key_rows = w_.key_rows(bi, hi)
-                d_rows = [None if r is None else torch.zeros_like(r) for r in key_rows]
+                # compact key terms: the head's gradient of c_h · rows, transposed ([R, Lk]: row adds are contiguous)
+                d_rows = [None if r is None else r.new_zeros(r.shape[1], r.shape[0]) for r in key_rows]
                 for r0, r1 in plan.blocks:
                     b_rows = r1 - r0
                     s0, w = plan.window(r0, r1)
@@ -333,16 +334,16 @@ class _RelativeAttention(torch.autograd.Function):
                                 dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])
                                 u.dhead(hi)[lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
                             else:
-                                dr[j0:j1].index_add_(1, u.idx[lo:hi_], buf)
+                                dr[:, j0:j1].index_add_(0, u.idx[lo:hi_], buf.t().contiguous())
                     if de is not None:
                         same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1]
                         d_same = (dz * same_rows).sum(-1)
                         de[bi, hi, r0:r1, 0] = d_same
                         de[bi, hi, r0:r1, 1] = dz.sum(-1) - d_same
                 for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
-                    if dr is not None:  # the head's [Lk, R] gradient of c_h · rows
-                        dc[bi, hi].addmm_(dr, u.head(hi))
-                        u.dhead(hi).addmm_(dr.t(), c[bi, hi])
+                    if dr is not None:
+                        dc[bi, hi].addmm_(dr.t(), u.head(hi))
+                        u.dhead(hi).addmm_(dr, c[bi, hi])
         nq = len(w_.q_ops)
         tabs = terms[len(w_.q_ops) + len(w_.k_ops) : 2 * (len(w_.q_ops) + len(w_.k_ops))]
         d_tabs = [t.grad.permute(1, 0, 2) for t in w_.q_tabs]

@@ -20,8 +20,8 @@ DeBERTa's c2p + p2c.
 block's content scores, its position scores (one ``[b, d] × [d, L_k + b - 1]`` product per query term,
 skewed into place through a strided *view*: the block needs only ``L_k + b - 1`` offsets, about half the
 ``2L - 1`` an unblocked skew multiplies), the softmax, and ``P v`` (plus ``P V`` for a value table,
-un-skewed into a ``[b, L_k + b - 1]`` buffer whose gaps stay zero). Only the row log-sum-exp is kept for
-the backward, which recomputes each block and forms every gradient by hand. A key term
+un-skewed into a ``[b, L_k + b - 1]`` buffer whose gaps stay zero). Nothing but the output is kept for the
+backward, which recomputes each block's softmax and forms every gradient by hand. A key term
 (``c_j · U_{t(i,j)}``) is one ``[L_k, d] × [d, P]`` product per head whose strided view is the
 ``[L_q, L_k]`` term. Nothing of size ``L_q · L_k`` outlives one block, so the peak memory is that of
 flash attention plus ``O(L·d)``.
@@ -260,21 +260,13 @@ class _RelativeAttention(torch.autograd.Function):
         w_ = _Work(meta, q, k, v, allowed, same, e, vt, vt_idx, terms)
         plan = w_.plan
         out = torch.empty_like(q)
-        # the row max and log-sum separately (a row that sees no key has max = finfo.min, where max + log-sum
-        # would round back to the max and lose the log-sum)
-        row_max = torch.empty(q.shape[:3], dtype=q.dtype, device=q.device)
-        row_log_sum = torch.empty_like(row_max)
         for bi in range(plan.b):
             for hi in range(plan.h):
                 key_rows = w_.key_rows(bi, hi)
                 for r0, r1 in plan.blocks:
-                    s = w_.scores(bi, hi, r0, r1, key_rows)
-                    m = s.amax(-1, keepdim=True)
-                    s.sub_(m).exp_()
-                    total = s.sum(-1, keepdim=True)
-                    s.div_(total)
-                    row_max[bi, hi, r0:r1] = m.squeeze(-1)
-                    row_log_sum[bi, hi, r0:r1] = total.log_().squeeze(-1)
+                    # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
+                    # (masked keys, far ALiBi/KERPLE-like terms); the backward recomputes the same softmax
+                    s = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
                     o = out[bi, hi, r0:r1]
                     torch.mm(s, v[bi, hi], out=o)
                     if w_.vtab is not None:
@@ -283,13 +275,13 @@ class _RelativeAttention(torch.autograd.Function):
                         plan.skew(buf, plan.lk).copy_(s)
                         o.add_(w_.vtab.values(buf, hi, s0, s0 + w))
         ctx.meta = meta
-        ctx.save_for_backward(q, k, v, allowed, same, e, vt, vt_idx, out, row_max, row_log_sum, *terms)
+        ctx.save_for_backward(q, k, v, allowed, same, e, vt, vt_idx, out, *terms)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         meta = ctx.meta
-        q, k, v, allowed, same, e, vt, vt_idx, out, row_max, row_log_sum, *terms = ctx.saved_tensors
+        q, k, v, allowed, same, e, vt, vt_idx, out, *terms = ctx.saved_tensors
         w_ = _Work(meta, q, k, v, allowed, same, e, vt, vt_idx, terms)
         plan, scale = w_.plan, w_.scale
         dout = dout.contiguous()
@@ -306,8 +298,7 @@ class _RelativeAttention(torch.autograd.Function):
                 for r0, r1 in plan.blocks:
                     b_rows = r1 - r0
                     s0, w = plan.window(r0, r1)
-                    p = w_.scores(bi, hi, r0, r1, key_rows)
-                    p.sub_(row_max[bi, hi, r0:r1, None]).sub_(row_log_sum[bi, hi, r0:r1, None]).exp_()
+                    p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
                     do = dout[bi, hi, r0:r1]
                     dv[bi, hi].addmm_(p.t(), do)
                     dp = torch.mm(do, v[bi, hi].t())

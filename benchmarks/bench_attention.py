@@ -124,6 +124,9 @@ APPLY_CASES = [
     "apply:xt",
 ]
 
+# RoPE application alone takes milliseconds: at least this many timed calls (median)
+APPLY_REPEATS = 50
+
 # settings shared by posenc and its peer so that both compute the same thing
 ENC_OPTIONS: dict[str, dict] = {
     "deberta": {"max_len": 512, "position_buckets": 256},
@@ -571,9 +574,11 @@ def worker(case: str, L: int, repeats: int, threads: int, seed: int = 0) -> dict
         t_compile = time.perf_counter() - t0
     peak_fb = _profiled_peak(fwdbwd)
     peak_f = _profiled_peak(fwd)
-    if L <= 1024:  # the profiled runs were the warm-up; one more plain pass where it is cheap
+    if L <= 1024 or kind == "apply":  # the profiled runs were the warm-up; one more plain pass where it is cheap
         fwdbwd()
         fwd()
+    if kind == "apply":  # a few milliseconds each: a median of 2-3 calls is mostly noise
+        repeats = max(repeats, APPLY_REPEATS)
     tf, tfb, cf, cfb = [], [], [], []
     load0 = os.getloadavg()[0]
     c0, w0 = time.process_time(), time.perf_counter()

@@ -139,7 +139,7 @@ def leaves(form: RelativeForm, v: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     seed=st.integers(0, 10**6),
     b=st.integers(1, 2),
@@ -297,3 +297,20 @@ def test_short_sequences_keep_the_batched_hook_path(monkeypatch):
     enc.fused_min_pairs = 81
     torch.testing.assert_close(layer(x), short, rtol=1e-10, atol=1e-12)
     assert calls
+
+
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("lk", [48, 53])  # whole key chunks only, and a last partial chunk
+def test_key_terms_in_tiles(compact, lk, monkeypatch):
+    """Blocks of 16 rows, key chunks of 16 (the last one partial or not): a key term tile by tile."""
+    monkeypatch.setattr(fused, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(fused, "CHUNK_RATIO", 1.0)
+    form, v, allowed = random_case(7, 2, 2, 40, lk, 4, 0, 2, False, False, False, "causal", compact)
+    got, want = relative_attention(form, v, 0.6, allowed), literal(form, v, 0.6, allowed)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    weight = torch.randn(got.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+    for x, y in zip(
+        torch.autograd.grad((got * weight).sum(), leaves(form, v)),
+        torch.autograd.grad((want * weight).sum(), leaves(form, v)),
+    ):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-11)

@@ -314,3 +314,21 @@ def test_key_terms_in_tiles(compact, lk, monkeypatch):
         torch.autograd.grad((want * weight).sum(), leaves(form, v)),
     ):
         torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("name", ["transformer-xl", "deberta", "shaw"])
+def test_bfloat16_inputs_stay_close_to_float64(name):
+    """bf16 on CPU: the kernel runs in the input dtype and lands within bf16 rounding of the float64 answer."""
+    torch.manual_seed(5)
+    dims = dict(d_model=32, n_heads=4, head_dim=8, max_len=64, n_layers=1, causal=False, vocab_size=50)
+    enc = build(name, dims=dims, options=FORM_ENCODINGS[name])
+    enc.fused_min_pairs = 1
+    with torch.no_grad():
+        for p in enc.parameters():  # position terms as large as the content ones
+            p.add_(torch.randn_like(p))
+    layer = MultiHeadAttention(32, 4, enc)
+    x = torch.randn(2, 40, 32)
+    want = layer.double()(x.double())
+    got = layer.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=5e-2, atol=2e-2)

@@ -78,8 +78,7 @@ class _BiasedSDPA(torch.autograd.Function):
         full = bb_n == b and bh_n == h  # one bias entry per (batch, head): written, not accumulated
         acc = torch.promote_types(q.dtype, torch.float32)
         delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
-        q, k, v, dout = q.contiguous(), k.contiguous(), v.contiguous(), dout.contiguous()
-        q_s, k_s = q * scale, k * scale  # dq = dS (k·s), dk = dSᵀ (q·s): scale the thin operands, not dS
+        dout = dout.contiguous()  # q, k, v stay the (strided) views they are: BLAS reads rows of any stride
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dbias = (torch.empty if full else torch.zeros)(bias.shape, dtype=bias.dtype, device=bias.device)
         # blocks of query rows small enough that a block of scores stays in cache between its five uses
@@ -88,7 +87,7 @@ class _BiasedSDPA(torch.autograd.Function):
             bb = bi if bb_n > 1 else 0
             for hi in range(h):
                 hb = hi if bh_n > 1 else 0
-                qh, doh, ksh, qsh = q[bi, hi], dout[bi, hi], k_s[bi, hi], q_s[bi, hi]
+                qh, kh, doh = q[bi, hi], k[bi, hi], dout[bi, hi]
                 kt, vt = k[bi, hi].t(), v[bi, hi].t()
                 dkh, dvh = dk[bi, hi], dv[bi, hi]
                 for r0 in range(0, lq, rows):
@@ -103,8 +102,9 @@ class _BiasedSDPA(torch.autograd.Function):
                         dbias[bb, hb, r0:r1] = ds
                     else:
                         dbias[bb, hb, r0:r1] += ds
-                    torch.mm(ds, ksh, out=dq[bi, hi, r0:r1])
-                    dkh.addmm_(ds.t(), qsh[r0:r1])
+                    # dq = dS k·s, dk = dSᵀ q·s: the scale goes on the thin results (no scaled copies of q, k)
+                    torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
+                    dkh.addmm_(ds.t(), qh[r0:r1], alpha=scale)
         return dq, dk, dv, dbias, None
 
 

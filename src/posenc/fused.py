@@ -384,7 +384,7 @@ def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Ten
             if op.shape != (b, h, length, d):
                 raise ValueError(f"a {what} term needs an operand [{b}, {h}, {length}, {d}], got {tuple(op.shape)}")
             t, idx = check(table, f"the table of a {what} term")
-            ops.append(op.contiguous())
+            ops.append(op)
             tabs.append(t)
             idxs.append(idx)
     vt, vt_idx = check(form.value_table, "the value table") if form.value_table is not None else (None, None)
@@ -393,7 +393,7 @@ def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Ten
         raise ValueError(f"allowed must be [B|1, H|1, Lq|1, Lk], got {tuple(allowed.shape)}")
     meta = (float(scale), len(form.query_terms), len(form.key_terms))
     return _RelativeAttention.apply(
-        meta, q.contiguous(), k.contiguous(), v.contiguous(), allowed, same, e, vt, vt_idx, *ops, *tabs, *idxs
+        meta, q, k, v, allowed, same, e, vt, vt_idx, *ops, *tabs, *idxs
     )
 
 

@@ -392,9 +392,7 @@ def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Ten
     if allowed is not None and allowed.dim() != 4:
         raise ValueError(f"allowed must be [B|1, H|1, Lq|1, Lk], got {tuple(allowed.shape)}")
     meta = (float(scale), len(form.query_terms), len(form.key_terms))
-    return _RelativeAttention.apply(
-        meta, q, k, v, allowed, same, e, vt, vt_idx, *ops, *tabs, *idxs
-    )
+    return _RelativeAttention.apply(meta, q, k, v, allowed, same, e, vt, vt_idx, *ops, *tabs, *idxs)
 
 
 __all__ = ["RelativeForm", "Rows", "offset_table", "relative_attention", "BLOCK_BYTES", "CHUNK_RATIO"]

@@ -197,6 +197,11 @@ def test_kernel_rejects_mismatched_tables():
     bad = RelativeForm(q=form.q, k=form.k, query_terms=[(form.query_terms[0][0], torch.zeros(8, 2, 4, dtype=F64))])
     with pytest.raises(ValueError, match=r"table of a query term must be \[9, 2\|1, 4\], got \(8, 2, 4\)"):
         relative_attention(bad, v, 1.0)
+    rows = RelativeForm(q=form.q, k=form.k, value_table=Rows(torch.zeros(3, 1, 4, dtype=F64), torch.zeros(8).long()))
+    with pytest.raises(ValueError, match=r"row index of the value table must be \[9\]"):
+        relative_attention(rows, v, 1.0)
+    with pytest.raises(ValueError, match=r"allowed must be \[B\|1, H\|1, Lq\|1, Lk\]"):
+        relative_attention(form, v, 1.0, torch.ones(5, 5, dtype=torch.bool))
 
 
 FORM_ENCODINGS = {

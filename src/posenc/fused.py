@@ -103,7 +103,14 @@ class _Table:
             else:
                 self.idx = index.flip(0)
         self.shared = self.t.shape[0] == 1
-        self.grad = torch.zeros_like(self.t)
+        self._grad: Tensor | None = None
+
+    @property
+    def grad(self) -> Tensor:
+        """The table's gradient in this layout, allocated on first use (the backward only)."""
+        if self._grad is None:
+            self._grad = torch.zeros_like(self.t)
+        return self._grad
 
     def head(self, h: int) -> Tensor:
         return self.t[0 if self.shared else h]
@@ -158,7 +165,7 @@ class _Plan:
         self.rows = _block_rows(self.lq, self.lk, q.element_size())
         self.chunk = max(16, int(self.rows * CHUNK_RATIO))  # key chunk width of a key term's tiles
         self.blocks = [(r0, min(self.lq, r0 + self.rows)) for r0 in range(0, self.lq, self.rows)]
-        self._bufs: dict[object, Tensor] = {}
+        self._bufs: dict[tuple[int, int], Tensor] = {}
         self.dtype, self.device = q.dtype, q.device
 
     def window(self, r0: int, r1: int) -> tuple[int, int]:
@@ -171,13 +178,13 @@ class _Plan:
         b, w = raw.shape
         return raw.as_strided((b, lk), (w - 1, 1), raw.storage_offset() + b - 1)
 
-    def buffer(self, key: object, w: int) -> Tensor:
-        """A zeroed ``[rows, W]`` buffer per shape; skewed writes never touch its gaps, so they stay 0."""
-        buf = self._bufs.get(key)
+    def buffer(self, rows: int, w: int) -> Tensor:
+        """A zeroed ``[rows, W]`` buffer per shape, reused: every skewed write (query rows or a key tile) of one
+        shape touches the same positions, so the gaps stay zero."""
+        buf = self._bufs.get((rows, w))
         if buf is None:
-            rows = key if isinstance(key, int) else key[0]  # type: ignore[index]
             buf = torch.zeros(rows, w, dtype=self.dtype, device=self.device)
-            self._bufs[key] = buf
+            self._bufs[(rows, w)] = buf
         return buf
 
     def key_tiles(self, r0: int, r1: int) -> list[tuple[int, int, int, int]]:
@@ -319,7 +326,7 @@ class _RelativeAttention(torch.autograd.Function):
                             t.backward(buf, a[bi, hi, r0:r1], hi, s0, s0 + w, da[bi, hi, r0:r1])
                     for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
                         for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
-                            buf = plan.buffer((j1 - j0, b_rows), hi_ - lo)
+                            buf = plan.buffer(j1 - j0, hi_ - lo)
                             plan.key_tile(buf, b_rows).copy_(dz[:, j0:j1])
                             if dr is None:
                                 dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])

@@ -39,9 +39,14 @@ from ..registry import register
 from ._skew import arange_rows, cached_index, materialise, offsets, query_table_term, value_table_term
 
 
+def clipped_rows(offset: Tensor, k: int) -> Tensor:
+    """The table row ``clip(j - i, k) + k`` of offsets ``j - i`` (any shape), in ``0 .. 2k``."""
+    return offset.clamp(-k, k) + k
+
+
 def clipped_offset_index(q_pos: Tensor, k_pos: Tensor, k: int) -> Tensor:
     """``clip(j - i, k) + k`` for every query ``i`` and key ``j``: ``[B|1, Lq, Lk]`` in ``0 .. 2k``."""
-    return (k_pos[:, None, :] - q_pos[:, :, None]).clamp(-k, k) + k
+    return clipped_rows(k_pos[:, None, :] - q_pos[:, :, None], k)
 
 
 def _check_k(k: object) -> int:
@@ -110,8 +115,7 @@ class _ClippedRelative(PositionalEncoding):
         if ctx.reference or not arange_rows(ctx):
             return None
         self._check_dim(q)
-        kk = self.max_relative_position
-        rows = offsets(ctx).clamp(-kk, kk) + kk
+        rows = clipped_rows(offsets(ctx), self.max_relative_position)
         terms = [(q, offset_table(self.key_table().to(q.dtype)[:, None], rows))] if self.keys else []
         vt = offset_table(self.value_table().to(q.dtype)[:, None], rows) if self.values_term else None
         return RelativeForm(q=q, k=k, query_terms=terms, value_table=vt)

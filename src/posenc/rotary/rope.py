@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import native
 from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError
 from ..registry import register
@@ -44,6 +45,14 @@ def _fast_rotation(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
         and not cos.requires_grad
         and not sin.requires_grad
     )
+
+
+def _version(t: Tensor) -> int | None:
+    """A tensor's in-place version counter (``None`` for inference tensors, which keep none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _complex_view_ok(x: Tensor) -> bool:
@@ -120,6 +129,8 @@ class RoPE(PositionalEncoding):
         self.register_buffer("inv_freq", rope_inverse_frequencies(rotary_dim, base), persistent=False)
         self.register_buffer("_cos", torch.empty(0, rotary_dim // 2), persistent=False)
         self.register_buffer("_sin", torch.empty(0, rotary_dim // 2), persistent=False)
+        # the last lookup: (positions, its version, the table, cos, sin); a repeated call skips the checks
+        self._memo: tuple | None = None
 
     # ------------------------------------------------------------ the phases
     def angles(self, positions: Tensor) -> Tensor:
@@ -140,12 +151,18 @@ class RoPE(PositionalEncoding):
         if positions.is_floating_point() or torch.compiler.is_compiling():
             a = self.angles(positions)
             return a.cos(), a.sin()
+        memo = self._memo
+        version = _version(positions)
+        if memo is not None and memo[0] is positions and memo[1] == version and memo[2] is self._cos:
+            return memo[3], memo[4]  # the same positions tensor, unchanged, as last time
         if positions.numel():
             check_positions(positions)
             top = int(positions.max()) + 1
             if top > self._cos.shape[0]:
                 self._grow(top)
-        return self._cos[positions], self._sin[positions]
+        cos, sin = self._cos[positions], self._sin[positions]
+        self._memo = None if version is None else (positions, version, self._cos, cos, sin)
+        return cos, sin
 
     # ----------------------------------------------------------- the rotation
     def apply(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -154,6 +171,9 @@ class RoPE(PositionalEncoding):
             raise ConfigError(f"{self.info.name} was built for head_dim={self.head_dim}, got {x.shape[-1]}")
         r = self.rotary_dim
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        out = native.rope_rotate(x, cos, sin, r, self.interleaved)  # one pass in C, where it applies
+        if out is not None:
+            return out
         rot, rest = (x, None) if r == self.head_dim else (x[..., :r], x[..., r:])
         if _fast_rotation(rot, cos, sin):
             if self.interleaved and _complex_view_ok(rot):

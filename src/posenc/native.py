@@ -1,0 +1,333 @@
+r"""One-pass CPU kernels in C, compiled on first use with the system's C compiler and loaded with ctypes.
+
+PyTorch has no single elementwise op for a rotary rotation: the rotate-half layout pairs dimension ``i``
+with ``i + d/2``, so eager code needs four half-width passes (or temporaries and a ``cat``), each as slow
+as a full one. :func:`rope_rotate` does it in one pass: it reads ``x`` once (any strides with a contiguous
+last dimension, e.g. the ``[B, L, H, d] -> [B, H, L, d]`` view a projection gives), reads the broadcast
+``cos`` / ``sin`` rows, and writes the output once -- with non-temporal stores where the output is larger
+than a cache (the store then skips reading the destination first), so it runs at about the speed of a
+copy (``benchmarks/README.md``).
+
+The C source below is compiled once per machine into ``$POSENC_CACHE_DIR`` (default
+``~/.cache/posenc``) with ``cc -O3 -march=native``; a file name carrying the hash of the source, the flags
+and the CPU keeps builds from different machines apart, and the build is written to a temporary name and
+renamed, so concurrent processes never load half a file. Where there is no compiler, the build fails, or
+``POSENC_NATIVE=0`` is set, :func:`available` is ``False`` and every caller keeps its PyTorch path (the
+same numbers; tests/test_native.py compares both). Large tensors are split over
+``torch.get_num_threads()`` threads (ctypes releases the GIL during the call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+_SOURCE = r"""
+#include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* RoPE on the rows [row0, row1) of the flattened (n0, n1, n2) leading dims of x [n0, n1, n2, d] (element strides
+   xs0..xs2, last dim contiguous); out is contiguous with the same shape. c, s hold h = r / 2 phases a row, with
+   strides cs0..cs2 (0 where they broadcast). half = 1 pairs (i, i + h), half = 0 pairs (2i, 2i + 1); sign = -1
+   rotates back (the backward); dims r .. d - 1 are copied. nt: non-temporal stores (out rows 64-byte aligned). */
+
+#define SCALAR_ROW(T)                                                                                        \
+    do {                                                                                                     \
+        if (half) {                                                                                          \
+            for (int64_t i = 0; i < h; i++) {                                                                \
+                T x1 = xr[i], x2 = xr[i + h], cc = cr[i], ss = sign * sr[i];                                 \
+                o[i] = x1 * cc - x2 * ss;                                                                    \
+                o[i + h] = x2 * cc + x1 * ss;                                                                \
+            }                                                                                                \
+        } else {                                                                                             \
+            for (int64_t i = 0; i < h; i++) {                                                                \
+                T x1 = xr[2 * i], x2 = xr[2 * i + 1], cc = cr[i], ss = sign * sr[i];                         \
+                o[2 * i] = x1 * cc - x2 * ss;                                                                \
+                o[2 * i + 1] = x2 * cc + x1 * ss;                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int64_t j = r; j < d; j++) o[j] = xr[j];                                                        \
+    } while (0)
+
+/* walk the rows: (a, b) runs of consecutive l, pointers stepped (no division per row); BODY does one row */
+#define FOR_ROWS(T, BODY)                                                                                    \
+    int64_t l = row0 % n2, b = (row0 / n2) % n1, a = row0 / n2 / n1, row = row0;                             \
+    while (row < row1) {                                                                                     \
+        int64_t stop = row + (n2 - l) < row1 ? row + (n2 - l) : row1;                                        \
+        const T *xr = x + a * xs0 + b * xs1 + l * xs2;                                                       \
+        const T *cr = c + a * cs0 + b * cs1 + l * cs2;                                                       \
+        const T *sr = s + a * cs0 + b * cs1 + l * cs2;                                                       \
+        T *o = out + row * d;                                                                                \
+        for (; row < stop; row++, xr += xs2, cr += cs2, sr += cs2, o += d) {                                 \
+            BODY;                                                                                            \
+        }                                                                                                    \
+        l = 0;                                                                                               \
+        if (++b == n1) { b = 0; a++; }                                                                       \
+    }
+
+#if defined(__AVX512F__)
+#define STORE(p, v) do { if (nt) _mm512_stream_ps((p), (v)); else _mm512_storeu_ps((p), (v)); } while (0)
+/* pairs (i, i + h), 16 pairs a step; H: the half width (a constant lets the compiler unroll) */
+#define HALF_ROW(H)                                                                                          \
+    do {                                                                                                     \
+        for (int64_t i = 0; i < (H); i += 16) {                                                              \
+            __m512 x1 = _mm512_loadu_ps(xr + i), x2 = _mm512_loadu_ps(xr + i + (H));                         \
+            __m512 cc = _mm512_loadu_ps(cr + i), ss = _mm512_mul_ps(sg, _mm512_loadu_ps(sr + i));           \
+            STORE(o + i, _mm512_fmsub_ps(x1, cc, _mm512_mul_ps(x2, ss)));                                    \
+            STORE(o + i + (H), _mm512_fmadd_ps(x2, cc, _mm512_mul_ps(x1, ss)));                              \
+        }                                                                                                    \
+        for (int64_t j = r; j < d; j++) o[j] = xr[j];                                                        \
+    } while (0)
+/* pairs (2i, 2i + 1), 8 pairs a step: each phase serves two lanes, the partner is the pair's other lane */
+#define PAIR_ROW(H)                                                                                          \
+    do {                                                                                                     \
+        for (int64_t i = 0; i < (H); i += 8) {                                                               \
+            __m512 xv = _mm512_loadu_ps(xr + 2 * i);                                                         \
+            __m512 cc = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cr + i)));         \
+            __m512 ss = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sr + i)));         \
+            STORE(o + 2 * i, _mm512_fmadd_ps(xv, cc, _mm512_mul_ps(_mm512_permute_ps(xv, 0xB1),              \
+                                                                     _mm512_mul_ps(ss, alt))));              \
+        }                                                                                                    \
+        for (int64_t j = r; j < d; j++) o[j] = xr[j];                                                        \
+    } while (0)
+#endif
+
+void posenc_rope_f32(const float *x, float *out, const float *c, const float *s, int64_t n0, int64_t n1,
+                     int64_t n2, int64_t d, int64_t r, int64_t xs0, int64_t xs1, int64_t xs2, int64_t cs0,
+                     int64_t cs1, int64_t cs2, int64_t row0, int64_t row1, int half, float sign, int nt) {
+    const int64_t h = r / 2;
+    (void)n0;
+#if defined(__AVX512F__)
+    /* the vector loops need whole vectors, and aligned rows for streaming stores */
+    if ((h % 16 == 0) && (!nt || (((uintptr_t)out & 63) == 0 && d % 16 == 0))) {
+        const __m512 sg = _mm512_set1_ps(sign);
+        if (half) {
+            if (h == 32) { FOR_ROWS(float, HALF_ROW(32)) }
+            else if (h == 64) { FOR_ROWS(float, HALF_ROW(64)) }
+            else { FOR_ROWS(float, HALF_ROW(h)) }
+        } else {
+            const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+            const __m512 alt = _mm512_mul_ps(sg, _mm512_set_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1));
+            if (h == 32) { FOR_ROWS(float, PAIR_ROW(32)) }
+            else { FOR_ROWS(float, PAIR_ROW(h)) }
+        }
+        if (nt) _mm_sfence();
+        return;
+    }
+#endif
+    { FOR_ROWS(float, SCALAR_ROW(float)) }
+}
+
+void posenc_rope_f64(const double *x, double *out, const double *c, const double *s, int64_t n0, int64_t n1,
+                     int64_t n2, int64_t d, int64_t r, int64_t xs0, int64_t xs1, int64_t xs2, int64_t cs0,
+                     int64_t cs1, int64_t cs2, int64_t row0, int64_t row1, int half, double sign, int nt) {
+    const int64_t h = r / 2;
+    (void)n0; (void)nt;
+    FOR_ROWS(double, SCALAR_ROW(double))
+}
+"""
+
+# outputs at least this large are written with non-temporal stores (about an L2 cache: smaller ones stay in cache)
+NT_BYTES = 1 << 20
+# tensors with at least this many elements are split over torch.get_num_threads() threads
+PARALLEL_NUMEL = 1 << 18
+
+# set to False to keep every caller on its PyTorch path (tests compare the two)
+enabled = True
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _cpu_tag() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "model name")):
+                    flags += line
+                if line.startswith("flags"):
+                    break
+    except OSError:
+        pass
+    return flags or platform.processor() or platform.machine()
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels live: ``$POSENC_CACHE_DIR`` or ``~/.cache/posenc``."""
+    env = os.environ.get("POSENC_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "posenc"
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
+
+
+def _build() -> ctypes.CDLL | None:
+    if os.environ.get("POSENC_NATIVE", "1") in ("0", "false", "no", "off"):
+        _state["error"] = "disabled by POSENC_NATIVE"
+        return None
+    cc = _compiler()
+    if cc is None:
+        _state["error"] = "no C compiler (cc, gcc or clang) on PATH"
+        return None
+    key = hashlib.sha256("\n".join([_SOURCE, cc, *_FLAGS, _cpu_tag(), platform.machine()]).encode()).hexdigest()
+    lib_path = cache_dir() / f"native-{key[:16]}.so"
+    if not lib_path.exists():
+        try:
+            lib_path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=lib_path.parent) as tmp:
+                src = Path(tmp) / "posenc_native.c"
+                src.write_text(_SOURCE)
+                so = Path(tmp) / "posenc_native.so"
+                res = subprocess.run([cc, *_FLAGS, "-o", str(so), str(src)], capture_output=True, text=True)
+                if res.returncode:
+                    _state["error"] = f"{cc} failed: {res.stderr.strip()[:500]}"
+                    return None
+                os.replace(so, lib_path)  # atomic: a concurrent process loads the old file or the new one
+        except OSError as exc:
+            _state["error"] = f"could not build in {lib_path.parent}: {exc}"
+            return None
+    lib = ctypes.CDLL(str(lib_path))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for name, real in (("posenc_rope_f32", ctypes.c_float), ("posenc_rope_f64", ctypes.c_double)):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [ptr] * 4 + [i64] * 13 + [ctypes.c_int, real, ctypes.c_int]
+    _state["path"] = str(lib_path)
+    return lib
+
+
+def _lib() -> ctypes.CDLL | None:
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                _state["lib"] = _build()
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def available() -> bool:
+    """Whether the compiled kernels can be used on this machine (builds them on first call)."""
+    return enabled and _lib() is not None
+
+
+def status() -> str:
+    """A line saying whether the kernels are in use, and from where or why not (``posenc info`` prints it)."""
+    if not enabled:
+        return "native CPU kernels: off (posenc.native.enabled is False); PyTorch ops are used instead"
+    if available():
+        return f"native CPU kernels: {_state['path']}"
+    return f"native CPU kernels: off ({_state.get('error', 'unknown')}); PyTorch ops are used instead"
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    n = torch.get_num_threads()
+    if _pool is None or _pool._max_workers != n:  # noqa: SLF001 (resize with torch's thread setting)
+        _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="posenc-native")
+    return _pool
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, half: bool, sign: float) -> Tensor:
+    """The kernel on a 4-d ``x`` and phases that broadcast to it (checked by :func:`rope_rotate`)."""
+    lib = _lib()
+    assert lib is not None
+    n0, n1, n2, d = shape = x.shape
+    xst, cst, csh = x.stride(), cos.stride(), cos.shape
+    # a dim of size 1 is never stepped (stride 0): a broadcast phase, or a single batch / head / position
+    xs = (xst[0] if n0 > 1 else 0, xst[1] if n1 > 1 else 0, xst[2] if n2 > 1 else 0)
+    cs = (cst[0] if csh[0] > 1 else 0, cst[1] if csh[1] > 1 else 0, cst[2] if csh[2] > 1 else 0)
+    out = torch.empty(shape, dtype=x.dtype)
+    rows = n0 * n1 * n2
+    numel = rows * d
+    nt = int(numel * x.element_size() >= NT_BYTES)
+    fn = lib.posenc_rope_f32 if x.dtype == torch.float32 else lib.posenc_rope_f64
+    head = (x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n0, n1, n2, d, rotary_dim, *xs, *cs)
+    n_threads = torch.get_num_threads() if numel >= PARALLEL_NUMEL else 1
+    if n_threads > 1:
+        step = -(-rows // n_threads)
+        pool = _threads()
+        jobs = [pool.submit(fn, *head, r0, min(rows, r0 + step), int(half), sign, nt) for r0 in range(0, rows, step)]
+        for j in jobs:
+            j.result()
+    else:
+        fn(*head, 0, rows, int(half), sign, nt)
+    return out
+
+
+class _Rotate(torch.autograd.Function):
+    """The rotation as one autograd node; its backward rotates the gradient back (by ``-θ``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, half: bool, sign: float):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        ctx.args = (rotary_dim, half, sign)
+        return _rope(x, cos, sin, rotary_dim, half, sign)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        rotary_dim, half, sign = ctx.args
+        g = grad if grad.stride(-1) == 1 else grad.contiguous()
+        return _Rotate.apply(g, cos, sin, rotary_dim, half, -sign), None, None, None, None, None
+
+
+def rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, interleaved: bool) -> Tensor | None:
+    r"""Rotate ``x [B, H, L, d]`` (or ``[B, L, d]``) by the phases ``cos``, ``sin`` ``[B|1, H|1, L, r/2]``.
+
+    .. math::
+        \text{half: } (o_i, o_{i+h}) = (x_i c_i - x_{i+h} s_i,\; x_{i+h} c_i + x_i s_i), \qquad
+        \text{interleaved: } (o_{2i}, o_{2i+1}) = (x_{2i} c_i - x_{2i+1} s_i,\; x_{2i+1} c_i + x_{2i} s_i)
+
+    for ``i < r/2``; dimensions ``r .. d-1`` pass through. Returns ``None`` (the caller keeps its PyTorch
+    path) where the kernel does not apply: no compiled kernel, not CPU, not float32/float64, phases that
+    need gradients, ``torch.compile`` tracing, a last dimension that is not contiguous, or shapes that do
+    not broadcast.
+    """
+    if not enabled or cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
+        return None
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or _lib() is None:
+        return None
+    if x.dim() not in (3, 4) or cos.dim() != x.dim() or x.stride(-1) != 1:
+        return None
+    if cos.shape != sin.shape or cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        return None
+    if cos.dtype != x.dtype or sin.dtype != x.dtype or cos.shape[-1] != rotary_dim // 2:
+        return None
+    if rotary_dim % 2 or not 0 < rotary_dim <= x.shape[-1]:
+        return None
+    if any(cs not in (1, xs) for xs, cs in zip(x.shape[:-1], cos.shape[:-1])):
+        return None
+    three = x.dim() == 3  # [B, L, d]: one head
+    if three:
+        x, cos, sin = x[:, None], cos[:, None], sin[:, None]
+    if torch.is_grad_enabled() and x.requires_grad:
+        out = _Rotate.apply(x, cos, sin, rotary_dim, not interleaved, 1.0)
+    else:  # no graph to record: skip the autograd node's overhead (about 25 µs)
+        out = _rope(x, cos, sin, rotary_dim, not interleaved, 1.0)
+    return out[:, 0] if three else out
+
+
+__all__ = ["available", "cache_dir", "rope_rotate", "status"]

@@ -1,0 +1,162 @@
+"""The compiled one-pass RoPE kernel (posenc.native) against the rotation written out from the paper."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc import native
+from posenc.base import AttentionContext
+
+HAVE_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+needs_kernel = pytest.mark.skipif(not native.available(), reason="no compiled kernel on this machine")
+
+
+def literal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r: int, interleaved: bool) -> torch.Tensor:
+    """RoFormer eq. (34) pair by pair, in float64, with a Python loop over the pairs."""
+    x64, c, s = x.double(), cos.double(), sin.double()
+    out = x64.clone()
+    for i in range(r // 2):
+        a, b = (2 * i, 2 * i + 1) if interleaved else (i, i + r // 2)
+        out[..., a] = x64[..., a] * c[..., i] - x64[..., b] * s[..., i]
+        out[..., b] = x64[..., b] * c[..., i] + x64[..., a] * s[..., i]
+    return out
+
+
+def test_the_kernel_builds_wherever_there_is_a_compiler():
+    if not HAVE_CC:
+        pytest.skip("no C compiler on this machine")
+    assert native.available(), native.status()
+    assert "native CPU kernels: /" in native.status()
+
+
+@needs_kernel
+@settings(max_examples=80, deadline=None)
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 4),
+    n=st.integers(1, 24),
+    d=st.sampled_from([2, 6, 16, 32, 34, 64]),
+    part=st.floats(0.01, 1.0),
+    interleaved=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    layout=st.sampled_from(["contiguous", "bhld-view", "three-d"]),
+    per_row=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_equals_the_formula_and_its_gradient(b, h, n, d, part, interleaved, dtype, layout, per_row, seed):
+    g = torch.Generator().manual_seed(seed)
+    r = max(2, 2 * int(part * d / 2))
+    if layout == "bhld-view":  # what a projection gives: [B, L, H, d] seen as [B, H, L, d]
+        x = torch.randn(b, n, h, d, generator=g, dtype=dtype).transpose(1, 2)
+    elif layout == "three-d":
+        x = torch.randn(b, n, d, generator=g, dtype=dtype)
+    else:
+        x = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    ang = torch.rand(b if per_row else 1, n, r // 2, generator=g, dtype=dtype) * 50
+    if layout != "three-d":
+        ang = ang[:, None]
+    cos, sin = ang.cos(), ang.sin()
+    x = x.requires_grad_()
+    got = native.rope_rotate(x, cos, sin, r, interleaved)
+    assert got is not None
+    want = literal(x, cos, sin, r, interleaved)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.double(), want, **tol)
+    w = torch.randn(got.shape, generator=g, dtype=dtype)
+    (gx,) = torch.autograd.grad((got * w).sum(), x)
+    x64 = x.detach().double().requires_grad_()
+    (wx,) = torch.autograd.grad((literal(x64, cos, sin, r, interleaved) * w.double()).sum(), x64)
+    torch.testing.assert_close(gx.double(), wx, **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("r", [64, 32])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_tensors_streamed_and_split_over_threads(interleaved, threads, r):
+    """Past NT_BYTES the AVX-512 path writes with streaming stores; past PARALLEL_NUMEL it splits over threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(2, 512, 4, 64, generator=g).transpose(1, 2)  # 1 MiB, strided
+        assert x.numel() * 4 >= native.NT_BYTES and x.numel() >= native.PARALLEL_NUMEL
+        ang = torch.rand(1, 1, 512, 32, generator=g) * 100
+        got = native.rope_rotate(x, ang.cos(), ang.sin(), 64, interleaved)
+        torch.testing.assert_close(
+            got.double(), literal(x, ang.cos(), ang.sin(), 64, interleaved), rtol=1e-5, atol=1e-5
+        )
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_kernel
+def test_where_the_kernel_does_not_apply_it_says_so():
+    x = torch.randn(1, 2, 5, 8)
+    c, s = torch.ones(1, 1, 5, 4), torch.zeros(1, 1, 5, 4)
+    assert native.rope_rotate(x, c, s, 8, False) is not None
+    assert native.rope_rotate(x.bfloat16(), c.bfloat16(), s.bfloat16(), 8, False) is None  # dtype
+    assert native.rope_rotate(x, c.requires_grad_(), s, 8, False) is None  # learned phases
+    assert native.rope_rotate(torch.randn(1, 2, 8, 5).transpose(-1, -2), c, s, 8, False) is None  # strided last dim
+    assert native.rope_rotate(x, torch.ones(1, 1, 4, 4), torch.zeros(1, 1, 4, 4), 8, False) is None  # lengths
+    assert native.rope_rotate(x, c.detach(), s, 6, False) is None  # r / 2 != phases
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("rope", {}),
+        ("rope-interleaved", {}),
+        ("rope", {"rotary_dim": 16}),
+        ("rope-ntk", {"factor": 4.0}),
+        ("rope-yarn", {"factor": 4.0, "original_max_len": 16}),
+    ],
+)
+def test_encodings_give_the_same_numbers_with_and_without_the_kernel(name, kw, monkeypatch):
+    enc = posenc.get(name, head_dim=32, **kw)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 40, 32, generator=g, requires_grad=True)
+    k = torch.randn(2, 3, 40, 32, generator=g, requires_grad=True)
+    pos = torch.arange(40)[None]
+    w = torch.randn(2, 3, 40, 32, generator=g)
+
+    def run():
+        a, b = enc.rotate(q, k, AttentionContext(q_pos=pos, k_pos=pos, n_heads=3, head_dim=32))
+        return (a, b, *torch.autograd.grad((a * w).sum() + (b * w.flip(-1)).sum(), (q, k)))
+
+    calls = []
+    real = native._rope
+    monkeypatch.setattr(native, "_rope", lambda *a: calls.append(1) or real(*a))
+    fast = run()
+    assert calls, "the kernel was not used"
+    monkeypatch.setattr(native, "enabled", False)
+    slow = run()
+    for f, s in zip(fast, slow):
+        torch.testing.assert_close(f, s, rtol=1e-5, atol=1e-6)
+
+
+def test_without_a_compiler_rope_keeps_its_pytorch_path(tmp_path):
+    """POSENC_NATIVE=0 (or no compiler) turns the kernels off with a reason, and RoPE still rotates."""
+    code = (
+        "import torch, posenc; from posenc import native; "
+        "print(native.available()); print(native.status()); "
+        "x = torch.randn(1, 2, 3, 4, dtype=torch.float64); e = posenc.get('rope', head_dim=4); "
+        "c, s = e.cos_sin(torch.arange(3)[None]); "
+        "print(float((e(x) - torch.cat((x[..., :2]*c[:, None] - x[..., 2:]*s[:, None], "
+        "x[..., 2:]*c[:, None] + x[..., :2]*s[:, None]), -1)).abs().max()))"
+    )
+    for env in ({"POSENC_NATIVE": "0"}, {"CC": str(tmp_path / "no-such-cc"), "PATH": str(tmp_path)}):
+        full = {**os.environ, "POSENC_CACHE_DIR": str(tmp_path / "cache"), **env}
+        out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True)
+        avail, line, err = out.stdout.strip().splitlines()
+        assert avail == "False"
+        assert "off (" in line and "PyTorch ops are used instead" in line
+        assert float(err) < 1e-12

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc import ConfigError, MultiHeadAttention
+from posenc import ConfigError, MultiHeadAttention, native
 from posenc.base import AttentionContext
 from posenc.bias.fire import FIRE
 
@@ -173,10 +173,20 @@ def test_bad_settings() -> None:
         FIRE(4).bias(ctx)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["native", "torch"])
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10**6), hidden=st.integers(1, 12), zeros=st.integers(0, 3), heads=st.integers(1, 3))
-def test_piecewise_linear_form_equals_the_mlp(seed: int, hidden: int, zeros: int, heads: int) -> None:
-    """The fast bias (knots + one multiply-add per pair) == the MLP on every pair: values and every gradient."""
+def test_piecewise_linear_form_equals_the_mlp(kernel: bool, seed: int, hidden: int, zeros: int, heads: int) -> None:
+    """The fast bias (knots + one multiply-add per pair; in C or in PyTorch ops) == the MLP on every pair: values and
+    every gradient."""
+    native.enabled = kernel
+    try:
+        _check_piecewise_equals_mlp(seed, hidden, zeros, heads)
+    finally:
+        native.enabled = True
+
+
+def _check_piecewise_equals_mlp(seed: int, hidden: int, zeros: int, heads: int) -> None:
     torch.manual_seed(seed)
     enc = FIRE(heads, hidden=hidden, init_c=0.7, init_L=5.0).double()
     with torch.no_grad():

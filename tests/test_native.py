@@ -160,3 +160,63 @@ def test_without_a_compiler_rope_keeps_its_pytorch_path(tmp_path):
         assert avail == "False"
         assert "off (" in line and "PyTorch ops are used instead" in line
         assert float(err) < 1e-12
+
+
+def fire_literal(x, knots, slope, intercept):
+    """``A[s] x + B[s]`` with ``s`` = the number of knots below ``x``, by a comparison per knot (float64)."""
+    s = (x.double()[..., None] > knots.double()).sum(-1)
+    return (slope.double()[s] * x.double()[..., None] + intercept.double()[s]).movedim(-1, 0)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(0, 9),
+    heads=st.integers(1, 4),
+    shape=st.sampled_from([(1, 7, 7), (2, 5, 9), (1, 1, 1), (3, 40)]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_fire_kernel_equals_the_piecewise_formula_and_its_gradient(m, heads, shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    knots = torch.sort(torch.randn(m, generator=g, dtype=dtype)).values
+    x = torch.rand(shape, generator=g, dtype=dtype) * 4 - 2
+    if m:  # some values exactly on a knot: they take the piece to the left, as torch.searchsorted does
+        flat = x.view(-1)
+        flat[::3] = knots[torch.randint(0, m, (flat[::3].numel(),), generator=g)]
+    slope = torch.randn(m + 1, heads, generator=g, dtype=dtype, requires_grad=True)
+    intercept = torch.randn(m + 1, heads, generator=g, dtype=dtype, requires_grad=True)
+    x = x.requires_grad_()
+    got = native.fire_bias(x, knots, slope, intercept)
+    want = fire_literal(x, knots, slope, intercept)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.double(), want, **tol)
+    w = torch.randn(got.shape, generator=g, dtype=dtype)
+    grads = torch.autograd.grad((got * w).sum(), (x, slope, intercept))
+    x64, a64, b64 = (t.detach().double().requires_grad_() for t in (x, slope, intercept))
+    wants = torch.autograd.grad((fire_literal(x64, knots, a64, b64) * w.double()).sum(), (x64, a64, b64))
+    for a, b in zip(grads, wants):
+        torch.testing.assert_close(a.double(), b, **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fire_kernel_on_a_large_input_split_over_threads(threads):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(5)
+        knots = torch.sort(torch.randn(12, generator=g, dtype=torch.float64)).values
+        x = (torch.rand(1, 300, 300, generator=g, dtype=torch.float64) * 6 - 3).requires_grad_()
+        slope = torch.randn(13, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        intercept = torch.randn(13, 4, generator=g, dtype=torch.float64, requires_grad=True)
+        assert x.numel() * 4 >= native.PARALLEL_NUMEL
+        got = native.fire_bias(x, knots, slope, intercept)
+        torch.testing.assert_close(got, fire_literal(x, knots, slope, intercept), rtol=1e-12, atol=1e-12)
+        w = torch.randn(got.shape, generator=g, dtype=torch.float64)
+        grads = torch.autograd.grad((got * w).sum(), (x, slope, intercept))
+        wants = torch.autograd.grad((fire_literal(x, knots, slope, intercept) * w).sum(), (x, slope, intercept))
+        for a, b in zip(grads, wants):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    finally:
+        torch.set_num_threads(old)

@@ -138,6 +138,81 @@ void posenc_rope_f64(const double *x, double *out, const double *c, const double
     (void)n0; (void)nt;
     FOR_ROWS(double, SCALAR_ROW(double))
 }
+
+/* FIRE's MLP as the piecewise-linear function it is: for each of the n values x[p], its piece
+   g = #{knots < x[p]} (as torch.searchsorted), and out[h * n + p] = A[g * H + h] * x[p] + B[g * H + h]. */
+#define PIECE(T)                                                                                             \
+    static inline int64_t piece_##T(const T *knots, int64_t m, T v) {                                        \
+        int64_t lo = 0, hi = m; /* first knot >= v */                                                        \
+        while (lo < hi) {                                                                                    \
+            int64_t mid = (lo + hi) >> 1;                                                                    \
+            if (knots[mid] < v) lo = mid + 1; else hi = mid;                                                 \
+        }                                                                                                    \
+        return lo;                                                                                           \
+    }
+PIECE(float)
+PIECE(double)
+
+/* pairs are taken in chunks so that a chunk's pieces stay in L1 while each head is written */
+#define FIRE_CHUNK 2048
+
+#define FIRE_FORWARD(T)                                                                                      \
+    void posenc_fire_forward_##T(const T *x, const T *knots, int64_t m, const T *A, const T *B, T *out,      \
+                                 int64_t n, int64_t H, int64_t p0, int64_t p1) {                             \
+        int32_t g[FIRE_CHUNK];                                                                               \
+        for (int64_t c0 = p0; c0 < p1; c0 += FIRE_CHUNK) {                                                   \
+            const int64_t c1 = c0 + FIRE_CHUNK < p1 ? c0 + FIRE_CHUNK : p1;                                  \
+            for (int64_t p = c0; p < c1; p++) g[p - c0] = (int32_t)piece_##T(knots, m, x[p]);                \
+            for (int64_t h = 0; h < H; h++) {                                                                \
+                T *restrict o = out + h * n;                                                                 \
+                for (int64_t p = c0; p < c1; p++) {                                                          \
+                    const int64_t k = g[p - c0] * H + h;                                                     \
+                    o[p] = A[k] * x[p] + B[k];                                                               \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+FIRE_FORWARD(float)
+FIRE_FORWARD(double)
+
+/* the backward of FIRE_FORWARD for gout[h * gs + p]: dx[p] = sum_h gout * A[g, h] (written), and the sums
+   dA[g, h] += gout * x[p], dB[g, h] += gout over the pairs of piece g (accumulated in double) */
+#define FIRE_BACKWARD(T)                                                                                     \
+    void posenc_fire_backward_##T(const T *x, const T *knots, int64_t m, const T *A, const T *gout,          \
+                                  int64_t gs, T *dx, double *dA, double *dB, int64_t H, int64_t p0,          \
+                                  int64_t p1) {                                                              \
+        int32_t g[FIRE_CHUNK];                                                                               \
+        for (int64_t c0 = p0; c0 < p1; c0 += FIRE_CHUNK) {                                                   \
+            const int64_t c1 = c0 + FIRE_CHUNK < p1 ? c0 + FIRE_CHUNK : p1;                                  \
+            for (int64_t p = c0; p < c1; p++) {                                                              \
+                g[p - c0] = (int32_t)piece_##T(knots, m, x[p]);                                              \
+                dx[p] = 0;                                                                                   \
+            }                                                                                                \
+            for (int64_t h = 0; h < H; h++) {                                                                \
+                const T *restrict gr = gout + h * gs;                                                        \
+                /* runs of one piece are long (x is monotone along a row): sum a run, then flush it */       \
+                int32_t cur = g[0];                                                                          \
+                double sa = 0, sb = 0;                                                                       \
+                for (int64_t p = c0; p < c1; p++) {                                                          \
+                    const int32_t gp = g[p - c0];                                                            \
+                    if (gp != cur) {                                                                         \
+                        dA[cur * H + h] += sa;                                                               \
+                        dB[cur * H + h] += sb;                                                               \
+                        sa = sb = 0;                                                                         \
+                        cur = gp;                                                                            \
+                    }                                                                                        \
+                    const T gv = gr[p];                                                                      \
+                    sa += (double)(gv * x[p]);                                                               \
+                    sb += (double)gv;                                                                        \
+                    dx[p] += gv * A[gp * H + h];                                                             \
+                }                                                                                            \
+                dA[cur * H + h] += sa;                                                                       \
+                dB[cur * H + h] += sb;                                                                       \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+FIRE_BACKWARD(float)
+FIRE_BACKWARD(double)
 """
 
 # outputs at least this large are written with non-temporal stores (about an L2 cache: smaller ones stay in cache)
@@ -213,6 +288,13 @@ def _build() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype = None
         fn.argtypes = [ptr] * 4 + [i64] * 13 + [ctypes.c_int, real, ctypes.c_int]
+    for t in ("float", "double"):
+        fwd = getattr(lib, f"posenc_fire_forward_{t}")
+        fwd.restype = None
+        fwd.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64]
+        bwd = getattr(lib, f"posenc_fire_backward_{t}")
+        bwd.restype = None
+        bwd.argtypes = [ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
     _state["path"] = str(lib_path)
     return lib
 
@@ -330,4 +412,83 @@ def rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, interleave
     return out[:, 0] if three else out
 
 
-__all__ = ["available", "cache_dir", "rope_rotate", "status"]
+def _split(n: int, numel: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in one range, or one per thread where the work (``numel``) is large."""
+    k = torch.get_num_threads() if numel >= PARALLEL_NUMEL else 1
+    step = -(-n // max(1, k))
+    return [(a, min(n, a + step)) for a in range(0, n, max(1, step))]
+
+
+def _run(calls: list) -> None:
+    """Run ``(fn, *args)`` calls, on the thread pool when there are several (ctypes releases the GIL)."""
+    if len(calls) == 1:
+        fn, *args = calls[0]
+        fn(*args)
+        return
+    pool = _threads()
+    for job in [pool.submit(*c) for c in calls]:
+        job.result()
+
+
+class _FireBias(torch.autograd.Function):
+    """``out[h, p] = A[g_p, h] x_p + B[g_p, h]`` with ``g_p`` the piece of ``x_p`` among the sorted knots."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Tensor:  # type: ignore[override]
+        lib = _lib()
+        assert lib is not None
+        x, knots = x.contiguous(), knots.contiguous()
+        a, b = slope.contiguous(), intercept.contiguous()
+        n, heads = x.numel(), a.shape[1]
+        out = torch.empty((heads, *x.shape), dtype=x.dtype)
+        fn = getattr(lib, f"posenc_fire_forward_{_CTYPE[x.dtype]}")
+        args = (x.data_ptr(), knots.data_ptr(), knots.numel(), a.data_ptr(), b.data_ptr(), out.data_ptr(), n, heads)
+        _run([(fn, *args, p0, p1) for p0, p1 in _split(n, n * heads)])
+        ctx.save_for_backward(x, knots, a)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout: Tensor):  # type: ignore[override]
+        x, knots, a = ctx.saved_tensors
+        lib = _lib()
+        assert lib is not None
+        n, heads = x.numel(), a.shape[1]
+        g = gout.reshape(heads, n)
+        if g.stride(1) != 1:
+            g = g.contiguous()
+        dx = torch.empty_like(x)
+        parts = _split(n, n * heads)
+        da = torch.zeros((len(parts), *a.shape), dtype=torch.float64)
+        db = torch.zeros((len(parts), *a.shape), dtype=torch.float64)
+        fn = getattr(lib, f"posenc_fire_backward_{_CTYPE[x.dtype]}")
+        head = (x.data_ptr(), knots.data_ptr(), knots.numel(), a.data_ptr(), g.data_ptr(), g.stride(0), dx.data_ptr())
+        _run([(fn, *head, da[i].data_ptr(), db[i].data_ptr(), heads, p0, p1) for i, (p0, p1) in enumerate(parts)])
+        return dx, None, da.sum(0).to(a.dtype), db.sum(0).to(a.dtype)
+
+
+_CTYPE = {torch.float32: "float", torch.float64: "double"}
+
+
+def fire_bias(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Tensor | None:
+    r"""FIRE's bias from its MLP in piecewise-linear form, in one pass: ``[H, *x.shape]``.
+
+    .. math::
+        b_h(x) = A_{s(x), h}\, x + B_{s(x), h}, \qquad s(x) = \#\{	ext{knots} < x\}
+
+    (``knots [m]`` sorted, ``slope`` ``A`` and ``intercept`` ``B`` ``[m + 1, H]``; see
+    :meth:`posenc.bias.fire.FIRE.piecewise_linear`). The backward gives ``∂x``, ``∂A`` and ``∂B`` in one pass
+    over the pairs (sums over a piece's pairs accumulate in float64). Returns ``None`` where the kernel does not
+    apply (no compiled kernel, not CPU, mixed or other dtypes, ``torch.compile`` tracing): the caller keeps
+    its PyTorch form.
+    """
+    if not enabled or torch.compiler.is_compiling() or _lib() is None:
+        return None
+    ts = (x, knots, slope, intercept)
+    if any(t.device.type != "cpu" or t.dtype != x.dtype for t in ts) or x.dtype not in _CTYPE:
+        return None
+    if knots.dim() != 1 or slope.shape != intercept.shape or slope.shape[0] != knots.numel() + 1:
+        return None
+    return _FireBias.apply(x, knots, slope, intercept)
+
+
+__all__ = ["available", "cache_dir", "fire_bias", "rope_rotate", "status"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .. import native
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
@@ -123,6 +124,9 @@ class FIRE(PositionalEncoding):
         if ctx.reference or torch.compiler.is_compiling() or not self._is_relu_mlp():
             return self.mlp(x[..., None]).permute(0, 3, 1, 2)  # [B, H, Lq, Lk]: the MLP on every pair
         knots, slope, intercept = self.piecewise_linear()
+        fast = native.fire_bias(x, knots.to(x.dtype), slope.to(x.dtype), intercept.to(x.dtype))
+        if fast is not None:  # one pass in C: [H, B, Lq, Lk]
+            return fast.transpose(0, 1)
         seg = torch.searchsorted(knots, x.detach().contiguous())  # the linear piece of every pair
         # [H, B, Lq, Lk] -> [B, H, Lq, Lk] (a free transpose for B = 1)
         return (slope.t()[:, seg] * x + intercept.t()[:, seg]).transpose(0, 1)

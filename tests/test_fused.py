@@ -156,16 +156,21 @@ def leaves(form: RelativeForm, v: torch.Tensor) -> list[torch.Tensor]:
     block=st.sampled_from([1, 2**10, 2**20]),
     ratio=st.sampled_from([0.25, 1.0]),
     compact=st.booleans(),
+    save=st.sampled_from([0, 2**40]),
 )
-def test_kernel_equals_the_formula(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask, block, ratio, compact):
-    """Random shapes (Lk > Lq as with memory, Lk < Lq as in cross-attention), every term and mask, 16-row blocks."""
+def test_kernel_equals_the_formula(
+    seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask, block, ratio, compact, save
+):
+    """Random shapes (Lk > Lq as with memory, Lk < Lq as in cross-attention), every term and mask, 16-row blocks,
+    probabilities kept for the backward or recomputed there."""
     form, v, allowed = random_case(seed, b, h, lq, lk, d, nq, nk, values, seg, shared, mask, compact)
-    old = fused.BLOCK_BYTES, fused.CHUNK_RATIO
-    fused.BLOCK_BYTES, fused.CHUNK_RATIO = block, ratio  # 1 byte: blocks of 16 rows, key chunks of 16 or 4
+    old = fused.BLOCK_BYTES, fused.CHUNK_RATIO, fused.SAVE_BYTES
+    # 1 byte: blocks of 16 rows, key chunks of 16 or 4
+    fused.BLOCK_BYTES, fused.CHUNK_RATIO, fused.SAVE_BYTES = block, ratio, save
     try:
         got = relative_attention(form, v, 0.37, allowed)
     finally:
-        fused.BLOCK_BYTES, fused.CHUNK_RATIO = old
+        fused.BLOCK_BYTES, fused.CHUNK_RATIO, fused.SAVE_BYTES = old
     want = literal(form, v, 0.37, allowed)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     weight = torch.randn(got.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
@@ -173,15 +178,17 @@ def test_kernel_equals_the_formula(seed, b, h, lq, lk, d, nq, nk, values, seg, s
     try:
         g_got = torch.autograd.grad((got * weight).sum(), leaves(form, v))
     finally:
-        fused.BLOCK_BYTES, fused.CHUNK_RATIO = old
+        fused.BLOCK_BYTES, fused.CHUNK_RATIO = old[:2]
     g_want = torch.autograd.grad((want * weight).sum(), leaves(form, v))
     for x, y in zip(g_got, g_want):
         torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-11)
 
 
 def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
-    """Forward and backward: no tensor as large as [B, H, Lq, Lk] (the blocks are [b, Lk] per head)."""
+    """Past SAVE_BYTES, forward and backward: no tensor as large as [B, H, Lq, Lk] (the blocks are [b, Lk] per
+    head)."""
     monkeypatch.setattr(fused, "BLOCK_BYTES", 1)  # 16-row blocks
+    monkeypatch.setattr(fused, "SAVE_BYTES", 0)
     b, h, lq, lk, d = 2, 2, 64, 64, 4
     form, v, allowed = random_case(0, b, h, lq, lk, d, 1, 1, True, True, False, "padding")
     with NewTensors() as rec:
@@ -190,6 +197,33 @@ def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
     biggest = max(torch.Size(s).numel() for s in rec.shapes)
     assert biggest < lq * lk  # smaller than the scores of even one head
     assert form.q.grad is not None and form.value_table is not None and form.value_table.grad is not None
+
+
+def test_kept_probabilities_spare_the_backward_every_score(monkeypatch):
+    """Within SAVE_BYTES the forward keeps one [Lq, Lk] tensor of probabilities per head and the backward computes
+    no score again (no q·kᵀ product), with the same gradients as when it recomputes them."""
+    b, h, lq, lk, d = 2, 2, 24, 30, 4
+    form, v, allowed = random_case(3, b, h, lq, lk, d, 1, 1, True, True, False, "causal")
+    weight = torch.randn(b, h, lq, d, dtype=F64)
+    real_mm = torch.mm
+    grads, counts = [], []
+    for save in (0, 2**40):
+        monkeypatch.setattr(fused, "SAVE_BYTES", save)
+        out = relative_attention(form, v, 0.5, allowed)
+        shapes: list[tuple] = []
+
+        def mm(a, b_, shapes=shapes, **kw):
+            shapes.append((tuple(a.shape), tuple(b_.shape)))
+            return real_mm(a, b_, **kw)
+
+        monkeypatch.setattr(torch, "mm", mm)
+        grads.append(torch.autograd.grad((out * weight).sum(), leaves(form, v)))
+        monkeypatch.setattr(torch, "mm", real_mm)
+        # [Lq, d] x [d, Lk] per head (one block): q kᵀ when recomputing, and dO vᵀ always
+        counts.append(shapes.count(((lq, d), (d, lk))))
+    assert counts == [2 * b * h, b * h]
+    for x, y in zip(*grads):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)
 
 
 def test_kernel_rejects_mismatched_tables():

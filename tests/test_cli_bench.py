@@ -178,3 +178,13 @@ def test_cli_bench_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| 1 | " in out and "rope" in out and "finished in" in out
     assert (tmp_path / "report.html").exists() and (tmp_path / "accuracy_vs_length.png").exists()
+
+
+def test_info_says_whether_the_compiled_kernels_are_used(capsys):
+    from posenc import native
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("posenc ") and "threads" in out
+    assert native.status() in out
+    assert ("native CPU kernels: /" in out) == native.available()

@@ -220,3 +220,11 @@ def test_fire_kernel_on_a_large_input_split_over_threads(threads):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path):
+    code = "from posenc import native; print(native.status())"
+    env = {**os.environ, "POSENC_CACHE_DIR": "/proc/posenc-cannot-write-here", "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith(f"native CPU kernels: {tmp_path}/posenc-")

@@ -1,4 +1,4 @@
-"""The ``posenc`` command line: ``list``, ``bench``, ``inspect``."""
+"""The ``posenc`` command line: ``list``, ``bench``, ``inspect``, ``info``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ examples:
   posenc bench --list-suites          the paper reproductions (alibi, tener, chomsky ...)
   posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
   posenc inspect rope                 measured properties and pictures of one encoding
+  posenc info                         versions, threads, and whether the compiled CPU kernels are in use
 """
 
 
@@ -55,6 +56,20 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_info(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    from . import native
+
+    print(f"posenc {__version__}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}")
+    print(f"encodings: {len(available())}")
+    print(native.status())  # builds the kernels on first use (well under a second)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="posenc",
@@ -69,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--markdown", action="store_true", help="print a Markdown table (name, family, paper, reference)")
     pl.add_argument("--family", choices=["none", "absolute", "rotary", "relative", "bias"], help="only this family")
     pl.set_defaults(func=_cmd_list)
+
+    pi = sub.add_parser(
+        "info",
+        help="versions, threads, and whether the compiled CPU kernels are in use",
+        description="Print posenc's and torch's versions, the thread count, and the state of posenc.native "
+        "(the compiled one-pass CPU kernels: where they were built, or why PyTorch ops are used instead).",
+    )
+    pi.set_defaults(func=_cmd_info)
 
     from .bench import cli as bench_cli
 

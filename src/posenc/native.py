@@ -266,11 +266,16 @@ def _build() -> ctypes.CDLL | None:
         _state["error"] = "no C compiler (cc, gcc or clang) on PATH"
         return None
     key = hashlib.sha256("\n".join([_SOURCE, cc, *_FLAGS, _cpu_tag(), platform.machine()]).encode()).hexdigest()
-    lib_path = cache_dir() / f"native-{key[:16]}.so"
-    if not lib_path.exists():
+    name = f"native-{key[:16]}.so"
+    errors = []
+    # the cache directory, else a private one under the temporary directory (a read-only home)
+    for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"posenc-{os.getuid() if hasattr(os, 'getuid') else 0}"):
+        lib_path = folder / name
+        if lib_path.exists():
+            break
         try:
-            lib_path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=lib_path.parent) as tmp:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 src = Path(tmp) / "posenc_native.c"
                 src.write_text(_SOURCE)
                 so = Path(tmp) / "posenc_native.so"
@@ -279,9 +284,12 @@ def _build() -> ctypes.CDLL | None:
                     _state["error"] = f"{cc} failed: {res.stderr.strip()[:500]}"
                     return None
                 os.replace(so, lib_path)  # atomic: a concurrent process loads the old file or the new one
+            break
         except OSError as exc:
-            _state["error"] = f"could not build in {lib_path.parent}: {exc}"
-            return None
+            errors.append(f"could not build in {folder}: {exc}")
+    else:
+        _state["error"] = "; ".join(errors)
+        return None
     lib = ctypes.CDLL(str(lib_path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name, real in (("posenc_rope_f32", ctypes.c_float), ("posenc_rope_f64", ctypes.c_double)):

@@ -80,8 +80,10 @@ def test_kernel_equals_the_formula_and_its_gradient(b, h, n, d, part, interleave
 @pytest.mark.parametrize("r", [64, 32])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_large_tensors_streamed_and_split_over_threads(interleaved, threads, r):
-    """Past NT_BYTES the AVX-512 path writes with streaming stores; past PARALLEL_NUMEL it splits over threads."""
+def test_large_tensors_streamed_and_split_over_threads(interleaved, threads, r, monkeypatch):
+    """Past NT_BYTES the AVX-512 path writes with streaming stores; past PARALLEL_NUMEL it splits over threads;
+    past POPULATE_BYTES (lowered here) the output's pages are mapped first with madvise."""
+    monkeypatch.setattr(native, "POPULATE_BYTES", 1 if threads == 2 else 2**40)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -228,3 +230,15 @@ def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path):
     env = {**os.environ, "POSENC_CACHE_DIR": "/proc/posenc-cannot-write-here", "TMPDIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().startswith(f"native CPU kernels: {tmp_path}/posenc-")
+
+
+@needs_kernel
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_kernel_twice_differentiable(interleaved):
+    """The backward is itself a rotation (by -θ), so gradients of gradients work (gradgradcheck, float64)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    ang = torch.rand(1, 1, 5, 3, generator=g, dtype=torch.float64) * 10
+    c, s = ang.cos(), ang.sin()
+    assert torch.autograd.gradcheck(lambda t: native.rope_rotate(t, c, s, 6, interleaved), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: native.rope_rotate(t, c, s, 6, interleaved), (x,))

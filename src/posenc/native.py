@@ -34,7 +34,9 @@ import torch
 from torch import Tensor
 
 _SOURCE = r"""
+#define _DEFAULT_SOURCE
 #include <stdint.h>
+#include <sys/mman.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -139,6 +141,23 @@ void posenc_rope_f64(const double *x, double *out, const double *c, const double
     FOR_ROWS(double, SCALAR_ROW(double))
 }
 
+/* Map the pages of a fresh output in one call (Linux >= 5.14) rather than one page fault per 4 KiB page as the
+   kernel first writes them; memory the allocator already used is left as it is. Returns madvise's result. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+int posenc_populate(void *p, int64_t bytes) {
+#if defined(__linux__)
+    const uintptr_t page = 4096, a = (uintptr_t)p;
+    const uintptr_t start = (a + page - 1) & ~(page - 1), end = (a + (uintptr_t)bytes) & ~(page - 1);
+    if (end <= start) return 0;
+    return madvise((void *)start, end - start, MADV_POPULATE_WRITE);
+#else
+    (void)p; (void)bytes;
+    return -1;
+#endif
+}
+
 /* FIRE's MLP as the piecewise-linear function it is: for each of the n values x[p], its piece
    g = #{knots < x[p]} (as torch.searchsorted), and out[h * n + p] = A[g * H + h] * x[p] + B[g * H + h]. */
 #define PIECE(T)                                                                                             \
@@ -217,6 +236,8 @@ FIRE_BACKWARD(double)
 
 # outputs at least this large are written with non-temporal stores (about an L2 cache: smaller ones stay in cache)
 NT_BYTES = 1 << 20
+# outputs at least this large (glibc's largest mmap threshold) get their pages mapped in one madvise call
+POPULATE_BYTES = 32 << 20
 # tensors with at least this many elements are split over torch.get_num_threads() threads
 PARALLEL_NUMEL = 1 << 18
 
@@ -303,6 +324,8 @@ def _build() -> ctypes.CDLL | None:
         bwd = getattr(lib, f"posenc_fire_backward_{t}")
         bwd.restype = None
         bwd.argtypes = [ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
+    lib.posenc_populate.restype = ctypes.c_int
+    lib.posenc_populate.argtypes = [ptr, i64]
     _state["path"] = str(lib_path)
     return lib
 
@@ -352,7 +375,10 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, half: bool, sign
     out = torch.empty(shape, dtype=x.dtype)
     rows = n0 * n1 * n2
     numel = rows * d
-    nt = int(numel * x.element_size() >= NT_BYTES)
+    nbytes = numel * x.element_size()
+    nt = int(nbytes >= NT_BYTES)
+    if nbytes >= POPULATE_BYTES:  # likely fresh pages from mmap: map them in one call, not a fault per page
+        lib.posenc_populate(out.data_ptr(), nbytes)
     fn = lib.posenc_rope_f32 if x.dtype == torch.float32 else lib.posenc_rope_f64
     head = (x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n0, n1, n2, d, rotary_dim, *xs, *cs)
     n_threads = torch.get_num_threads() if numel >= PARALLEL_NUMEL else 1
@@ -381,7 +407,11 @@ class _Rotate(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         rotary_dim, half, sign = ctx.args
         g = grad if grad.stride(-1) == 1 else grad.contiguous()
-        return _Rotate.apply(g, cos, sin, rotary_dim, half, -sign), None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: the backward itself is differentiated
+            dx = _Rotate.apply(g, cos, sin, rotary_dim, half, -sign)
+        else:
+            dx = _rope(g, cos, sin, rotary_dim, half, -sign)
+        return dx, None, None, None, None, None
 
 
 def rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, interleaved: bool) -> Tensor | None:

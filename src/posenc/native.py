@@ -100,8 +100,9 @@ _SOURCE = r"""
             __m512 xv = _mm512_loadu_ps(xr + 2 * i);                                                         \
             __m512 cc = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cr + i)));         \
             __m512 ss = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sr + i)));         \
-            STORE(o + 2 * i, _mm512_fmadd_ps(xv, cc, _mm512_mul_ps(_mm512_permute_ps(xv, 0xB1),              \
-                                                                     _mm512_mul_ps(ss, alt))));              \
+            __m512 sw = _mm512_mul_ps(_mm512_permute_ps(xv, 0xB1), ss); /* (x_odd s, x_even s) */            \
+            /* even lanes x c -/+ sw, odd lanes x c +/- sw: the sign of the rotation picks which */            \
+            STORE(o + 2 * i, back ? _mm512_fmsubadd_ps(xv, cc, sw) : _mm512_fmaddsub_ps(xv, cc, sw));        \
         }                                                                                                    \
         for (int64_t j = r; j < d; j++) o[j] = xr[j];                                                        \
     } while (0)
@@ -122,7 +123,7 @@ void posenc_rope_f32(const float *x, float *out, const float *c, const float *s,
             else { FOR_ROWS(float, HALF_ROW(h)) }
         } else {
             const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-            const __m512 alt = _mm512_mul_ps(sg, _mm512_set_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1));
+            const int back = sign < 0;
             if (h == 32) { FOR_ROWS(float, PAIR_ROW(32)) }
             else { FOR_ROWS(float, PAIR_ROW(h)) }
         }

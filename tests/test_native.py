@@ -90,11 +90,16 @@ def test_large_tensors_streamed_and_split_over_threads(interleaved, threads, r, 
         g = torch.Generator().manual_seed(1)
         x = torch.randn(2, 512, 4, 64, generator=g).transpose(1, 2)  # 1 MiB, strided
         assert x.numel() * 4 >= native.NT_BYTES and x.numel() >= native.PARALLEL_NUMEL
-        ang = torch.rand(1, 1, 512, 32, generator=g) * 100
-        got = native.rope_rotate(x, ang.cos(), ang.sin(), 64, interleaved)
-        torch.testing.assert_close(
-            got.double(), literal(x, ang.cos(), ang.sin(), 64, interleaved), rtol=1e-5, atol=1e-5
-        )
+        ang = torch.rand(1, 1, 512, r // 2, generator=g) * 100
+        x = x.requires_grad_()
+        got = native.rope_rotate(x, ang.cos(), ang.sin(), r, interleaved)
+        want = literal(x, ang.cos(), ang.sin(), r, interleaved)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        w = torch.randn(got.shape, generator=g)
+        (gx,) = torch.autograd.grad((got * w).sum(), x)  # the backward: the same kernel rotating by -θ
+        x64 = x.detach().double().requires_grad_()
+        (wx,) = torch.autograd.grad((literal(x64, ang.cos(), ang.sin(), r, interleaved) * w.double()).sum(), x64)
+        torch.testing.assert_close(gx.double(), wx, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(old)
 

@@ -247,3 +247,23 @@ def test_rope_kernel_twice_differentiable(interleaved):
     c, s = ang.cos(), ang.sin()
     assert torch.autograd.gradcheck(lambda t: native.rope_rotate(t, c, s, 6, interleaved), (x,))
     assert torch.autograd.gradgradcheck(lambda t: native.rope_rotate(t, c, s, 6, interleaved), (x,))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_the_thread_pool_is_remade_in_a_forked_child():
+    """A child forked after the parent used the pool gets its own (the parent's worker threads do not exist there;
+    submitting to the inherited pool would wait forever)."""
+    import multiprocessing as mp
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert native._threads().submit(sum, [1, 2]).result(timeout=10) == 3  # the parent's pool, with idle workers
+        with mp.get_context("fork").Pool(1) as pool:
+            assert pool.apply_async(_submit_in_child).get(timeout=60) == 3
+    finally:
+        torch.set_num_threads(old)
+
+
+def _submit_in_child():
+    return native._threads().submit(sum, [1, 2]).result(timeout=10)

@@ -356,11 +356,15 @@ def status() -> str:
 _pool: ThreadPoolExecutor | None = None
 
 
+_pool_pid = 0
+
+
 def _threads() -> ThreadPoolExecutor:
-    global _pool
+    global _pool, _pool_pid
     n = torch.get_num_threads()
-    if _pool is None or _pool._max_workers != n:  # noqa: SLF001 (resize with torch's thread setting)
-        _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="posenc-native")
+    # a new pool when torch's thread count changed, or in a forked child (its parent's worker threads are gone)
+    if _pool is None or _pool._max_workers != n or _pool_pid != os.getpid():  # noqa: SLF001
+        _pool, _pool_pid = ThreadPoolExecutor(max_workers=n, thread_name_prefix="posenc-native"), os.getpid()
     return _pool
 
 

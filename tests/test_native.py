@@ -151,7 +151,7 @@ def test_encodings_give_the_same_numbers_with_and_without_the_kernel(name, kw, m
 
 
 def test_without_a_compiler_rope_keeps_its_pytorch_path(tmp_path):
-    """POSENC_NATIVE=0 (or no compiler) turns the kernels off with a reason, and RoPE still rotates."""
+    """POSENC_NATIVE=0, no compiler or a failing build turn the kernels off with a reason; RoPE still rotates."""
     code = (
         "import torch, posenc; from posenc import native; "
         "print(native.available()); print(native.status()); "
@@ -160,7 +160,11 @@ def test_without_a_compiler_rope_keeps_its_pytorch_path(tmp_path):
         "print(float((e(x) - torch.cat((x[..., :2]*c[:, None] - x[..., 2:]*s[:, None], "
         "x[..., 2:]*c[:, None] + x[..., :2]*s[:, None]), -1)).abs().max()))"
     )
-    for env in ({"POSENC_NATIVE": "0"}, {"CC": str(tmp_path / "no-such-cc"), "PATH": str(tmp_path)}):
+    # disabled; no compiler at all; a compiler that fails (`false` exits 1)
+    envs = [{"POSENC_NATIVE": "0"}, {"CC": str(tmp_path / "no-such-cc"), "PATH": str(tmp_path)}]
+    if shutil.which("false"):
+        envs.append({"CC": "false"})
+    for env in envs:
         full = {**os.environ, "POSENC_CACHE_DIR": str(tmp_path / "cache"), **env}
         out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True)
         avail, line, err = out.stdout.strip().splitlines()

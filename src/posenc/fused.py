@@ -48,8 +48,8 @@ from torch import Tensor
 BLOCK_BYTES = 2 * 2**20
 # key chunk width of a key term, as a fraction of the block height (tiles of c × (c + b - 1) per product)
 CHUNK_RATIO = 0.25
-# the forward keeps the probabilities [B, H, Lq, Lk] for the backward when they take at most this many bytes
-# (the backward then skips recomputing every score: ~20% of the work); larger ones are recomputed block by block
+# the forward keeps the probabilities (B·H tensors of [Lq, Lk]) for the backward when they take at most this many
+# bytes (the backward then skips recomputing every score: ~20% of the work); larger ones are recomputed per block
 SAVE_BYTES = 1 << 30
 
 
@@ -285,7 +285,7 @@ class _RelativeAttention(torch.autograd.Function):
                 ph = probs[bi * plan.h + hi] if keep else None
                 for r0, r1 in plan.blocks:
                     # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
-                    # (masked keys, far ALiBi/KERPLE-like terms); the backward recomputes the same softmax
+                    # (masked keys, far ALiBi/KERPLE-like terms); kept in ph for the backward, or recomputed there
                     s = w_.scores(bi, hi, r0, r1, key_rows)
                     s = torch.softmax(s, dim=-1, out=ph[r0:r1]) if ph is not None else torch.softmax(s, dim=-1)
                     o = out[bi, hi, r0:r1]

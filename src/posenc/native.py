@@ -303,7 +303,8 @@ def _build() -> ctypes.CDLL | None:
                 so = Path(tmp) / "posenc_native.so"
                 res = subprocess.run([cc, *_FLAGS, "-o", str(so), str(src)], capture_output=True, text=True)
                 if res.returncode:
-                    _state["error"] = f"{cc} failed: {res.stderr.strip()[:500]}"
+                    why = res.stderr.strip()[:500] or "no message"
+                    _state["error"] = f"{cc} exited with status {res.returncode} building the kernels: {why}"
                     return None
                 os.replace(so, lib_path)  # atomic: a concurrent process loads the old file or the new one
             break
@@ -354,8 +355,6 @@ def status() -> str:
 
 
 _pool: ThreadPoolExecutor | None = None
-
-
 _pool_pid = 0
 
 
@@ -366,6 +365,24 @@ def _threads() -> ThreadPoolExecutor:
     if _pool is None or _pool._max_workers != n or _pool_pid != os.getpid():  # noqa: SLF001
         _pool, _pool_pid = ThreadPoolExecutor(max_workers=n, thread_name_prefix="posenc-native"), os.getpid()
     return _pool
+
+
+def _split(n: int, numel: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in one range, or one per thread where the work (``numel``) is large."""
+    k = torch.get_num_threads() if numel >= PARALLEL_NUMEL else 1
+    step = -(-n // max(1, k))
+    return [(a, min(n, a + step)) for a in range(0, n, max(1, step))]
+
+
+def _run(calls: list) -> None:
+    """Run ``(fn, *args)`` calls, on the thread pool when there are several (ctypes releases the GIL)."""
+    if len(calls) == 1:
+        fn, *args = calls[0]
+        fn(*args)
+        return
+    pool = _threads()
+    for job in [pool.submit(*c) for c in calls]:
+        job.result()
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, half: bool, sign: float) -> Tensor:
@@ -386,15 +403,7 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, half: bool, sign
         lib.posenc_populate(out.data_ptr(), nbytes)
     fn = lib.posenc_rope_f32 if x.dtype == torch.float32 else lib.posenc_rope_f64
     head = (x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), n0, n1, n2, d, rotary_dim, *xs, *cs)
-    n_threads = torch.get_num_threads() if numel >= PARALLEL_NUMEL else 1
-    if n_threads > 1:
-        step = -(-rows // n_threads)
-        pool = _threads()
-        jobs = [pool.submit(fn, *head, r0, min(rows, r0 + step), int(half), sign, nt) for r0 in range(0, rows, step)]
-        for j in jobs:
-            j.result()
-    else:
-        fn(*head, 0, rows, int(half), sign, nt)
+    _run([(fn, *head, r0, r1, int(half), sign, nt) for r0, r1 in _split(rows, numel)])
     return out
 
 
@@ -453,24 +462,6 @@ def rope_rotate(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, interleave
     else:  # no graph to record: skip the autograd node's overhead (about 25 µs)
         out = _rope(x, cos, sin, rotary_dim, not interleaved, 1.0)
     return out[:, 0] if three else out
-
-
-def _split(n: int, numel: int) -> list[tuple[int, int]]:
-    """``[0, n)`` in one range, or one per thread where the work (``numel``) is large."""
-    k = torch.get_num_threads() if numel >= PARALLEL_NUMEL else 1
-    step = -(-n // max(1, k))
-    return [(a, min(n, a + step)) for a in range(0, n, max(1, step))]
-
-
-def _run(calls: list) -> None:
-    """Run ``(fn, *args)`` calls, on the thread pool when there are several (ctypes releases the GIL)."""
-    if len(calls) == 1:
-        fn, *args = calls[0]
-        fn(*args)
-        return
-    pool = _threads()
-    for job in [pool.submit(*c) for c in calls]:
-        job.result()
 
 
 class _FireBias(torch.autograd.Function):

@@ -25,20 +25,32 @@ one block of query rows at a time and never holds a ``[B, H, Lq, Lk]`` tensor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionContext, PositionalEncoding, as_position_rows, check_positions
+from .base import (
+    AttentionContext,
+    PositionalEncoding,
+    as_position_rows,
+    check_positions,
+    contiguous_positions,
+    mark_arange,
+)
 from .errors import ConfigError, PositionError
-from .fused import relative_attention
+from .fused import RelativeForm, relative_attention
 
 PATHS = ("auto", "fast", "reference")
 
-# ctx.cache key: ``(q_pos, k_pos)`` that this attention made with ``arange`` (so contiguous without a check;
-# relative encodings then skew without reading the positions, which torch.compile could not trace)
-ARANGE_POSITIONS = "posenc:arange-positions"
+# the kernels an attention call may take (Plan.kernel), what each computes
+KERNELS = {
+    "sdpa": "torch's scaled_dot_product_attention (the flash kernel where there is no float mask)",
+    "biased-sdpa": "flash forward with the bias as a constant mask; a blocked backward gives the bias its gradient",
+    "blocked": "posenc.fused.relative_attention: row-blocked, offset tables skewed in place, no [B, H, Lq, Lk] tensor",
+    "materialised": "the logits as one [B, H, Lq, Lk] tensor, softmax, then the values (the formula as written)",
+}
 
 
 # bytes of one block of scores in the backward of :class:`_BiasedSDPA` (about an L2 cache)
@@ -59,13 +71,13 @@ class _BiasedSDPA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool = False) -> Tensor:  # type: ignore[override]
         bias = bias.contiguous()  # a permuted bias (e.g. [L, L, H] -> [1, H, L, L]) is read 1 + B times below
         out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=bias, scale=scale
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
         )
         ctx.save_for_backward(q, k, v, bias, out)
-        ctx.scale = scale
+        ctx.scale, ctx.causal = scale, causal
         return out
 
     @staticmethod
@@ -75,7 +87,8 @@ class _BiasedSDPA(torch.autograd.Function):
         b, h, lq, _ = q.shape
         lk = k.shape[2]
         bb_n, bh_n = bias.shape[0], bias.shape[1]
-        full = bb_n == b and bh_n == h  # one bias entry per (batch, head): written, not accumulated
+        causal = ctx.causal  # (Lq == Lk) query i sees keys 0 .. i: a block of rows skips the keys past its diagonal
+        full = bb_n == b and bh_n == h and not causal  # one bias entry per (batch, head): written, not accumulated
         acc = torch.promote_types(q.dtype, torch.float32)
         delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
         dout = dout.contiguous()  # q, k, v stay the (strided) views they are: BLAS reads rows of any stride
@@ -92,20 +105,29 @@ class _BiasedSDPA(torch.autograd.Function):
                 dkh, dvh = dk[bi, hi], dv[bi, hi]
                 for r0 in range(0, lq, rows):
                     r1 = min(lq, r0 + rows)
+                    ke = r1 if causal else lk
                     # the probabilities of these query rows: softmax of the recomputed scores (equal to
                     # exp(s - lse), but its vectorised exp is ~10x faster where a bias makes scores underflow)
-                    p = torch.softmax(torch.addmm(bias[bb, hb, r0:r1], qh[r0:r1], kt, alpha=scale), dim=-1)
-                    dvh.addmm_(p.t(), doh[r0:r1])
-                    ds = torch.mm(doh[r0:r1], vt)
+                    s = torch.addmm(bias[bb, hb, r0:r1, :ke], qh[r0:r1], kt[:, :ke], alpha=scale)
+                    if causal:  # the block's own diagonal square: query r0 + i sees keys up to r0 + i
+                        s[:, r0:].masked_fill_(_upper(r1 - r0, s.device), float("-inf"))
+                    p = torch.softmax(s, dim=-1)
+                    dvh[:ke].addmm_(p.t(), doh[r0:r1])
+                    ds = torch.mm(doh[r0:r1], vt[:, :ke])
                     ds.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
                     if full:
                         dbias[bb, hb, r0:r1] = ds
                     else:
-                        dbias[bb, hb, r0:r1] += ds
+                        dbias[bb, hb, r0:r1, :ke] += ds
                     # dq = dS k·s, dk = dSᵀ q·s: the scale goes on the thin results (no scaled copies of q, k)
-                    torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
-                    dkh.addmm_(ds.t(), qh[r0:r1], alpha=scale)
-        return dq, dk, dv, dbias, None
+                    torch.mm(ds, kh[:ke], out=dq[bi, hi, r0:r1]).mul_(scale)
+                    dkh[:ke].addmm_(ds.t(), qh[r0:r1], alpha=scale)
+        return dq, dk, dv, dbias, None, None
+
+
+def _upper(n: int, device: torch.device) -> Tensor:
+    """``[n, n]``, ``True`` above the diagonal (the keys a causal row may not see)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
 def _use_biased_sdpa(q: Tensor, mask: Tensor | None, p_drop: float, is_causal: bool) -> bool:
@@ -198,21 +220,109 @@ def build_mask(
     return out
 
 
+@dataclass(frozen=True)
+class Plan:
+    """Which kernel one attention call takes, and why (:meth:`MultiHeadAttention.plan`).
+
+    Attributes:
+        kernel: one of :data:`KERNELS`.
+        reason: the rule of :func:`choose_kernel` that picked it, in words.
+        contiguous: whether the positions are ``start + arange`` per row with one key-minus-query start (the skew,
+            Toeplitz and blocked forms apply) rather than arbitrary (gather forms).
+        terms: what the encoding adds to the logits on this call: ``"form"`` (offset tables for the blocked
+            kernel), ``"logits"`` and/or ``"bias"`` (tensors), or nothing.
+        dropout: the attention dropout applied on this call.
+    """
+
+    kernel: str
+    reason: str
+    contiguous: bool
+    terms: tuple[str, ...] = ()
+    dropout: float = 0.0
+
+    def __str__(self) -> str:
+        pos = "contiguous" if self.contiguous else "arbitrary"
+        terms = "+".join(self.terms) or "none"
+        return f"{self.kernel}: {self.reason} (positions {pos}, terms {terms}, dropout {self.dropout:g})"
+
+
+def choose_kernel(
+    *,
+    reference: bool,
+    return_weights: bool,
+    has_form: bool,
+    needs_values: bool,
+    has_terms: bool,
+    learned_bias: bool,
+    dropout: float,
+    on_cpu: bool,
+    compiling: bool,
+) -> tuple[str, str]:
+    """The one place that picks a kernel: the first rule that holds, top to bottom.
+
+    ================================================  ==============  ==================================
+    condition                                         kernel          why
+    ================================================  ==============  ==================================
+    ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
+    an offset-table form (relative encodings)         blocked         no ``L × L`` or ``L × L × d`` tensor
+    a ``values`` hook without a form                  materialised    a^V needs the probabilities
+    dropout on CPU (not compiling)                    blocked         CPU SDPA has no fused dropout
+    a learned bias on CPU (not compiling)             biased-sdpa     flash forward, blocked backward
+    anything else                                     sdpa            flash, or SDPA with the terms as a mask
+    ================================================  ==============  ==================================
+    """
+    if reference:
+        return "materialised", "path='reference' follows the formulas literally"
+    if return_weights:
+        return "materialised", "return_weights needs the probabilities"
+    if has_form:
+        return "blocked", "the encoding gave its logits as offset tables (relative_form)"
+    if needs_values:
+        return "materialised", "a values hook without an offset-table form needs the probabilities"
+    if dropout and on_cpu and not compiling:
+        return "blocked", "attention dropout on CPU (SDPA's CPU kernels would materialise it)"
+    if learned_bias and on_cpu and not compiling:
+        return "biased-sdpa", "a bias with a gradient (SDPA's math path would keep [B, H, Lq, Lk] tensors)"
+    if has_terms:
+        return "sdpa", "the encoding's terms as SDPA's additive mask"
+    return "sdpa", "no extra terms: SDPA's own kernel"
+
+
+@dataclass
+class _Call:
+    """What the steps of one :meth:`MultiHeadAttention.forward` hand each other."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    ctx: AttentionContext
+    allowed: Tensor | None
+    plain_causal: bool  # the mask is exactly the causal one over Lq == Lk (SDPA's is_causal)
+    causal: bool  # a causal mask (bottom-right aligned, Lk >= Lq) is part of ``allowed``: kernels may skip past it
+    any_padding: bool  # a key-padding / document / custom mask is in play (fully masked rows possible)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention into which any :class:`~posenc.base.PositionalEncoding` plugs.
+
+    One call runs six named steps: :meth:`_positions` (query and key positions, and whether they are contiguous),
+    :meth:`_project_rotate` (q, k, v and the ``rotate`` hook), :meth:`_extend_cache` (a KV cache), :meth:`_mask`,
+    :meth:`_plan` (the kernel, chosen by :func:`choose_kernel` alone) and the kernel itself. :meth:`plan` says
+    which kernel a call takes and why; ``last_plan`` holds the plan of the latest call.
 
     Args:
         d_model: model width.
         n_heads: number of heads.
         encoding: the encoding whose hooks shape the attention (``None``: no position).
         head_dim: width of one head (default ``d_model // n_heads``).
-        dropout: dropout on the attention probabilities.
+        dropout: dropout on the attention probabilities (every kernel applies it; none falls back for it).
         bias: whether the q/k/v/o projections have a bias.
         path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
+        layer: this layer's index (the key of its entry in a :class:`KVCache`).
     """
 
     # use the row-blocked kernel of :mod:`posenc.fused` for encodings that give a ``relative_form``
-    # (CPU, fast path, no dropout); set to False to compare with the hook-by-hook fast path
+    # (CPU, fast path); set to False to compare with the hook-by-hook fast path
     fused: bool = True
 
     def __init__(
@@ -236,6 +346,8 @@ class MultiHeadAttention(nn.Module):
             head_dim = d_model // n_heads
         if path not in PATHS:
             raise ConfigError(f"path must be one of {PATHS}, got {path!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.inner = n_heads * head_dim
         self.dropout = dropout
@@ -256,10 +368,282 @@ class MultiHeadAttention(nn.Module):
         self.o_proj = nn.Linear(self.inner, d_model, bias=bias)
         hooks = encoding.hooks() if encoding is not None else frozenset()
         self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
+        self.last_plan: Plan | None = None
 
     def _split(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
         return x.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+
+    # ------------------------------------------------------------------ the steps
+    def _positions(
+        self,
+        x: Tensor,
+        src: Tensor,
+        positions: Tensor | None,
+        key_positions: Tensor | None,
+        cross: bool,
+        n_past: int,
+        cache: dict,
+    ) -> tuple[Tensor, Tensor]:
+        """Query positions ``[B|1, Lq]`` and the new keys' positions ``[B|1, Lk_new]``, validated."""
+        b, lq = x.shape[:2]
+        n_new_keys = src.shape[1]
+        offset = n_past + (0 if cross else n_new_keys - lq)
+        if positions is None:
+            q_pos = mark_arange(cache, torch.arange(offset, offset + lq, device=x.device)[None, :])
+        else:
+            q_pos = as_position_rows(positions, lq)
+            check_positions(q_pos, what="query positions", integer=False)
+        if key_positions is not None:
+            k_pos = as_position_rows(key_positions, n_new_keys)
+            check_positions(k_pos, what="key positions", integer=False)
+        elif cross:
+            k_pos = mark_arange(cache, torch.arange(n_new_keys, device=x.device)[None, :])
+        elif positions is None:
+            k_pos = mark_arange(cache, torch.arange(n_past, n_past + n_new_keys, device=x.device)[None, :])
+        elif n_new_keys == lq:
+            k_pos = q_pos
+        else:
+            raise PositionError(
+                "with memory and explicit query positions, pass key_positions for all "
+                f"{n_new_keys} keys (memory + sequence)"
+            )
+        if q_pos.shape[0] not in (1, b) or k_pos.shape[0] not in (1, b):
+            raise PositionError(f"positions must have batch size 1 or {b}")
+        return q_pos, k_pos
+
+    def _project_rotate(self, x: Tensor, src: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v ``[B, H, L, Dh]`` with the ``rotate`` hook applied to q and the new keys."""
+        q = self._split(self.q_proj(x))
+        k = self._split(self.k_proj(src))
+        v = self._split(self.v_proj(src))
+        if self.encoding is not None and self._has["rotate"]:
+            q, k = self.encoding.rotate(q, k, ctx)
+        return q, k, v
+
+    def _extend_cache(
+        self, k: Tensor, v: Tensor, ctx: AttentionContext, kv_cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """Prepend the cached keys / values / positions (and store the extended ones)."""
+        if kv_cache is None:
+            return k, v
+        past = kv_cache.get(self.layer)
+        if past is not None:
+            pk, pv, ppos, pseg = past
+            k = torch.cat([pk, k], dim=2)
+            v = torch.cat([pv, v], dim=2)
+            new_k_pos = ctx.k_pos
+            if ppos.shape[0] != new_k_pos.shape[0]:
+                nb = max(ppos.shape[0], new_k_pos.shape[0])
+                ppos, new_k_pos = ppos.expand(nb, -1), new_k_pos.expand(nb, -1)
+            ctx.k_pos = torch.cat([ppos, new_k_pos], dim=1)
+            if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
+                ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
+        kv_cache.update(self.layer, k, v, ctx.k_pos, ctx.k_segments)
+        return k, v
+
+    def _prepare(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        key_value: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        memory: Tensor | None = None,
+        causal: bool = False,
+        attention_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        mask: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+        key_segment_ids: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        cache: dict | None = None,
+    ) -> _Call:
+        """Steps 1-4: positions, projections and rotation, cache, mask."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ConfigError(f"x must be [batch, length, {self.d_model}], got {tuple(x.shape)}")
+        b, lq, _ = x.shape
+        cache = {} if cache is None else cache
+        src = x if key_value is None else key_value
+        if memory is not None:
+            if memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != self.d_model:
+                raise ConfigError(
+                    f"memory must be [batch={b}, M, d_model={self.d_model}], got {tuple(memory.shape)}; "
+                    "it must come from a model with the same width"
+                )
+            src = torch.cat([memory, src], dim=1)
+        past = kv_cache.get(self.layer) if kv_cache is not None else None
+        n_past = 0 if past is None else past[0].shape[-2]
+        q_pos, k_pos = self._positions(x, src, positions, key_positions, key_value is not None, n_past, cache)
+        ctx = AttentionContext(
+            q_pos=q_pos,
+            k_pos=k_pos,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            layer=self.layer,
+            reference=self.path == "reference",
+            cache=cache,
+            q_segments=segment_ids,
+            k_segments=key_segment_ids if key_segment_ids is not None else segment_ids,
+            attention=self,
+            caching=kv_cache is not None,
+        )
+        q, k, v = self._project_rotate(x, src, ctx)
+        k, v = self._extend_cache(k, v, ctx, kv_cache)
+        # once per forward and pair of position tensors (memoised in the shared cache), after the cache has
+        # prepended its keys' positions: the decision every hook and the plan read
+        ctx.contiguous = contiguous_positions(ctx.q_pos, ctx.k_pos, cache)
+        lk = k.shape[2]
+        allowed = build_mask(
+            batch=b,
+            lq=lq,
+            lk=lk,
+            device=x.device,
+            causal=causal,
+            attention_mask=attention_mask,
+            document_ids=document_ids,
+            mask=mask,
+        )
+        ctx.mask = allowed
+        padding = attention_mask is not None or document_ids is not None or mask is not None
+        return _Call(
+            q,
+            k,
+            v,
+            ctx,
+            allowed,
+            plain_causal=causal and not padding and lq == lk,
+            causal=causal and lk >= lq,
+            any_padding=padding,
+        )
+
+    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None]:
+        """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`."""
+        enc, ctx, q, k = self.encoding, call.ctx, call.q, call.k
+        reference = ctx.reference
+        p_drop = self.dropout if self.training else 0.0
+        on_cpu = q.device.type == "cpu"
+        compiling = torch.compiler.is_compiling()
+        form = None
+        if (
+            enc is not None
+            and self.fused
+            and not reference
+            and not return_weights
+            and not self._has["bias"]
+            and on_cpu
+            and not compiling
+            and (p_drop > 0 or q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs))
+        ):
+            form = enc.relative_form(q, k, ctx)
+        has_logits = enc is not None and self._has["logits"] and form is None
+        has_bias = enc is not None and self._has["bias"]
+        learnable = _learnable(enc)
+        grads = torch.is_grad_enabled() and (
+            (has_bias and learnable) or (has_logits and (learnable or q.requires_grad or k.requires_grad))
+        )
+        kernel, reason = choose_kernel(
+            reference=reference,
+            return_weights=return_weights,
+            has_form=form is not None,
+            needs_values=self._has["values"] and form is None,
+            has_terms=has_logits or has_bias,
+            learned_bias=grads,
+            dropout=p_drop,
+            on_cpu=on_cpu,
+            compiling=compiling,
+        )
+        terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
+        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form
+
+    # ---------------------------------------------------------------- the kernels
+    def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
+        """The encoding's ``logits`` (before the temperature) and ``bias`` (after) as tensors, or ``None``."""
+        enc = self.encoding
+        if enc is None:
+            return None, None
+        extra = enc.logits(call.q, call.k, call.ctx) if self._has["logits"] else None
+        post = enc.bias(call.ctx) if self._has["bias"] else None
+        return extra, post
+
+    def _additive(self, call: _Call, scale: float) -> Tensor | None:
+        """``scale · logits + bias``: one additive term after the temperature, or ``None``."""
+        extra, post = self._terms(call)
+        add = extra * scale if extra is not None else None
+        if post is not None:
+            add = post if add is None else add + post
+        return add
+
+    def _run_blocked(self, call: _Call, plan: Plan, form: RelativeForm | None, scale: float) -> Tensor:
+        add = None if form is not None else self._additive(call, scale)
+        form = form if form is not None else RelativeForm(q=call.q, k=call.k)
+        # a mask that is only the causal one goes as causal=True (each block then skips the keys it cannot see)
+        allowed = None if call.causal and not call.any_padding else call.allowed
+        return relative_attention(form, call.v, scale, allowed, bias=add, dropout=plan.dropout, causal=call.causal)
+
+    def _run_sdpa(self, call: _Call, plan: Plan, scale: float) -> Tensor:
+        q, k, v, allowed = call.q, call.k, call.v, call.allowed
+        add = self._additive(call, scale)
+        is_causal = False
+        if add is None:
+            attn_mask = None if call.plain_causal else allowed
+            is_causal = call.plain_causal
+        else:
+            attn_mask = add.to(q.dtype)
+            # CPU flash takes a float mask *and* is_causal (skipping the blocks past the diagonal); SDPA's public
+            # entry refuses the pair, so a causal Lq == Lk call with a bias goes to the kernel itself
+            flash_causal = call.causal and q.shape[2] == k.shape[2] and _cpu_flash(q, plan)
+            if allowed is not None and not (flash_causal and not call.any_padding):
+                attn_mask = attn_mask.masked_fill(~allowed, torch.finfo(q.dtype).min)
+            if flash_causal:
+                if plan.kernel == "biased-sdpa" and _use_biased_sdpa(q, attn_mask, plan.dropout, False):
+                    return _BiasedSDPA.apply(q, k, v, attn_mask, scale, True)
+                out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, 0.0, True, attn_mask=attn_mask.expand(q.shape[0], -1, -1, -1), scale=scale
+                )
+                return out
+        if plan.kernel == "biased-sdpa" and _use_biased_sdpa(q, attn_mask, plan.dropout, is_causal):
+            assert attn_mask is not None
+            return _BiasedSDPA.apply(q, k, v, attn_mask, scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=plan.dropout, is_causal=is_causal, scale=scale
+        )
+
+    def _run_materialised(self, call: _Call, plan: Plan, scale: float) -> tuple[Tensor, Tensor]:
+        q, k, v, ctx = call.q, call.k, call.v, call.ctx
+        extra, post = self._terms(call)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        if extra is not None:
+            scores = scores + extra
+        scores = scores * scale
+        if post is not None:
+            scores = scores + post
+        if call.allowed is not None:
+            scores = scores.masked_fill(~call.allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
+        probs = F.dropout(weights, plan.dropout) if plan.dropout else weights
+        out = torch.matmul(probs, v)
+        if self._has["values"] and self.encoding is not None:
+            av = self.encoding.values(probs, ctx)
+            if av is not None:
+                out = out + av
+        return out, weights
+
+    # ---------------------------------------------------------------- public
+    def plan(self, x: Tensor, *, return_weights: bool = False, **kwargs: Any) -> Plan:
+        """The kernel that ``self(x, **kwargs)`` would take, and why (nothing is computed under autograd, and a
+        ``kv_cache`` passed here is left unchanged)."""
+        kv_cache = kwargs.pop("kv_cache", None)
+        if kv_cache is not None:
+            kv_cache = KVCache(dict(kv_cache.layers))
+        grad = torch.is_grad_enabled()
+        with torch.no_grad():
+            call = self._prepare(x, kv_cache=kv_cache, **kwargs)
+            if grad:  # as the call would see them: q and k need a gradient wherever the projections do
+                call.q.requires_grad_(self.q_proj.weight.requires_grad)
+                call.k.requires_grad_(self.q_proj.weight.requires_grad)
+        plan, _ = self._plan(call, return_weights)
+        return plan
 
     def forward(
         self,
@@ -293,169 +677,55 @@ class MultiHeadAttention(nn.Module):
             segment_ids, key_segment_ids: segment ids for encodings that use them (XLNet).
             kv_cache: a :class:`KVCache`; new keys/values are appended to it.
             cache: a dict shared by the layers of one forward (for per-forward caching).
-            return_weights: also return the attention probabilities (reference path).
+            return_weights: also return the attention probabilities (materialised kernel).
         """
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ConfigError(f"x must be [batch, length, {self.d_model}], got {tuple(x.shape)}")
-        b, lq, _ = x.shape
-        src = x if key_value is None else key_value
-        if memory is not None:
-            if memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != self.d_model:
-                raise ConfigError(
-                    f"memory must be [batch={b}, M, d_model={self.d_model}], got {tuple(memory.shape)}; "
-                    "it must come from a model with the same width"
-                )
-            src = torch.cat([memory, src], dim=1)
-        past = kv_cache.get(self.layer) if kv_cache is not None else None
-        n_past = 0 if past is None else past[0].shape[-2]
-        n_new_keys = src.shape[1]
-        offset = n_past + (src.shape[1] - lq if key_value is None else 0)
-
-        if positions is None:
-            q_pos = torch.arange(offset, offset + lq, device=x.device)[None, :]
-        else:
-            q_pos = as_position_rows(positions, lq)
-            check_positions(q_pos, what="query positions", integer=False)
-        if key_positions is None:
-            if key_value is not None:
-                new_k_pos = torch.arange(n_new_keys, device=x.device)[None, :]
-            elif positions is None:
-                new_k_pos = torch.arange(n_past, n_past + n_new_keys, device=x.device)[None, :]
-            elif n_new_keys == lq:
-                new_k_pos = q_pos
-            else:
-                raise PositionError(
-                    "with memory and explicit query positions, pass key_positions for all "
-                    f"{n_new_keys} keys (memory + sequence)"
-                )
-        else:
-            new_k_pos = as_position_rows(key_positions, n_new_keys)
-            check_positions(new_k_pos, what="key positions", integer=False)
-        if q_pos.shape[0] not in (1, b) or new_k_pos.shape[0] not in (1, b):
-            raise PositionError(f"positions must have batch size 1 or {b}")
-
-        q = self._split(self.q_proj(x))
-        k = self._split(self.k_proj(src))
-        v = self._split(self.v_proj(src))
-        reference = self.path == "reference"
-        enc = self.encoding
-        ctx = AttentionContext(
-            q_pos=q_pos,
-            k_pos=new_k_pos,
-            n_heads=self.n_heads,
-            head_dim=self.head_dim,
-            layer=self.layer,
-            reference=reference,
-            cache={} if cache is None else cache,
-            q_segments=segment_ids,
-            k_segments=key_segment_ids if key_segment_ids is not None else segment_ids,
-            attention=self,
-            caching=kv_cache is not None,
-        )
-        if positions is None and key_positions is None:
-            ctx.cache[ARANGE_POSITIONS] = (q_pos, new_k_pos)
-        if enc is not None and self._has["rotate"]:
-            q, k = enc.rotate(q, k, ctx)
-        if past is not None:
-            pk, pv, ppos, pseg = past
-            k = torch.cat([pk, k], dim=2)
-            v = torch.cat([pv, v], dim=2)
-            if ppos.shape[0] != new_k_pos.shape[0]:
-                nb = max(ppos.shape[0], new_k_pos.shape[0])
-                ppos, new_k_pos = ppos.expand(nb, -1), new_k_pos.expand(nb, -1)
-            ctx.k_pos = torch.cat([ppos, new_k_pos], dim=1)
-            if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
-                ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
-        if kv_cache is not None:
-            kv_cache.update(self.layer, k, v, ctx.k_pos, ctx.k_segments)
-        lk = k.shape[2]
-
-        allowed = build_mask(
-            batch=b,
-            lq=lq,
-            lk=lk,
-            device=x.device,
+        call = self._prepare(
+            x,
+            positions=positions,
+            key_value=key_value,
+            key_positions=key_positions,
+            memory=memory,
             causal=causal,
             attention_mask=attention_mask,
             document_ids=document_ids,
             mask=mask,
+            segment_ids=segment_ids,
+            key_segment_ids=key_segment_ids,
+            kv_cache=kv_cache,
+            cache=cache,
         )
-        ctx.mask = allowed
+        plan, form = self._plan(call, return_weights)
+        self.last_plan = plan
+        enc = self.encoding
         scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
-        p_drop = self.dropout if self.training else 0.0
-        form = None
-        if (
-            enc is not None
-            and self.fused
-            and not reference
-            and not return_weights
-            and p_drop == 0.0
-            and not self._has["bias"]
-            and q.device.type == "cpu"
-            and lq * lk >= max(1, enc.fused_min_pairs)
-            and not torch.compiler.is_compiling()
-        ):
-            form = enc.relative_form(q, k, ctx)
-        extra = enc.logits(q, k, ctx) if form is None and enc is not None and self._has["logits"] else None
-        post = enc.bias(ctx) if enc is not None and self._has["bias"] else None
-        needs_probs = form is None and (return_weights or self._has["values"] or reference)
-
-        if form is not None:
-            out = relative_attention(form, v, scale, allowed)
-            weights = None
-        elif not needs_probs:
-            add: Tensor | None = None
-            if extra is not None:
-                add = extra * scale
-            if post is not None:
-                add = post if add is None else add + post
-            is_causal = False
-            if add is None:
-                if (
-                    allowed is not None
-                    and causal
-                    and attention_mask is None
-                    and document_ids is None
-                    and mask is None
-                    and lq == lk
-                ):
-                    attn_mask, is_causal = None, True
-                else:
-                    attn_mask = allowed
-            else:
-                attn_mask = add.to(q.dtype)
-                if allowed is not None:
-                    attn_mask = attn_mask.masked_fill(~allowed, torch.finfo(q.dtype).min)
-            if _use_biased_sdpa(q, attn_mask, p_drop, is_causal):
-                assert attn_mask is not None
-                out = _BiasedSDPA.apply(q, k, v, attn_mask, scale)
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=attn_mask, dropout_p=p_drop, is_causal=is_causal, scale=scale
-                )
-            weights = None
+        weights = None
+        if plan.kernel == "blocked":
+            out = self._run_blocked(call, plan, form, scale)
+        elif plan.kernel == "materialised":
+            out, weights = self._run_materialised(call, plan, scale)
         else:
-            scores = torch.matmul(q, k.transpose(-1, -2))
-            if extra is not None:
-                scores = scores + extra
-            scores = scores * scale
-            if post is not None:
-                scores = scores + post
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            weights = torch.softmax(scores, dim=-1)
-            probs = F.dropout(weights, p_drop) if p_drop else weights
-            out = torch.matmul(probs, v)
-            if self._has["values"] and enc is not None:
-                av = enc.values(probs, ctx)
-                if av is not None:
-                    out = out + av
-        if allowed is not None and (attention_mask is not None or document_ids is not None or mask is not None):
-            # a query that may see no key at all (left padding) gets a zero output on both paths
-            out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
-        out = out.transpose(1, 2).reshape(b, lq, self.inner)
-        out = self.o_proj(out)
+            out = self._run_sdpa(call, plan, scale)
+        if call.allowed is not None and call.any_padding:
+            # a query that may see no key at all (left padding) gets a zero output on every kernel
+            out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
+        b, lq = x.shape[:2]
+        out = self.o_proj(out.transpose(1, 2).reshape(b, lq, self.inner))
         if return_weights:
             assert weights is not None
             return out, weights
         return out
+
+
+def _cpu_flash(q: Tensor, plan: Plan) -> bool:
+    """Whether the CPU flash kernel can run this call directly (eager, CPU, float, no dropout)."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+        and plan.dropout == 0.0
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _learnable(enc: PositionalEncoding | None) -> bool:
+    """Whether the encoding has a parameter that needs a gradient (its terms are then not constants)."""
+    return enc is not None and any(p.requires_grad for p in enc.parameters())

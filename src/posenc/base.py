@@ -97,6 +97,10 @@ class AttentionContext:
     attention: nn.Module | None = None  # the calling attention module (its projections)
     caching: bool = False  # keys are stored in a KV cache after the rotate hook (and reused later)
     mask: Tensor | None = None  # [B|1, 1|H, Lq, Lk] True where query i may attend key j (set before logits/bias)
+    # every row of q_pos and k_pos is ``start + arange`` and ``k_start - q_start`` is one number for all rows, so
+    # j - i takes the Lq + Lk - 1 values of row 0 and an offset-only term is a Toeplitz matrix (skew / fused forms);
+    # decided once per forward from what the positions are (:func:`contiguous_positions`)
+    contiguous: bool = False
 
     def relative(self) -> Tensor:
         """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""
@@ -286,6 +290,58 @@ def check_positions(
                 f"0..{max_position - 1} (max_len={max_position}); build it with a larger max_len "
                 "or use an encoding that extrapolates"
             )
+
+
+_ARANGE = "posenc:arange-rows"
+
+
+def mark_arange(cache: dict[Any, Any], positions: Tensor) -> Tensor:
+    """Record in a forward's ``cache`` that ``positions`` ``[B, L]`` were made as ``start + arange`` per row.
+
+    The model and the attention mark the positions they make themselves, so the check costs nothing there, and
+    ``torch.compile`` (which cannot branch on tensor values) still takes the skew / Toeplitz forms.
+    """
+    cache[(_ARANGE, id(positions))] = (positions, True)
+    return positions
+
+
+def is_arange_rows(positions: Tensor, cache: dict[Any, Any] | None = None) -> bool:
+    """Whether every row of integer ``positions`` ``[B, L]`` is ``start + arange(L)`` (memoised in ``cache``).
+
+    Marked tensors (:func:`mark_arange`) are known; others are checked by value once per forward (one pass over
+    ``B·L`` integers), except while ``torch.compile`` traces, where an unmarked tensor counts as arbitrary.
+    """
+    key = (_ARANGE, id(positions))
+    got = cache.get(key) if cache is not None else None
+    if got is not None and got[0] is positions:
+        return got[1]
+    if positions.is_floating_point() or positions.is_complex() or positions.dim() != 2 or positions.shape[-1] == 0:
+        ok = False
+    elif torch.compiler.is_compiling():
+        return False
+    else:
+        ok = positions.shape[-1] == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())
+    if cache is not None:
+        cache[key] = (positions, ok)
+    return ok
+
+
+def contiguous_positions(q_pos: Tensor, k_pos: Tensor, cache: dict[Any, Any] | None = None) -> bool:
+    """Whether ``j - i`` is the same ``Lq × Lk`` Toeplitz pattern in every row (see ``AttentionContext.contiguous``).
+
+    True when both are ``start + arange`` per row and ``k_start - q_start`` is one number for all rows: what a model
+    makes by default, and what KV-cache decoding, Transformer-XL memory, explicit offsets and left padding (each row
+    shifted by its padding) give. Randomized positions, packed documents restarting at 0 and any other spacing are
+    *arbitrary*: the encodings then use their gather forms.
+    """
+    if not (is_arange_rows(q_pos, cache) and is_arange_rows(k_pos, cache)):
+        return False
+    if q_pos.shape[0] == 1 and k_pos.shape[0] == 1:
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    delta = k_pos[:, :1] - q_pos[:, :1]
+    return bool((delta == delta[:1]).all())
 
 
 def as_position_rows(positions: Tensor | None, length: int, device: torch.device | None = None) -> Tensor:

@@ -166,25 +166,40 @@ class _Table:
 class _Plan:
     """Shapes and per-block views shared by the forward and the backward."""
 
-    def __init__(self, q: Tensor, k: Tensor) -> None:
+    def __init__(self, q: Tensor, k: Tensor, causal: bool = False) -> None:
         self.b, self.h, self.lq, self.d = q.shape
         self.lk = k.shape[2]
+        self.causal = causal
         self.p = self.lq + self.lk - 1
         self.rows = _block_rows(self.lq, self.lk, q.element_size())
         self.chunk = max(16, int(self.rows * CHUNK_RATIO))  # key chunk width of a key term's tiles
         self.blocks = [(r0, min(self.lq, r0 + self.rows)) for r0 in range(0, self.lq, self.rows)]
-        self._bufs: dict[tuple[int, int], Tensor] = {}
+        self._bufs: dict[tuple, Tensor] = {}
         self.dtype, self.device = q.dtype, q.device
 
+    def kend(self, r1: int) -> int:
+        """The keys ``[0, kend)`` that query rows ``[.., r1)`` may see: all, or up to the causal diagonal
+        (bottom-right aligned: query ``i`` sees ``j <= i + Lk - Lq``), so a causal block skips the keys it cannot see.
+        """
+        return min(self.lk, r1 + self.lk - self.lq) if self.causal else self.lk
+
     def window(self, r0: int, r1: int) -> tuple[int, int]:
-        """Offsets rows ``[s0, s0 + W)`` that query rows ``[r0, r1)`` use, ``W = Lk + b - 1``."""
-        return self.lq - r1, self.lk + (r1 - r0) - 1
+        """Offsets rows ``[s0, s0 + W)`` that query rows ``[r0, r1)`` use, ``W = kend + b - 1``."""
+        return self.lq - r1, self.kend(r1) + (r1 - r0) - 1
 
     @staticmethod
     def skew(raw: Tensor, lk: int) -> Tensor:
         """``[b, W]`` per-offset scores -> the ``[b, Lk]`` view ``out[i, j] = raw[i, j - i + b - 1]``."""
         b, w = raw.shape
         return raw.as_strided((b, lk), (w - 1, 1), raw.storage_offset() + b - 1)
+
+    def upper(self, n: int) -> Tensor:
+        """``[n, n]``, ``True`` above the diagonal (reused per size)."""
+        m = self._bufs.get(("upper", n))
+        if m is None:
+            m = torch.ones(n, n, dtype=torch.bool, device=self.device).triu_(1)
+            self._bufs[("upper", n)] = m
+        return m
 
     def buffer(self, rows: int, w: int) -> Tensor:
         """A zeroed ``[rows, W]`` buffer per shape, reused: every skewed write (query rows or a key tile) of one
@@ -204,8 +219,9 @@ class _Plan:
         """
         s0 = self.lq - r1
         out = []
-        for j0 in range(0, self.lk, self.chunk):
-            j1 = min(self.lk, j0 + self.chunk)
+        ke = self.kend(r1)
+        for j0 in range(0, ke, self.chunk):
+            j1 = min(ke, j0 + self.chunk)
             w = (j1 - j0) + (r1 - r0) - 1
             out.append((j0, j1, self.p - j0 - s0 - w, self.p - j0 - s0))
         return out
@@ -220,15 +236,16 @@ class _Plan:
 class _Work:
     """Everything one call needs, rebuilt from the saved inputs in the backward."""
 
-    def __init__(self, meta, q, k, v, allowed, same, e, vt, vt_idx, terms) -> None:
-        self.scale, nq, nk = meta
+    def __init__(self, meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms) -> None:
+        self.scale, nq, nk, self.p_drop, self.seed, causal = meta
         self.q, self.k, self.v, self.allowed, self.same, self.e = q, k, v, allowed, same, e
+        self.bias = bias
         ops, tabs, idxs = terms[: nq + nk], terms[nq + nk : 2 * (nq + nk)], terms[2 * (nq + nk) :]
         self.q_ops, self.k_ops = ops[:nq], ops[nq:]
         self.q_tabs = [_Table(t, i, False) for t, i in zip(tabs[:nq], idxs[:nq])]
         self.k_tabs = [_Table(t, i, True) for t, i in zip(tabs[nq:], idxs[nq:])]
         self.vtab = _Table(vt, vt_idx, False) if vt is not None else None
-        self.plan = _Plan(q, k)
+        self.plan = _Plan(q, k, causal)
 
     def key_rows(self, bi: int, hi: int) -> list[Tensor | None]:
         """Per key term, ``c_h · rows`` of a compact table for the whole head (``[Lk, R]``), else ``None``."""
@@ -237,13 +254,15 @@ class _Work:
         ]
 
     def scores(self, bi: int, hi: int, r0: int, r1: int, key_rows: list[Tensor | None]) -> Tensor:
-        """The scaled, masked logits of query rows ``[r0, r1)`` of head ``(bi, hi)``: ``[b, Lk]`` (a new tensor)."""
+        """The scaled, masked logits of query rows ``[r0, r1)`` of head ``(bi, hi)`` against the keys they may
+        see, ``[0, kend)``: ``[b, kend]`` (a new tensor)."""
         plan = self.plan
-        s = torch.mm(self.q[bi, hi, r0:r1], self.k[bi, hi].t())
+        ke = plan.kend(r1)
+        s = torch.mm(self.q[bi, hi, r0:r1], self.k[bi, hi, :ke].t())
         if self.q_ops:
             s0, w = plan.window(r0, r1)
             for a, t in zip(self.q_ops, self.q_tabs):
-                s.add_(plan.skew(t.scores(a[bi, hi, r0:r1], hi, s0, s0 + w), plan.lk))
+                s.add_(plan.skew(t.scores(a[bi, hi, r0:r1], hi, s0, s0 + w), ke))
         for c, u, rows in zip(self.k_ops, self.k_tabs, key_rows):
             for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
                 if rows is None:  # [c, W'] against the reversed table band
@@ -252,60 +271,84 @@ class _Work:
                     raw = rows[j0:j1].index_select(1, u.idx[lo:hi_])
                 s[:, j0:j1].add_(plan.key_tile(raw, r1 - r0))
         if self.e is not None:
-            same_rows = self.same[bi if self.same.shape[0] > 1 else 0, r0:r1]
+            same_rows = self.same[bi if self.same.shape[0] > 1 else 0, r0:r1, :ke]
             eb = self.e[bi, hi, r0:r1]
             s.add_(torch.where(same_rows, eb[:, :1], eb[:, 1:]))
         s.mul_(self.scale)
+        if self.bias is not None:
+            bb = self.bias[bi if self.bias.shape[0] > 1 else 0, hi if self.bias.shape[1] > 1 else 0]
+            s.add_(bb[r0:r1, :ke] if bb.shape[0] > 1 else bb[:, :ke])
         blocked = self.blocked(bi, hi, r0, r1)
         if blocked is not None:
             s.masked_fill_(blocked, torch.finfo(s.dtype).min)
+        if plan.causal:  # the block's diagonal square: query r0 + u sees keys up to r0 + u + Lk - Lq
+            s[:, r0 + plan.lk - plan.lq :].masked_fill_(plan.upper(r1 - r0), torch.finfo(s.dtype).min)
         return s
 
+    def keep(self, bi: int, hi: int, r0: int, r1: int) -> Tensor | None:
+        """Attention dropout of query rows ``[r0, r1)``: ``1/(1 - p)`` where kept, 0 where dropped (``[b, Lk]``).
+
+        Drawn from a generator seeded by the call's seed and the block, so the backward draws the same mask again
+        instead of keeping it (no ``[B, H, Lq, Lk]`` mask is ever held).
+        """
+        if not self.p_drop:
+            return None
+        plan = self.plan
+        g = torch.Generator(device=self.q.device)
+        g.manual_seed((self.seed + (bi * plan.h + hi) * plan.lq + r0) % (1 << 63))
+        mask = torch.empty(r1 - r0, plan.kend(r1), dtype=self.q.dtype, device=self.q.device)
+        return mask.bernoulli_(1.0 - self.p_drop, generator=g).div_(1.0 - self.p_drop)
+
     def blocked(self, bi: int, hi: int, r0: int, r1: int) -> Tensor | None:
-        """``True`` where query ``r0 .. r1`` may not see a key: ``[b|1, Lk]``, or ``None`` without a mask."""
+        """``True`` where query ``r0 .. r1`` may not see a key: ``[b|1, kend]``, or ``None`` without a mask."""
         if self.allowed is None:
             return None
         m = self.allowed[bi if self.allowed.shape[0] > 1 else 0, hi if self.allowed.shape[1] > 1 else 0]
-        return ~(m[r0:r1] if m.shape[0] > 1 else m)  # a key-padding mask is [.., 1, Lk]
+        ke = self.plan.kend(r1)
+        return ~(m[r0:r1, :ke] if m.shape[0] > 1 else m[:, :ke])  # a key-padding mask is [.., 1, Lk]
 
 
 class _RelativeAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, meta, q, k, v, allowed, same, e, vt, vt_idx, *terms):  # type: ignore[override]
-        w_ = _Work(meta, q, k, v, allowed, same, e, vt, vt_idx, terms)
+    def forward(ctx, meta, q, k, v, allowed, same, e, bias, vt, vt_idx, *terms):  # type: ignore[override]
+        w_ = _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
         plan = w_.plan
         out = torch.empty_like(q)
         keep = plan.b * plan.h * plan.lq * plan.lk * q.element_size() <= SAVE_BYTES
-        # one [Lq, Lk] tensor per head rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
+        # one tensor per head and block of rows rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
         # between steps, where one large block would be mapped (and page-faulted) afresh every time
-        probs = [q.new_empty(plan.lq, plan.lk) for _ in range(plan.b * plan.h)] if keep else []
+        probs: list[Tensor] = []
         for bi in range(plan.b):
             for hi in range(plan.h):
                 key_rows = w_.key_rows(bi, hi)
-                ph = probs[bi * plan.h + hi] if keep else None
                 for r0, r1 in plan.blocks:
+                    ke = plan.kend(r1)
                     # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
-                    # (masked keys, far ALiBi/KERPLE-like terms); kept in ph for the backward, or recomputed there
-                    s = w_.scores(bi, hi, r0, r1, key_rows)
-                    s = torch.softmax(s, dim=-1, out=ph[r0:r1]) if ph is not None else torch.softmax(s, dim=-1)
+                    # (masked keys, far ALiBi/KERPLE-like terms); kept for the backward, or recomputed there
+                    s = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
+                    if keep:
+                        probs.append(s)
+                    keep_ = w_.keep(bi, hi, r0, r1)
+                    if keep_ is not None:  # dropout acts on the probabilities that weigh the values
+                        s = keep_.mul_(s)
                     o = out[bi, hi, r0:r1]
-                    torch.mm(s, v[bi, hi], out=o)
+                    torch.mm(s, v[bi, hi, :ke], out=o)
                     if w_.vtab is not None:
                         s0, w = plan.window(r0, r1)
                         buf = plan.buffer(r1 - r0, w)
-                        plan.skew(buf, plan.lk).copy_(s)
+                        plan.skew(buf, ke).copy_(s)
                         o.add_(w_.vtab.values(buf, hi, s0, s0 + w))
         ctx.meta = meta
         ctx.n_probs = len(probs)
-        ctx.save_for_backward(q, k, v, allowed, same, e, vt, vt_idx, out, *probs, *terms)
+        ctx.save_for_backward(q, k, v, allowed, same, e, bias, vt, vt_idx, out, *probs, *terms)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         meta = ctx.meta
-        q, k, v, allowed, same, e, vt, vt_idx, out, *rest = ctx.saved_tensors
+        q, k, v, allowed, same, e, bias, vt, vt_idx, out, *rest = ctx.saved_tensors
         probs, terms = rest[: ctx.n_probs], rest[ctx.n_probs :]
-        w_ = _Work(meta, q, k, v, allowed, same, e, vt, vt_idx, terms)
+        w_ = _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
         plan, scale = w_.plan, w_.scale
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)  # rowsum(dO ∘ O), the softmax backward's Δ
@@ -313,35 +356,49 @@ class _RelativeAttention(torch.autograd.Function):
         d_qops = [torch.empty_like(a) for a in w_.q_ops]
         d_kops = [torch.zeros_like(c) for c in w_.k_ops]
         de = torch.empty_like(e) if e is not None else None
+        want_dbias = bias is not None and ctx.needs_input_grad[7]
+        dbias = torch.zeros_like(bias) if want_dbias else None
+        n_blocks = len(plan.blocks)
         for bi in range(plan.b):
             for hi in range(plan.h):
-                ph = probs[bi * plan.h + hi] if probs else None
-                key_rows = w_.key_rows(bi, hi) if ph is None else None
+                key_rows = w_.key_rows(bi, hi) if not probs else None
                 # compact key terms: the head's gradient of c_h · rows, transposed ([R, Lk]: row adds are contiguous)
                 d_rows = [None if u.idx is None else q.new_zeros(u.t.shape[1], plan.lk) for u in w_.k_tabs]
-                for r0, r1 in plan.blocks:
+                for blk, (r0, r1) in enumerate(plan.blocks):
                     b_rows = r1 - r0
+                    ke = plan.kend(r1)
                     s0, w = plan.window(r0, r1)
-                    if ph is None:
-                        p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
+                    if probs:
+                        p = probs[(bi * plan.h + hi) * n_blocks + blk]
                     else:
-                        p = ph[r0:r1]
+                        p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
                     do = dout[bi, hi, r0:r1]
-                    dv[bi, hi].addmm_(p.t(), do)
-                    dp = torch.mm(do, v[bi, hi].t())
+                    keep_ = w_.keep(bi, hi, r0, r1)  # the forward's dropout mask, drawn again
+                    pd = p if keep_ is None else keep_ * p  # the probabilities that weighed the values
+                    dv[bi, hi, :ke].addmm_(pd.t(), do)
+                    dp = torch.mm(do, v[bi, hi, :ke].t())
                     if w_.vtab is not None:
                         buf = plan.buffer(b_rows, w)
-                        plan.skew(buf, plan.lk).copy_(p)
-                        dp.add_(plan.skew(w_.vtab.value_backward(buf, do, hi, s0, s0 + w), plan.lk))
-                    dz = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p).mul_(scale)  # ∂L/∂(unscaled logits)
+                        plan.skew(buf, ke).copy_(pd)
+                        dp.add_(plan.skew(w_.vtab.value_backward(buf, do, hi, s0, s0 + w), ke))
+                    if keep_ is not None:
+                        dp.mul_(keep_)  # ∂L/∂p through the mask; Δ = rowsum(dO ∘ O) holds with dropout too
+                    ds = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # ∂L/∂(scaled logits) = ∂L/∂bias
                     blocked = w_.blocked(bi, hi, r0, r1)
                     if blocked is not None:  # a query that sees no key has uniform p, but no gradient
-                        dz.masked_fill_(blocked, 0.0)
-                    torch.mm(dz, k[bi, hi], out=dq[bi, hi, r0:r1])
-                    dk[bi, hi].addmm_(dz.t(), q[bi, hi, r0:r1])
+                        ds.masked_fill_(blocked, 0.0)
+                    if dbias is not None:
+                        bb = dbias[bi if dbias.shape[0] > 1 else 0, hi if dbias.shape[1] > 1 else 0]
+                        if bb.shape[0] > 1:
+                            bb[r0:r1, :ke].add_(ds)
+                        else:
+                            bb[:, :ke].add_(ds.sum(0, keepdim=True))
+                    dz = ds.mul_(scale)  # ∂L/∂(unscaled logits)
+                    torch.mm(dz, k[bi, hi, :ke], out=dq[bi, hi, r0:r1])
+                    dk[bi, hi, :ke].addmm_(dz.t(), q[bi, hi, r0:r1])
                     if w_.q_ops:
                         buf = plan.buffer(b_rows, w)
-                        plan.skew(buf, plan.lk).copy_(dz)
+                        plan.skew(buf, ke).copy_(dz)
                         for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
                             t.backward(buf, a[bi, hi, r0:r1], hi, s0, s0 + w, da[bi, hi, r0:r1])
                     # dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
@@ -356,7 +413,7 @@ class _RelativeAttention(torch.autograd.Function):
                             else:
                                 dr[:, j0:j1].index_add_(0, u.idx[lo:hi_], buf.t().contiguous())
                     if de is not None:
-                        same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1]
+                        same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1, :ke]
                         d_same = (dz * same_rows).sum(-1)
                         de[bi, hi, r0:r1, 0] = d_same
                         de[bi, hi, r0:r1, 1] = dz.sum(-1) - d_same
@@ -371,7 +428,7 @@ class _RelativeAttention(torch.autograd.Function):
         assert all(g.shape == t.shape for g, t in zip(d_tabs, tabs)), "table gradient layout"
         dvt = w_.vtab.grad.permute(1, 0, 2) if w_.vtab is not None else None
         n_idx = nq + len(w_.k_ops)
-        return (None, dq, dk, dv, None, None, de, dvt, None, *d_qops, *d_kops, *d_tabs, *([None] * n_idx))
+        return (None, dq, dk, dv, None, None, de, dbias, dvt, None, *d_qops, *d_kops, *d_tabs, *([None] * n_idx))
 
 
 def offset_table(table: Tensor, index: Tensor) -> Table:
@@ -386,10 +443,30 @@ def _split(table: Table) -> tuple[Tensor, Tensor | None]:
     return (table.table, table.index) if isinstance(table, Rows) else (table, None)
 
 
-def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Tensor | None = None) -> Tensor:
-    """``softmax(scale · logits(form) + mask) (v + V)``: ``[B, H, Lq, d]``, computed blockwise (see the module).
+def relative_attention(
+    form: RelativeForm,
+    v: Tensor,
+    scale: float,
+    allowed: Tensor | None = None,
+    *,
+    bias: Tensor | None = None,
+    dropout: float = 0.0,
+    causal: bool = False,
+) -> Tensor:
+    """``dropout(softmax(scale · logits(form) + bias + mask)) (v + V)``: ``[B, H, Lq, d]``, computed blockwise.
 
-    ``allowed``: a boolean ``[B|1, H|1, Lq|1, Lk]`` mask (``True`` = may attend) or ``None``.
+    Args:
+        form: the logits (a form with no terms is plain ``q̃ · k̃`` attention).
+        v: values ``[B, H, Lk, d]``.
+        scale: the temperature multiplying the logits.
+        allowed: a boolean ``[B|1, H|1, Lq|1, Lk]`` mask (``True`` = may attend) or ``None``.
+        bias: a float ``[B|1, H|1, Lq|1, Lk]`` term added *after* the temperature (T5, ALiBi, ...), with its
+            gradient when it needs one.
+        dropout: attention dropout on the probabilities (inverted: kept ones are divided by ``1 - p``). The masks
+            are drawn from the global generator's stream (one seed per call, so ``torch.manual_seed`` makes a run
+            repeatable) and drawn again in the backward rather than stored.
+        causal: query ``i`` sees only keys ``j <= i + Lk - Lq`` (on top of ``allowed``); each block of query rows
+            then computes only the keys it may see (about half the work of a full mask). Needs ``Lk >= Lq``.
     """
     q, k = form.q, form.k
     b, h, lq, d = q.shape
@@ -420,8 +497,17 @@ def relative_attention(form: RelativeForm, v: Tensor, scale: float, allowed: Ten
     same, e = (None, None) if form.segment is None else (form.segment[1], form.segment[0].contiguous())
     if allowed is not None and allowed.dim() != 4:
         raise ValueError(f"allowed must be [B|1, H|1, Lq|1, Lk], got {tuple(allowed.shape)}")
-    meta = (float(scale), len(form.query_terms), len(form.key_terms))
-    return _RelativeAttention.apply(meta, q, k, v, allowed, same, e, vt, vt_idx, *ops, *tabs, *idxs)
+    if bias is not None and (bias.dim() != 4 or bias.shape[-1] != lk or bias.shape[-2] not in (1, lq)):
+        raise ValueError(f"bias must be [B|1, H|1, {lq}|1, {lk}], got {tuple(bias.shape)}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if causal and lk < lq:
+        raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}; pass a mask")
+    seed = int(torch.randint(0, 1 << 62, (1,))) if dropout else 0
+    meta = (float(scale), len(form.query_terms), len(form.key_terms), float(dropout), seed, bool(causal))
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    return _RelativeAttention.apply(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, *ops, *tabs, *idxs)
 
 
 __all__ = ["RelativeForm", "Rows", "offset_table", "relative_attention", "BLOCK_BYTES", "CHUNK_RATIO"]

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..attention import ARANGE_POSITIONS
 from ..base import AttentionContext
 from ..errors import PositionError
 
@@ -128,24 +127,17 @@ def materialise(table: Tensor, index: Tensor) -> Tensor:
 
 # ----------------------------------------------------------------- Toeplitz (offset-only) biases
 def arange_rows(ctx: AttentionContext) -> bool:
-    """Whether ``ctx.q_pos`` / ``ctx.k_pos`` are single ``arange`` rows made by the attention itself.
+    """Whether ``j - i`` is one Toeplitz pattern for every row (``ctx.contiguous``, decided once per forward).
 
-    Then ``j - i`` runs through ``k_pos[0] - q_pos[-1] .. k_pos[-1] - q_pos[0]`` (``Lq + Lk - 1`` values) and a
-    bias that depends only on ``j - i`` is a Toeplitz matrix (see :func:`toeplitz`).
+    Then ``j - i`` runs through ``k_pos[0] - q_pos[-1] .. k_pos[-1] - q_pos[0]`` of row 0 (``Lq + Lk - 1``
+    values, the same in every row) and a term that depends only on ``j - i`` is a Toeplitz matrix (see
+    :func:`toeplitz`).
     """
-    marked = ctx.cache.get(ARANGE_POSITIONS)
-    return (
-        marked is not None
-        and marked[0] is ctx.q_pos
-        and marked[1] is ctx.k_pos
-        and ctx.q_pos.shape[0] == 1
-        and ctx.k_pos.shape[0] == 1
-        and not torch.compiler.is_compiling()
-    )
+    return ctx.contiguous and not torch.compiler.is_compiling()
 
 
 def offsets(ctx: AttentionContext) -> Tensor:
-    """The ``Lq + Lk - 1`` offsets ``j - i`` of :func:`arange_rows` positions, ascending: ``[P]``."""
+    """The ``Lq + Lk - 1`` offsets ``j - i`` of :func:`arange_rows` positions (row 0), ascending: ``[P]``."""
     lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
     low = ctx.k_pos[0, :1] - ctx.q_pos[0, -1:]
     return low + torch.arange(lq + lk - 1, device=ctx.q_pos.device, dtype=ctx.q_pos.dtype)

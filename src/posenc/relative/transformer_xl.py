@@ -36,8 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import ARANGE_POSITIONS
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, PositionalEncoding, is_arange_rows
 from ..errors import ConfigError
 from ..fused import RelativeForm
 from ..registry import register
@@ -69,12 +68,6 @@ def relative_sinusoid(
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-def _is_contiguous(pos: Tensor) -> bool:
-    if pos.shape[-1] < 2:
-        return True
-    return bool(((pos[:, 1:] - pos[:, :-1]) == 1).all())
-
-
 def relative_shift(raw: Tensor, lk: int) -> Tensor:
     """Shift ``raw[..., i, t]`` (t indexing the distances ``max, max-1, ..., min``) into ``[..., i, j]``.
 
@@ -103,9 +96,8 @@ class RelativeTerms:
         q_pos, k_pos = ctx.q_pos, ctx.k_pos
         self.lq, self.lk = q_pos.shape[-1], k_pos.shape[-1]
         self.index: Tensor | None = None
-        marked = ctx.cache.get(ARANGE_POSITIONS)  # set by the attention when it made the positions with arange
-        known = marked is not None and marked[0] is q_pos and marked[1] is k_pos
-        if known or (not torch.compiler.is_compiling() and _is_contiguous(q_pos) and _is_contiguous(k_pos)):
+        # every row start + arange (the shift form handles a different start per row): decided once per forward
+        if ctx.contiguous or (is_arange_rows(q_pos, ctx.cache) and is_arange_rows(k_pos, ctx.cache)):
             self.mode = "shift"
             top = q_pos[:, -1:] - k_pos[:, :1]  # [B', 1] the largest distance i - j
             steps = torch.arange(self.lq + self.lk - 1, device=q_pos.device, dtype=top.dtype)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
-from .base import PositionalEncoding, as_position_rows
+from .base import PositionalEncoding, as_position_rows, mark_arange
 from .errors import ConfigError
 from .registry import build, resolve
 
@@ -212,8 +212,12 @@ class Transformer(nn.Module):
             raise ConfigError(f"memory must hold one tensor per layer ({self.n_layers}), got {len(memory)}")
         m = memory[0].shape[1] if memory is not None else 0
         past = kv_cache.length() if kv_cache is not None else 0
+        # shared by every layer of this forward: per-forward tables, and what the positions are (the attention
+        # decides once whether they are start + arange per row, which the skew / Toeplitz / blocked forms need;
+        # positions made here are marked so, and need no check)
+        cache: dict = {}
         if positions is None:
-            q_pos = torch.arange(past + m, past + m + n, device=tokens.device)[None, :]
+            q_pos = mark_arange(cache, torch.arange(past + m, past + m + n, device=tokens.device)[None, :])
         else:
             q_pos = as_position_rows(positions, n)
         key_positions = None
@@ -227,13 +231,14 @@ class Transformer(nn.Module):
                 nb = max(mem_pos.shape[0], q_pos.shape[0])
                 mem_pos, q_pos = mem_pos.expand(nb, -1), q_pos.expand(nb, -1)
             key_positions = torch.cat([mem_pos, q_pos], dim=1)
+            if positions is None and memory_positions is None:
+                mark_arange(cache, key_positions)
         if "positions" in self.encoding.hooks():
             # in training, one draw per sequence (randomized positions): give the hook the whole batch
             q_pos = self.encoding.positions(q_pos.expand(b, -1) if self.training else q_pos, self.training)
             if key_positions is not None:
                 key_positions = torch.cat([key_positions[:, :m].expand(q_pos.shape[0], -1), q_pos], dim=1)
         x = self.embed_tokens(tokens, q_pos)
-        cache: dict = {}
         new_memory: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             if return_memory:
@@ -315,6 +320,141 @@ class TokenTagger(nn.Module):
         return self.head(self.trunk(tokens, **kwargs).hidden)
 
 
+# ------------------------------------------------------------ generation helpers (LanguageModel.generate)
+
+DECODING_MODES = ("cache", "memory", "recompute")
+
+
+def _cache_breaker(encoding: PositionalEncoding, shortest: int, longest: int) -> str | None:
+    """Why a KV cache (or Transformer-XL memory) would change ``encoding``'s outputs; ``None`` when it would not.
+
+    Decoding with a cache is exact when the keys, values and positions of earlier tokens are the same
+    in every forward. ``shortest`` .. ``longest`` are the lengths of the sequences the steps see. Three
+    kinds of encoding break that (tests/test_generate.py runs every registered encoding both ways):
+
+    * ``normalized`` without a fixed ``length``: ``PE_t = t / (N - 1)`` with ``N`` the current length, so
+      every token's code changes as the sequence grows;
+    * length-dependent RoPE scaling (``rope-dynamic``, ``rope-longrope``): the frequencies come from the
+      current length, while keys already in a cache keep the rotation they were stored with; exact while
+      the frequencies stay the same over ``shortest .. longest`` (up to ``original_max_len``);
+    * randomized positions with ``at_eval="random"``: every forward draws its own sample of positions.
+    """
+    from .absolute.naive import NormalizedPosition
+    from .randomized import Randomized
+
+    name = encoding.info.name
+    if isinstance(encoding, Randomized):
+        if encoding.at_eval == "random":
+            return f"{name} draws a new random sample of positions in every forward (at_eval='random')"
+        return _cache_breaker(encoding.inner, shortest, longest)
+    if isinstance(encoding, NormalizedPosition) and encoding.length is None:
+        return f"{name} divides every position by the current length N - 1, so every token's code changes as N grows"
+    frequencies = getattr(encoding, "frequencies", None)
+    if getattr(encoding, "length_dependent", False) and callable(frequencies):
+        first = frequencies(shortest)
+        if any(not torch.equal(first, frequencies(n)) for n in range(shortest + 1, longest + 1)):
+            limit = getattr(encoding, "original_max_len", None)
+            beyond = f" (beyond original_max_len={limit})" if limit is not None else ""
+            return (
+                f"{name} computes its RoPE frequencies from the current length{beyond}, which goes from {shortest} "
+                f"to {longest} here, while keys already in a cache keep the rotation they were stored with"
+            )
+    return None
+
+
+def _check_generate_arguments(
+    model: LanguageModel,
+    tokens: Any,
+    max_new_tokens: Any,
+    temperature: Any,
+    top_k: Any,
+    generator: Any,
+    eos_token_id: Any,
+) -> None:
+    import math
+
+    vocab = model.trunk.vocab_size
+    if not isinstance(tokens, Tensor):
+        raise ConfigError(f"tokens must be a tensor of token ids [batch, length], got {type(tokens).__name__}")
+    if tokens.dim() != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
+        raise ConfigError(
+            "tokens must be [batch, length] with at least one prompt of at least one token, "
+            f"got shape {tuple(tokens.shape)}; a single prompt is tokens[None, :]"
+        )
+    if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+        raise ConfigError(f"tokens must hold integer token ids (torch.long), got dtype {tokens.dtype}")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab:
+        raise ConfigError(f"token ids must be in [0, vocab_size={vocab}), got ids from {low} to {high}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise ConfigError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ConfigError(f"top_k must be an integer >= 1 (1: greedy) or None (no limit), got {top_k!r}")
+    if eos_token_id is not None and (
+        isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or not 0 <= eos_token_id < vocab
+    ):
+        raise ConfigError(f"eos_token_id must be a token id in [0, vocab_size={vocab}) or None, got {eos_token_id!r}")
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise ConfigError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        if generator.device.type != tokens.device.type:
+            raise ConfigError(
+                f"generator is on {generator.device} but the tokens are on {tokens.device}; "
+                f"make it with torch.Generator(device={str(tokens.device)!r})"
+            )
+
+
+def _check_generate_length(model: LanguageModel, prompt: int, longest: int, device: torch.device) -> None:
+    """Raise a :class:`ConfigError` if the encoding cannot take a sequence of ``longest`` tokens.
+
+    One forward of two tokens at positions ``0`` and ``n - 1`` meets both the largest position
+    (``learned``'s table) and the largest distance (``relative-key``'s table) of a sequence of ``n`` tokens.
+    """
+    from .errors import PositionError
+
+    def error_at(n: int) -> PositionError | None:
+        positions = torch.tensor([[0, n - 1]] if n > 1 else [[0]], device=device)
+        try:
+            model.trunk(torch.zeros_like(positions), positions=positions)
+        except PositionError as e:
+            return e
+        return None
+
+    error = error_at(longest)
+    if error is None:
+        return
+    low, high = 0, longest  # the longest length that fits is in [low, high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if error_at(mid) is None else (low, mid)
+    if low >= prompt:
+        fix = f"use max_new_tokens <= {low - prompt + 1}"
+    else:
+        fix = f"the prompt alone is longer: use prompt length + max_new_tokens - 1 <= {low}"
+    raise ConfigError(
+        f"generate feeds the model up to {longest} tokens (the prompt's {prompt} + max_new_tokens - 1), but "
+        f"its encoding {model.trunk.encoding.info.name!r} takes at most {low}: {fix}. ({error})"
+    ) from error
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """One token per row of ``logits`` ``[B, V]`` from ``softmax(logits / temperature)`` over the ``top_k`` largest."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    # the largest logit becomes 0 before dividing, so a tiny temperature gives -inf, never inf - inf
+    scaled = (logits - logits.amax(-1, keepdim=True)) / temperature
+    return torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator)[:, 0]
+
+
 class LanguageModel(nn.Module):
     """A causal decoder with a language-modelling head tied to the token embedding.
 
@@ -338,3 +478,111 @@ class LanguageModel(nn.Module):
         """Next-token cross-entropy over ``tokens`` (predict ``tokens[:, 1:]``)."""
         logits = self(tokens[:, :-1], **kwargs)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+    def decoding_mode(self, prompt_length: int, max_new_tokens: int, *, use_cache: bool = True) -> tuple[str, str]:
+        """How :meth:`generate` decodes a prompt of ``prompt_length`` tokens: ``(mode, why)``.
+
+        ``mode`` is one of :data:`DECODING_MODES`:
+
+        * ``"cache"``: the prompt fills a :class:`~posenc.attention.KVCache`, then one token per forward;
+        * ``"memory"``: the same with Transformer-XL's segment memory (each layer's inputs so far, kept
+          whole, never truncated), for ``transformer-xl`` and ``xlnet`` (which keeps its recurrence);
+        * ``"recompute"``: the whole sequence every step, where a cache would change the numbers
+          (``use_cache=False``, a bidirectional model, or an encoding that depends on the whole
+          sequence -- see :func:`_cache_breaker`).
+        """
+        if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) or prompt_length < 1:
+            raise ConfigError(f"prompt_length must be an integer >= 1, got {prompt_length!r}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        from .randomized import Randomized
+        from .relative.transformer_xl import TransformerXL
+
+        if not use_cache:
+            return "recompute", "use_cache=False"
+        if not self.trunk.causal:
+            return "recompute", "causal=False: earlier tokens attend to the tokens generated after them"
+        encoding = self.trunk.encoding
+        why = _cache_breaker(encoding, prompt_length, prompt_length + max(max_new_tokens, 1) - 1)
+        if why is not None:
+            return "recompute", why
+        inner = encoding.inner if isinstance(encoding, Randomized) else encoding
+        if isinstance(inner, TransformerXL):
+            return "memory", f"{inner.info.name}: Transformer-XL's segment memory holds every layer's inputs so far"
+        return "cache", "the keys, values and positions of earlier tokens do not change as the sequence grows"
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        do_sample: bool = False,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        eos_token_id: int | None = None,
+    ) -> Tensor:
+        """Continue the prompts ``tokens`` ``[B, L]`` by up to ``max_new_tokens`` tokens: ``[B, L + new]``.
+
+        Runs in eval mode (no dropout, randomized positions unchanged) and puts every submodule back in
+        the mode it was in. Each step picks the next token from the last position's logits:
+
+        * greedy (``do_sample=False``, or ``temperature=0``): the argmax (the lowest id among ties);
+        * sampling: from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits
+          (``top_k=None``: all; ties with the k-th logit are kept), drawn with ``generator`` (a seeded
+          ``torch.Generator`` on the tokens' device makes it reproducible); ``top_k=1`` is greedy.
+
+        ``use_cache=True`` decodes incrementally (a KV cache, or Transformer-XL's memory for
+        ``transformer-xl`` and ``xlnet``) wherever that gives the same numbers as recomputing the whole sequence,
+        and recomputes otherwise (``normalized``, ``rope-dynamic`` and ``rope-longrope`` past
+        ``original_max_len``, randomized positions with ``at_eval="random"``, ``causal=False``);
+        :meth:`decoding_mode` says which and why.
+
+        ``eos_token_id``: a row that generates it is finished, and the rest of that row is filled with
+        ``eos_token_id``; generation stops early when every row is finished, so ``new`` may be less than
+        ``max_new_tokens``. An ``eos_token_id`` inside the prompt does not count.
+
+        Raises :class:`~posenc.ConfigError` for tokens that are not ``[B, L]`` integer ids in
+        ``[0, vocab_size)``, ``max_new_tokens < 0``, ``temperature < 0``, ``top_k < 1``, and for a
+        generation longer than the encoding takes (e.g. ``learned`` beyond ``max_len``: the model reads
+        ``L + max_new_tokens - 1`` tokens). The result is ``torch.long``.
+        """
+        _check_generate_arguments(self, tokens, max_new_tokens, temperature, top_k, generator, eos_token_id)
+        tokens = tokens.long()
+        if max_new_tokens == 0:
+            return tokens.clone()
+        b, prompt = tokens.shape
+        modes = [(m, m.training) for m in self.modules()]
+        self.eval()
+        try:
+            _check_generate_length(self, prompt, prompt + max_new_tokens - 1, tokens.device)
+            mode, _ = self.decoding_mode(prompt, max_new_tokens, use_cache=use_cache)
+            greedy = not do_sample or temperature == 0
+            finished = torch.zeros(b, dtype=torch.bool, device=tokens.device)
+            out = tokens
+            cache = KVCache() if mode == "cache" else None
+            memory: list[Tensor] | None = None
+            for step in range(max_new_tokens):
+                fed = out if step == 0 or mode == "recompute" else out[:, -1:]
+                if mode == "memory":
+                    logits, new = self(fed, memory=memory, return_memory=True)
+                    memory = new if memory is None else [torch.cat([m, n], 1) for m, n in zip(memory, new)]
+                else:
+                    logits = self(fed, kv_cache=cache)
+                last = logits[:, -1]
+                if greedy:
+                    nxt = last.argmax(-1)
+                else:
+                    nxt = _sample(last, temperature, top_k, generator)
+                if eos_token_id is not None:
+                    nxt = nxt.masked_fill(finished, eos_token_id)
+                    finished |= nxt == eos_token_id
+                out = torch.cat([out, nxt[:, None]], 1)
+                if eos_token_id is not None and bool(finished.all()):
+                    break
+            return out
+        finally:
+            for m, training in modes:
+                m.training = training

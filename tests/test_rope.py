@@ -75,13 +75,20 @@ def test_score_depends_on_offset_only(i, j, shift, layout):
     # RoFormer: (R_m q)^T (R_n k) = q^T R_{n-m} k
     g = torch.Generator().manual_seed(i * 7 + j)
     q, k = torch.randn(1, 1, 1, 32, generator=g).double(), torch.randn(1, 1, 1, 32, generator=g).double()
-    enc = posenc.get(layout, head_dim=32).double()
+    enc = posenc.get(layout, head_dim=32).double()  # the phases stay float32 (as HF's)
 
     def score(a, b):
         qa, kb = enc.rotate(q, k, ctx(torch.tensor([[a]]), torch.tensor([[b]]), 1, 32))
         return float((qa * kb).sum())
 
-    assert score(i, j) == pytest.approx(score(i + shift, j + shift), abs=1e-6)
+    # pair i contributes |q_i||k_i| cos(angle difference); each float32 angle m·θ_i is off by up to
+    # m·θ_i·2^-24 (the rounded product) and each float32 cos / sin by 2^-24
+    def pair_norms(v):  # pairs (2i, 2i+1) or (i, i+16)
+        return v.view(16, 2).norm(dim=-1) if layout == "rope-interleaved" else v.view(2, 16).norm(dim=0)
+
+    size = pair_norms(q.flatten()) * pair_norms(k.flatten())
+    tol = float((size * (2 * (i + j + shift) * enc.inv_freq.double() * 2**-24 + 2**-21)).sum()) + 1e-12
+    assert score(i, j) == pytest.approx(score(i + shift, j + shift), abs=tol)
 
 
 def test_phases_in_float32_for_half_precision_inputs():

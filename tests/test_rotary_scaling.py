@@ -258,7 +258,8 @@ def test_static_variants_are_translation_invariant(name):
     x = torch.randn(1, 10, 16, dtype=torch.float64)
     base = fast(x, positions=torch.arange(10), causal=True)
     shifted = fast(x, positions=torch.arange(10) + 123, causal=True)
-    torch.testing.assert_close(base, shifted, rtol=1e-9, atol=1e-9)
+    # the phases are float32 in a float64 model too (as HF's): an angle m·θ is off by up to m·θ·2^-24
+    torch.testing.assert_close(base, shifted, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["rope-dynamic", "rope-longrope"])
@@ -267,11 +268,12 @@ def test_length_dependent_variants_invariant_within_a_regime_and_change_across(n
     x = torch.randn(1, 6, 16, dtype=torch.float64)
     inside = fast(x, positions=torch.arange(6))  # max position + 1 = 6 <= 16
     inside2 = fast(x, positions=torch.arange(6) + 10)  # 16 <= 16
-    torch.testing.assert_close(inside, inside2, rtol=1e-9, atol=1e-9)
+    # float32 phases (also in this float64 model, as HF's): equal to ~1e-7, not to float64's precision
+    torch.testing.assert_close(inside, inside2, rtol=1e-6, atol=1e-6)
     beyond = fast(x, positions=torch.arange(6) + 30)  # 36 > 16: other frequencies
-    assert (beyond - inside).abs().max() > 1e-6
+    assert (beyond - inside).abs().max() > 1e-4
     if name == "rope-longrope":  # longrope: one long set for every length beyond L
-        torch.testing.assert_close(beyond, fast(x, positions=torch.arange(6) + 50), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(beyond, fast(x, positions=torch.arange(6) + 50), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -18,10 +18,29 @@ Layouts (which dimensions form a pair):
 
 Both accept a partial ``rotary_dim`` (only the first ``rotary_dim`` dimensions
 rotate, as GPT-NeoX's ``rotary_pct``), compute the phases in float32 whatever
-the input dtype, and keep a cos/sin table by position that every layer shares.
+the input dtype, and keep a cos/sin table of the first positions (up to
+``RoPE.table_limit``) that every layer shares.
+
+Precision of the phases (:func:`rope_angles`). ``θ_i`` is float32 and, for
+``|m| < 2**24`` (:data:`FLOAT32_EXACT`, where float32 still holds every integer),
+the angle is float32's own product ``fl32(m · θ_i)`` and cos/sin are float32:
+bit for bit the numbers of HF transformers (``inv_freq`` float32, position
+float32, product float32). That product is rounded to float32, so its absolute
+error grows with the position (half a float32 ulp of ``m θ_i``, at most
+``m θ_i · 2^-24`` rad: ~0.004 rad at ``m = 2**16``, ~0.5 rad just below
+``2**24``), exactly as in HF. From ``|m| >= 2**24`` on,
+where float32 would merge neighbouring positions (``2**24 + 1`` would rotate as
+``2**24``), the angle is computed exactly in float64 from the integer position
+and the same float32 ``θ_i``, reduced modulo 2π, and rounded once to float32 in
+``[-π, π]``: any position up to ``2**63`` keeps its offsets to ``~1.2e-7`` rad.
+The phases do not follow the module's dtype: ``.double()``, ``.half()`` or
+``.to(torch.bfloat16)`` leave ``inv_freq`` and the table float32 (``.to(device)``
+moves them); only the rotation itself runs in the input's dtype.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -31,10 +50,72 @@ from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows,
 from ..errors import ConfigError
 from ..registry import register
 
+#: From this position on float32 does not hold every integer; below it ``fl32(m · θ)`` is HF's angle.
+FLOAT32_EXACT = 1 << 24
+_TWO_PI = 2 * math.pi  # float64(2π)
+_TWO_PI_LOW = 2.4492935982947064e-16  # 2π - float64(2π)
+_CHUNK = 24  # bits of a position per exact float64 product with a float32 θ (24 + 24 <= 53)
+
 
 def rope_inverse_frequencies(rotary_dim: int, base: float) -> Tensor:
     r"""``θ_i = base^{-2i/d}`` in float32, computed as HF transformers does."""
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+
+
+def _far_mask(m: Tensor) -> Tensor:
+    far = m.abs() >= FLOAT32_EXACT
+    return far & m.isfinite() if m.is_floating_point() else far
+
+
+def _reduced_angles(m: Tensor, inv_freq: Tensor) -> Tensor:
+    """``m · θ`` modulo 2π, in float32 ``[-π, π]``, computed exactly in float64 (see :func:`rope_angles`)."""
+    theta = inv_freq.to(torch.float64)
+    if m.is_floating_point():
+        m64 = m.to(torch.float64)
+        whole = torch.floor(m64)
+        rest = (m64 - whole) * theta  # the fraction's phase (m64 - whole is exact)
+        n = whole.clamp(-(2.0**62), 2.0**62).to(torch.int64)
+    else:
+        m64, rest, n = m.to(torch.float64), None, m.to(torch.int64)
+    # n = c2·2^48 + c1·2^24 + c0 with c0, c1 in [0, 2^24): each c·θ is exact in float64, and so is
+    # fmod(c·θ·2^k, C), which removes whole multiples of C = float64(2π)
+    mask = (1 << _CHUNK) - 1
+    a = torch.fmod((n & mask).to(torch.float64) * theta, _TWO_PI)
+    a = a + torch.fmod(((n >> _CHUNK) & mask).to(torch.float64) * (theta * 2.0**_CHUNK), _TWO_PI)
+    a = a + torch.fmod((n >> (2 * _CHUNK)).to(torch.float64) * (theta * 2.0 ** (2 * _CHUNK)), _TWO_PI)
+    if rest is not None:
+        a = a + rest
+    # K turns of C were removed, K ≈ m·θ / C: add back what K true turns of 2π would also remove
+    a = a - (m64 * theta) * (_TWO_PI_LOW / _TWO_PI)
+    a = a - torch.round(a / _TWO_PI) * _TWO_PI  # into [-π, π]; |a| was < 3C + 360θ: error < 1e-13
+    return a.to(torch.float32)
+
+
+def rope_angles(multipliers: Tensor, inv_freq: Tensor, far: bool | None = None) -> Tensor:
+    r"""The phases ``m · θ_i`` in float32: ``multipliers [..., 1 | n]`` times float32 ``inv_freq [n]``.
+
+    * ``|m| < 2**24`` (:data:`FLOAT32_EXACT`): ``fl32(m) · θ_i`` in float32, HF's number bit for bit
+      (a float64 ``m`` is multiplied in float64 and rounded once: the same number when float32
+      holds ``m``, a closer one otherwise).
+    * ``|m| >= 2**24``: ``m · θ_i`` reduced modulo 2π and rounded to float32 in ``[-π, π]``. The
+      integer part of ``m`` is split into 24-bit pieces whose products with ``θ_i`` are exact in
+      float64; each is reduced by ``fmod`` (exact) and the turns of ``float64(2π) ≠ 2π`` removed
+      are corrected for, so the angle is within ``~1e-13`` rad of the exact one before the
+      float32 rounding (``<= 1.2e-7`` rad). Exact for integer positions up to ``2**63`` (float
+      positions: up to ``2**62``).
+
+    ``far`` says whether any ``|m| >= 2**24`` may be present (``None``: look, which reads the
+    data; under ``torch.compile`` both forms are computed and chosen element-wise).
+    """
+    if multipliers.dtype == torch.float64:
+        a = (multipliers * inv_freq.to(torch.float64)).to(torch.float32)
+    else:
+        a = multipliers.float() * inv_freq
+    if far is None:
+        far = torch.compiler.is_compiling() or (multipliers.numel() > 0 and bool(_far_mask(multipliers).any()))
+    if not far:
+        return a
+    return torch.where(_far_mask(multipliers), _reduced_angles(multipliers, inv_freq), a)
 
 
 def _fast_rotation(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
@@ -95,7 +176,21 @@ class RoPE(PositionalEncoding):
         \quad \mathrm{rotate\_half}([x_1; x_2]) = [-x_2; x_1]
 
     with ``Θ`` repeated over the two halves, ``θ_i = base^{-2i/d}``.
+
+    Precision: ``θ_i``, the angles and cos/sin are float32 whatever the module's or the
+    input's dtype; below position ``2**24`` they are HF's numbers bit for bit, from ``2**24``
+    on the angle is reduced modulo 2π in float64 so that offsets stay exact (see
+    :func:`rope_angles` and the module docstring). cos/sin of positions below
+    :attr:`table_limit` come from a table shared by the layers; a call with a position
+    beyond it computes the phases of its own positions only (the same numbers).
     """
+
+    #: rows of the shared cos/sin table at most (positions ``0 .. table_limit - 1``); beyond, computed per call
+    table_limit: int = 1 << 16
+    #: buffers that keep their dtype when the module is cast (``.double()``, ``.half()``, ``.to(dtype)``)
+    phase_buffers: tuple[str, ...] = ("inv_freq", "_cos", "_sin")
+    #: dtypes a module cast may still give them (none: ``.to(device)`` moves them, nothing casts them)
+    phase_casts: tuple[torch.dtype, ...] = ()
 
     info = Card(
         name="rope",
@@ -132,21 +227,35 @@ class RoPE(PositionalEncoding):
         # the last lookup: (positions, its version, the table, cos, sin); a repeated call skips the checks
         self._memo: tuple | None = None
 
+    def _apply(self, fn, recurse=True):
+        # a dtype cast of the module leaves the phase buffers as they are; a move still moves them
+        kept = {name: buf for name in self.phase_buffers if (buf := self._buffers.get(name)) is not None}
+        out = super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers.get(name)
+            if after is not None and after.dtype != before.dtype and after.dtype not in self.phase_casts:
+                self._buffers[name] = before.to(after.device)
+        self._memo = None
+        return out
+
     # ------------------------------------------------------------ the phases
     def angles(self, positions: Tensor) -> Tensor:
-        """``m · θ_i`` in float32: ``[..., rotary_dim/2]``."""
-        return positions[..., None].float() * self.inv_freq
+        """``m · θ_i`` in float32: ``[..., rotary_dim/2]`` (reduced modulo 2π from ``2**24`` on, see
+        :func:`rope_angles`)."""
+        return rope_angles(positions[..., None], self.inv_freq)
 
     def _grow(self, n: int) -> None:
-        size = 1 << max(n - 1, 1).bit_length()
+        size = max(n, min(1 << max(n - 1, 1).bit_length(), self.table_limit))
         a = self.angles(torch.arange(size, device=self.inv_freq.device))
         self._cos, self._sin = a.cos(), a.sin()
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos and sin of the phases of ``positions`` (float32, ``[..., rotary_dim/2]``).
 
-        Integer positions are looked up in a table that grows as needed and is
-        shared by every layer; fractional positions are computed directly.
+        Integer positions below :attr:`table_limit` are looked up in a table that grows
+        as needed (to a power of two, at most ``table_limit`` rows) and is shared by every
+        layer; a call that reaches beyond it, and fractional positions, compute the
+        phases of their own positions (the same numbers as the table's).
         """
         if positions.is_floating_point() or torch.compiler.is_compiling():
             a = self.angles(positions)
@@ -155,12 +264,17 @@ class RoPE(PositionalEncoding):
         version = _version(positions)
         if memo is not None and memo[0] is positions and memo[1] == version and memo[2] is self._cos:
             return memo[3], memo[4]  # the same positions tensor, unchanged, as last time
+        top = 0
         if positions.numel():
             check_positions(positions)
             top = int(positions.max()) + 1
+        if top <= self.table_limit:
             if top > self._cos.shape[0]:
                 self._grow(top)
-        cos, sin = self._cos[positions], self._sin[positions]
+            cos, sin = self._cos[positions], self._sin[positions]
+        else:  # far positions: only those in use (a table up to them could be gigabytes)
+            a = self.angles(positions)
+            cos, sin = a.cos(), a.sin()
         self._memo = None if version is None else (positions, version, self._cos, cos, sin)
         return cos, sin
 

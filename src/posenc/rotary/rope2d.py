@@ -20,6 +20,12 @@ integers; with ``grid_height`` they must also be ``< grid_height · grid_width``
 
 Layout: rotate-half, as ``rope``: pair ``i`` is dimensions ``(i, i + d/2)``;
 pairs ``0 .. d/4 - 1`` rotate by the row, pairs ``d/4 .. d/2 - 1`` by the column.
+
+Precision: as ``rope`` (:func:`~posenc.rotary.rope.rope_angles`), with the row and the
+column as the multipliers: float32 products below ``2**24``, reduced modulo 2π in
+float64 beyond. Unlike ``rope``, ``.double()`` makes ``θ`` and the table float64
+(and ``.float()`` float32 again); half-precision casts (``.half()``,
+``.to(torch.bfloat16)``) leave them as they are.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from torch import Tensor
 from ..base import Card
 from ..errors import ConfigError, PositionError
 from ..registry import register
-from .rope import RoPE
+from .rope import RoPE, rope_angles
 
 
 @register
@@ -63,6 +69,9 @@ class RoPE2D(RoPE):
         reference="the formula as a naive per-pair loop; 2-D translation invariance",
         aliases=("rope-axial", "axial-rope"),
     )
+    # no HF numbers to keep here: .double() / .float() still give float64 / float32 phases (as before),
+    # half-precision casts leave them as they are
+    phase_casts = (torch.float32, torch.float64)
 
     def __init__(self, head_dim: int, grid_width: int, grid_height: int | None = None, base: float = 100.0):
         if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
@@ -89,7 +98,11 @@ class RoPE2D(RoPE):
         row, col = self.rows_cols(positions)
         quarter = self.head_dim // 4
         return torch.cat(
-            [row[..., None].float() * self.inv_freq[:quarter], col[..., None].float() * self.inv_freq[quarter:]], -1
+            [
+                rope_angles(row[..., None], self.inv_freq[:quarter]),
+                rope_angles(col[..., None], self.inv_freq[quarter:]),
+            ],
+            -1,
         )
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:

@@ -29,6 +29,13 @@ call. They are stateless: HF's ``dynamic`` keeps the largest frequencies it has
 grown to until the length falls below ``L`` again; here the same positions
 always give the same rotation. Like HF, keys already in a KV cache keep the
 rotation they were stored with.
+
+Precision: as ``rope`` (:func:`~posenc.rotary.rope.rope_angles`). The scaled
+inverse frequencies (and LongRoPE's long set) are float32 buffers that stay
+float32 when the module is cast to another dtype; the angle ``m · θ'_i`` is
+float32's product below position ``2**24`` (HF's numbers bit for bit) and is
+reduced modulo 2π in float64 from ``2**24`` on, so that offsets stay exact.
+The attention factor multiplies the float32 cos and sin.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from torch import Tensor
 from ..base import AttentionContext, Card, check_positions
 from ..errors import ConfigError
 from ..registry import register
-from .rope import RoPE, rope_inverse_frequencies
+from .rope import RoPE, rope_angles, rope_inverse_frequencies
 
 
 def _check_factor(name: str, factor: float, what: str = "factor") -> float:
@@ -107,7 +114,7 @@ class ScaledRoPE(RoPE):
                 seq_len = _sequence_length(positions)
             if not positions.is_floating_point():
                 check_positions(positions)
-            a = positions[..., None].float() * self.frequencies(seq_len).to(positions.device)
+            a = rope_angles(positions[..., None], self.frequencies(seq_len).to(positions.device))
             cos, sin = a.cos(), a.sin()
         else:
             cos, sin = super().cos_sin(positions)
@@ -451,6 +458,7 @@ class RoPELongRoPE(ScaledRoPE):
         aliases=("longrope",),
     )
     length_dependent = True
+    phase_buffers = (*RoPE.phase_buffers, "long_inv_freq")
 
     def __init__(
         self,

@@ -34,6 +34,12 @@ and torchscale uses rotate-every-two with ``duplicate_interleave``, so pairs
 are ``(2i, 2i+1)`` by default (``interleaved=True``); ``interleaved=False`` uses
 the rotate-half layout of ``rope`` (pairs ``(i, i + d/2)``), same ``ζ_i`` and ``θ_i``.
 The paper's blockwise causal attention at inference is not part of this encoding.
+
+Precision: the rotation's phases are RoPE's (float32, HF's numbers below position
+``2**24``, reduced modulo 2π in float64 beyond; see :func:`~posenc.rotary.rope.rope_angles`);
+``ζ`` is a float64 buffer and the decay ``ζ^{(p - c)/γ}`` is computed in float64 and
+rounded to float32 (float64 for float64 inputs). Casting the module (``.double()``,
+``.half()``, ``.to(torch.bfloat16)``) leaves ``θ`` float32 and ``ζ`` float64.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ class XPos(RoPE):
         reference="the paper's formula (naive per-pair loop), torchscale's ζ_i and layout",
         shortcoming="scales overflow far from the centre (cached decoding uses centre 0)",
     )
+    phase_buffers = (*RoPE.phase_buffers, "zeta")  # ζ stays float64 under module casts
 
     def __init__(
         self,

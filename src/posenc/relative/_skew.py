@@ -104,9 +104,29 @@ def query_table_term(q: Tensor, table: Tensor, index: Tensor) -> Tensor:
     return gather_query_scores(scores, index - lo if lo else index)
 
 
+# the most elements of a gathered ``[Lq, Lk, H·d]`` table a key term may make for a few queries (decoding)
+DIRECT_KEY_TERM_ELEMENTS = 1 << 23
+
+
 def key_table_term(k: Tensor, table: Tensor, index: Tensor) -> Tensor:
-    """``Σ_d k[b,h,j,d] · table[index[b,i,j], d]`` without an ``[Lq, Lk, d]`` tensor."""
+    """``Σ_d k[b,h,j,d] · table[index[b,i,j], d]`` without an ``[Lq, Lk, d]`` tensor (except a small one).
+
+    ``k`` against every used row is ``Lk · R`` dot products; for a few queries (decoding one token against ``Lk``
+    cached keys, where ``R ≈ Lk``) gathering each pair's row is ``Lq · Lk`` of them, so that form is taken while
+    ``8 Lq <= min(Lk, R)`` and the gathered rows stay under :data:`DIRECT_KEY_TERM_ELEMENTS`.
+    """
     lo, hi = used_rows(index, table.shape[0])
+    lq, lk = index.shape[-2], index.shape[-1]
+    heads = k.shape[1] if table.dim() == 3 else 1
+    if (
+        8 * lq <= min(lk, hi - lo)  # a few queries against many keys (never an L × L × d tensor)
+        and index.shape[0] * lq * lk * heads * k.shape[-1] <= DIRECT_KEY_TERM_ELEMENTS
+        and not torch.compiler.is_compiling()
+    ):
+        rows = table.to(k.dtype)[index]  # [B|1, Lq, Lk, (H,) d]
+        if table.dim() == 2:
+            return torch.einsum("bhjd,bijd->bhij", k, rows.expand(k.shape[0], -1, -1, -1))
+        return torch.einsum("bhjd,bijhd->bhij", k, rows.expand(k.shape[0], -1, -1, -1, -1))
     t = table[lo:hi].to(k.dtype)
     scores = torch.einsum("bhjd,rd->bhjr", k, t) if t.dim() == 2 else torch.einsum("bhjd,rhd->bhjr", k, t)
     return gather_key_scores(scores, index - lo if lo else index)

@@ -55,7 +55,7 @@ from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows,
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
-from ._skew import arange_rows, offsets
+from ._skew import DIRECT_KEY_TERM_ELEMENTS, arange_rows, offsets
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
 P2C_OFFSETS = ("hf", "paper")
@@ -324,9 +324,15 @@ class DeBERTa(PositionalEncoding):
             add(full.gather(-1, c2p_idx[:, None].expand(b, h, lq, lk)))
         if "p2c" in self.terms:
             assert q_r is not None
-            full = torch.matmul(k, q_r.transpose(-1, -2))  # [B, H, Lk, 2k]
-            idx = p2c_idx.transpose(-1, -2)[:, None].expand(b, h, lk, lq)
-            add(full.gather(-1, idx).transpose(-1, -2))
+            few = 8 * lq <= min(lk, 2 * self.span)  # a few queries against many keys (never an L × L × d tensor)
+            if few and p2c_idx.shape[0] * lq * lk * h * self.head_dim <= DIRECT_KEY_TERM_ELEMENTS:
+                # a few queries (decoding): each pair's row of Q_r (Lq·Lk products, not Lk·2k)
+                rows = q_r.to(k.dtype)[:, p2c_idx].transpose(0, 1)  # [Bp, H, Lq, Lk, Dh]
+                add(torch.einsum("bhjd,bhijd->bhij", k, rows.expand(b, -1, -1, -1, -1)))
+            else:
+                full = torch.matmul(k, q_r.transpose(-1, -2))  # [B, H, Lk, 2k]
+                idx = p2c_idx.transpose(-1, -2)[:, None].expand(b, h, lk, lq)
+                add(full.gather(-1, idx).transpose(-1, -2))
         if "p2p" in self.terms:
             assert q_r is not None and k_r is not None
             if p2c_idx is c2p_idx:  # the same row on both sides: a per-row dot product

@@ -60,7 +60,7 @@ from ..errors import ConfigError
 from ..fused import RelativeForm
 from ..registry import register
 from ._skew import arange_rows, offsets
-from .transformer_xl import RelativeTerms, check_heads, relative_sinusoid
+from .transformer_xl import RelativeTerms, check_heads, relative_sinusoid, sinusoid_rows
 
 
 @register
@@ -111,6 +111,10 @@ class TENER(PositionalEncoding):
         """``R_d``, interleaved ``sin, cos`` of width ``head_dim``: ``[..., head_dim]`` (float64)."""
         return relative_sinusoid(distances, self.head_dim, base=self.base, interleaved=True)
 
+    def R_rows(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
+        """``R_d`` in ``dtype`` from the shared table (:func:`sinusoid_rows`; the same numbers as :meth:`R`)."""
+        return sinusoid_rows(distances, self.head_dim, dtype, base=self.base, interleaved=True)
+
     def scale(self, head_dim: int) -> float:
         return head_dim**-0.5 if self.scaled else 1.0
 
@@ -119,7 +123,7 @@ class TENER(PositionalEncoding):
         if ctx.reference or not arange_rows(ctx):
             return None
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
-        R = self.R(-offsets(ctx)).to(q.dtype)[:, None]  # [P, 1, d_k] at distances t - j, shared by the heads
+        R = self.R_rows(-offsets(ctx), q.dtype)[:, None]  # [P, 1, d_k] at distances t - j, shared by the heads
         qu = q + self.u[:, None, :].to(q.dtype)
         qv = q + self.v[:, None, :].to(q.dtype)
         return RelativeForm(q=qu, k=k, query_terms=[(qv, R)])
@@ -133,7 +137,10 @@ class TENER(PositionalEncoding):
             position = torch.einsum("bhid,bijd->bhij", qv, R.expand(q.shape[0], -1, -1, -1))
         else:
             terms = RelativeTerms.get(ctx)
-            R = self.R(terms.distances).to(q.dtype)  # shared by the heads
-            position = terms.scores(qv, R.unsqueeze(-2).expand(*R.shape[:-1], self.n_heads, self.head_dim))
+            if terms.mode in ("shift", "gather"):  # R shared by the heads: one product, no per-head copy
+                position = terms.scores_sinusoid(qv, self.R_rows(terms.distances, q.dtype))
+            else:
+                R = self.R(terms.distances).to(q.dtype)
+                position = terms.scores(qv, R.unsqueeze(-2).expand(*R.shape[:-1], self.n_heads, self.head_dim))
         content = torch.einsum("hd,bhjd->bhj", self.u.to(k.dtype), k)[:, :, None, :]  # u K_j
         return position + content

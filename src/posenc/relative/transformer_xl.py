@@ -44,6 +44,9 @@ from ._skew import arange_rows, offsets
 
 # ------------------------------------------------------------------ helpers
 
+# sinusoid tables by (dim, base, interleaved, clamp, dtype, device): rows for distances -N .. N (see sinusoid_rows)
+_SINUSOID_TABLES: dict[tuple, tuple[int, Tensor]] = {}
+
 
 def sinusoid_inverse_frequencies(dim: int, base: float = 10000.0) -> Tensor:
     r"""``1 / base^{2i/dim}`` for ``i = 0 .. dim/2 - 1``, in float64."""
@@ -82,6 +85,70 @@ def relative_shift(raw: Tensor, lk: int) -> Tensor:
     flat = F.pad(raw, (0, 1)).flatten(-2)  # [..., Lq * (Lq + Lk)]
     flat = flat[..., lq - 1 : lq - 1 + lq * p]
     return flat.unflatten(-1, (lq, p))[..., :lk]
+
+
+def sinusoid_rows(
+    distances: Tensor,
+    dim: int,
+    dtype: torch.dtype,
+    *,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    clamp: float | None = None,
+) -> Tensor:
+    """:func:`relative_sinusoid` of integer ``distances`` cast to ``dtype``, looked up in a shared table.
+
+    The table (float64 values cast once, so the numbers are exactly those of :func:`relative_sinusoid`) covers
+    ``-N .. N`` and doubles when a distance falls outside; every layer and step reuses it, so decoding one token
+    against ``L`` cached keys costs a lookup of ``L`` rows, not ``L · dim`` sines and cosines. Float distances and
+    ``torch.compile`` tracing compute the sinusoid directly.
+    """
+    if distances.is_floating_point() or torch.compiler.is_compiling() or distances.numel() == 0:
+        return relative_sinusoid(distances, dim, base=base, interleaved=interleaved, clamp=clamp).to(dtype)
+    n, table = _sinusoid_table(int(distances.abs().max()), dim, dtype, distances.device, base, interleaved, clamp)
+    if clamp is not None:
+        distances = distances.clamp(-n, n)
+    return table[distances + n]
+
+
+def sinusoid_span(
+    lo: int,
+    hi: int,
+    dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    clamp: float | None = None,
+) -> Tensor:
+    """The rows of distances ``lo, lo + 1, .., hi`` (:func:`sinusoid_rows`) as a *view* of the shared table (no copy;
+    ``clamp`` needs the copying :func:`sinusoid_rows`)."""
+    assert clamp is None, "sinusoid_span does not clamp"
+    n, table = _sinusoid_table(max(abs(lo), abs(hi)), dim, dtype, device, base, interleaved, None)
+    return table[lo + n : hi + n + 1]
+
+
+def _sinusoid_table(
+    need: int,
+    dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    base: float,
+    interleaved: bool,
+    clamp: float | None,
+) -> tuple[int, Tensor]:
+    """``(N, rows of -N .. N)`` with ``N >= need``, grown by doubling."""
+    key = (dim, float(base), interleaved, clamp, dtype, device)
+    got = _SINUSOID_TABLES.get(key)
+    if got is None or got[0] < need:
+        n = max(64, 1 << need.bit_length())
+        if clamp is not None:
+            n = min(n, max(int(clamp), need))
+        steps = torch.arange(-n, n + 1, device=device)
+        got = (n, relative_sinusoid(steps, dim, base=base, interleaved=interleaved, clamp=clamp).to(dtype))
+        _SINUSOID_TABLES[key] = got
+    return got
 
 
 class RelativeTerms:
@@ -139,10 +206,25 @@ class RelativeTerms:
             per_pair = rel_keys.reshape(-1, self.lq, self.lk, *rel_keys.shape[-2:])  # [B', Lq, Lk, H, Dh]
             return torch.einsum("bhid,bijhd->bhij", query, per_pair.expand(query.shape[0], -1, -1, -1, -1))
         assert self.index is not None
-        raw = torch.einsum("bhid,uhd->bhiu", query, rel_keys)  # [B, H, Lq, U]
+        return self._gather(torch.einsum("bhid,uhd->bhiu", query, rel_keys))  # [B, H, Lq, U]
+
+    def _gather(self, raw: Tensor) -> Tensor:
+        assert self.index is not None
         b, h = raw.shape[0], raw.shape[1]
-        index = self.index[:, None].expand(b, h, self.lq, self.lk)
-        return torch.gather(raw, -1, index)
+        return torch.gather(raw, -1, self.index[:, None].expand(b, h, self.lq, self.lk))
+
+    def scores_sinusoid(self, query: Tensor, rows: Tensor) -> Tensor:
+        """``query_i · rows(i - j)`` with rows shared by the heads: ``[B, H, Lq, Lk]``.
+
+        ``query`` is ``[B, H, Lq, m]``; ``rows`` the ``[B', P, m]`` (shift) or ``[U, m]`` (gather) rows of
+        ``self.distances``."""
+        if self.mode == "shift":
+            if rows.shape[0] == 1:
+                raw = torch.matmul(query, rows[0].t())
+            else:
+                raw = torch.matmul(query, rows[:, None].transpose(-1, -2))
+            return relative_shift(raw, self.lk)
+        return self._gather(torch.matmul(query, rows.t()))
 
 
 def check_heads(name: str, q: Tensor, n_heads: int, head_dim: int) -> None:
@@ -250,14 +332,38 @@ class TransformerXL(PositionalEncoding):
         """The sinusoid ``R_d`` of distances ``d``: ``[..., d_model]`` (float64)."""
         return relative_sinusoid(distances, self.d_model, base=self.base, clamp=self.clamp_len)
 
+    def R_rows(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
+        """``R_d`` in ``dtype`` from the shared table (:func:`sinusoid_rows`; the same numbers as :meth:`R`)."""
+        return sinusoid_rows(distances, self.d_model, dtype, base=self.base, clamp=self.clamp_len)
+
     def projected_R(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
         """``W_{k,R} R_d``: ``[..., n_heads, head_dim]``."""
-        r = self.R(distances).to(dtype)
-        return self.W_kR(r).unflatten(-1, (self.n_heads, self.head_dim))
+        return self.W_kR(self.R_rows(distances, dtype)).unflatten(-1, (self.n_heads, self.head_dim))
 
     def position_terms(self, q: Tensor, ctx: AttentionContext) -> Tensor:
-        """Terms (b) + (d): ``(q_i + v) · W_{k,R} R_{i-j}``, ``[B, H, Lq, Lk]``."""
+        """Terms (b) + (d): ``(q_i + v) · W_{k,R} R_{i-j}``, ``[B, H, Lq, Lk]``.
+
+        With few queries (decoding: ``Lq < head_dim``) the product is taken the other way round,
+        ``((q_i + v) W_{k,R}) · R_{i-j}``: ``Lq · d_model`` per head and distance instead of projecting every one of
+        the ``Lq + Lk - 1`` distances (``d_model · H · Dh`` each), the same numbers up to rounding.
+        """
         qv = q + self.v[:, None, :].to(q.dtype)
+        if not ctx.reference and q.shape[2] < self.head_dim:
+            terms = RelativeTerms.get(ctx)
+            if terms.mode in ("shift", "gather"):
+                w = self.W_kR.weight.to(q.dtype).view(self.n_heads, self.head_dim, self.d_model)
+                qw = torch.einsum("bhid,hdm->bhim", qv, w)  # [B, H, Lq, d_model]
+                if (
+                    terms.mode == "shift"
+                    and terms.distances.shape[0] == 1
+                    and self.clamp_len is None
+                    and not torch.compiler.is_compiling()
+                ):
+                    # the distances run down by one: a view of the table's rows (ascending), the scores reversed
+                    hi, lo = int(terms.distances[0, 0]), int(terms.distances[0, -1])
+                    rows = sinusoid_span(lo, hi, self.d_model, q.dtype, q.device, base=self.base)
+                    return relative_shift(torch.matmul(qw, rows.t()).flip(-1), terms.lk)
+                return terms.scores_sinusoid(qw, self.R_rows(terms.distances, q.dtype))
         if ctx.reference:
             rel = ctx.q_pos[:, :, None] - ctx.k_pos[:, None, :]  # [B', Lq, Lk], i - j
             wr = self.projected_R(rel, q.dtype)  # [B', Lq, Lk, H, Dh]: R_{i-j} for every pair

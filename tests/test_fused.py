@@ -247,6 +247,8 @@ FORM_ENCODINGS = {
     "xlnet": {},
     "tener": {},
     "deberta": {"max_len": 16, "position_buckets": 8},
+    "contextual-1": {"num_buckets": 8, "max_distance": 12},
+    "contextual-2": {"num_buckets": 8, "max_distance": 12},
 }
 
 

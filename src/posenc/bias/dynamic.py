@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
+from ..relative._skew import arange_rows, offsets, toeplitz
 
 
 @register
@@ -98,6 +99,8 @@ class DynamicPositionBias(PositionalEncoding):
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"dynamic-bias was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
+        if not ctx.reference and arange_rows(ctx):  # offset-only: Lq + Lk - 1 MLP rows laid out as a Toeplitz matrix
+            return toeplitz(self.of_distance(-offsets(ctx)).t(), ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         delta = -ctx.relative()  # i - j, [B, Lq, Lk]
         if ctx.reference:
             return self.of_distance(delta).permute(0, 3, 1, 2)

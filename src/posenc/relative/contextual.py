@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
+from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._skew import arange_rows, cached_index, key_table_term, offsets, query_table_term, toeplitz
 
@@ -76,6 +77,10 @@ class _Bucketed(PositionalEncoding):
 
     num_buckets: int
     max_distance: int
+
+    def offset_rows(self, ctx: AttentionContext) -> Tensor:
+        """The bucket of each of the ``Lq + Lk - 1`` offsets of contiguous positions (``[P]``, of ``i - j``)."""
+        return seed_relative_position_bucket(-offsets(ctx), self.num_buckets, self.max_distance)
 
     def index(self, ctx: AttentionContext) -> Tensor:
         nb, md = self.num_buckets, self.max_distance
@@ -181,6 +186,13 @@ class Contextual1(_Bucketed):
         table = self.to_r(self.embeddings.weight).unflatten(-1, (h, d))  # [num_buckets, H, d]
         return query_table_term(q, table, index)
 
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """The query term over the offsets' buckets (:class:`~posenc.fused.Rows` of the projected table)."""
+        if ctx.reference or not arange_rows(ctx) or (q.shape[1], q.shape[-1]) != (self.n_heads, self.head_dim):
+            return None
+        table = self.to_r(self.embeddings.weight).unflatten(-1, (self.n_heads, self.head_dim)).to(q.dtype)
+        return RelativeForm(q=q, k=k, query_terms=[(q, offset_table(table, self.offset_rows(ctx)))])
+
 
 @register
 class Contextual2(_Bucketed):
@@ -254,3 +266,17 @@ class Contextual2(_Bucketed):
         kr = self._project(e, k_proj).unflatten(-1, (h, d))  # [num_buckets, H, d]
         qr = self._project(e, q_proj).unflatten(-1, (h, d))
         return query_table_term(q, kr, index) + key_table_term(k, qr, index)
+
+    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
+        """A query term and a key term over the offsets' buckets (:class:`~posenc.fused.Rows`)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        q_proj, k_proj = self._projections(ctx)
+        h, d = q.shape[1], q.shape[-1]
+        e = self.embeddings.weight
+        kr = self._project(e, k_proj).unflatten(-1, (h, d)).to(q.dtype)
+        qr = self._project(e, q_proj).unflatten(-1, (h, d)).to(q.dtype)
+        rows = self.offset_rows(ctx)
+        return RelativeForm(
+            q=q, k=k, query_terms=[(q, offset_table(kr, rows))], key_terms=[(k, offset_table(qr, rows))]
+        )

@@ -201,6 +201,16 @@ class PositionalEncoding(nn.Module):
         """The softmax temperature multiplying the logits (default ``1/sqrt(d_head)``)."""
         return head_dim**-0.5
 
+    def cache_problem(self, shortest: int, longest: int) -> str | None:
+        """Why decoding with a KV cache (or Transformer-XL memory) would change this encoding's outputs over
+        sequences of ``shortest`` .. ``longest`` tokens, in words; ``None`` (the default) when it would not.
+
+        A cache is exact when the keys, values and positions of earlier tokens are the same in every forward.
+        An encoding whose codes depend on the current length (``normalized``, length-dependent RoPE scaling) or
+        that draws positions at evaluation says so here; :meth:`posenc.LanguageModel.generate` then recomputes.
+        """
+        return None
+
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """This encoding's ``logits`` (and ``values``) as offset tables, for the row-blocked kernel.
 

@@ -325,43 +325,6 @@ class TokenTagger(nn.Module):
 DECODING_MODES = ("cache", "memory", "recompute")
 
 
-def _cache_breaker(encoding: PositionalEncoding, shortest: int, longest: int) -> str | None:
-    """Why a KV cache (or Transformer-XL memory) would change ``encoding``'s outputs; ``None`` when it would not.
-
-    Decoding with a cache is exact when the keys, values and positions of earlier tokens are the same
-    in every forward. ``shortest`` .. ``longest`` are the lengths of the sequences the steps see. Three
-    kinds of encoding break that (tests/test_generate.py runs every registered encoding both ways):
-
-    * ``normalized`` without a fixed ``length``: ``PE_t = t / (N - 1)`` with ``N`` the current length, so
-      every token's code changes as the sequence grows;
-    * length-dependent RoPE scaling (``rope-dynamic``, ``rope-longrope``): the frequencies come from the
-      current length, while keys already in a cache keep the rotation they were stored with; exact while
-      the frequencies stay the same over ``shortest .. longest`` (up to ``original_max_len``);
-    * randomized positions with ``at_eval="random"``: every forward draws its own sample of positions.
-    """
-    from .absolute.naive import NormalizedPosition
-    from .randomized import Randomized
-
-    name = encoding.info.name
-    if isinstance(encoding, Randomized):
-        if encoding.at_eval == "random":
-            return f"{name} draws a new random sample of positions in every forward (at_eval='random')"
-        return _cache_breaker(encoding.inner, shortest, longest)
-    if isinstance(encoding, NormalizedPosition) and encoding.length is None:
-        return f"{name} divides every position by the current length N - 1, so every token's code changes as N grows"
-    frequencies = getattr(encoding, "frequencies", None)
-    if getattr(encoding, "length_dependent", False) and callable(frequencies):
-        first = frequencies(shortest)
-        if any(not torch.equal(first, frequencies(n)) for n in range(shortest + 1, longest + 1)):
-            limit = getattr(encoding, "original_max_len", None)
-            beyond = f" (beyond original_max_len={limit})" if limit is not None else ""
-            return (
-                f"{name} computes its RoPE frequencies from the current length{beyond}, which goes from {shortest} "
-                f"to {longest} here, while keys already in a cache keep the rotation they were stored with"
-            )
-    return None
-
-
 def _check_generate_arguments(
     model: LanguageModel,
     tokens: Any,
@@ -489,7 +452,7 @@ class LanguageModel(nn.Module):
           whole, never truncated), for ``transformer-xl`` and ``xlnet`` (which keeps its recurrence);
         * ``"recompute"``: the whole sequence every step, where a cache would change the numbers
           (``use_cache=False``, a bidirectional model, or an encoding that depends on the whole
-          sequence -- see :func:`_cache_breaker`).
+          sequence -- see :meth:`~posenc.base.PositionalEncoding.cache_problem`).
         """
         if isinstance(prompt_length, bool) or not isinstance(prompt_length, int) or prompt_length < 1:
             raise ConfigError(f"prompt_length must be an integer >= 1, got {prompt_length!r}")
@@ -503,7 +466,7 @@ class LanguageModel(nn.Module):
         if not self.trunk.causal:
             return "recompute", "causal=False: earlier tokens attend to the tokens generated after them"
         encoding = self.trunk.encoding
-        why = _cache_breaker(encoding, prompt_length, prompt_length + max(max_new_tokens, 1) - 1)
+        why = encoding.cache_problem(prompt_length, prompt_length + max(max_new_tokens, 1) - 1)
         if why is not None:
             return "recompute", why
         inner = encoding.inner if isinstance(encoding, Randomized) else encoding

@@ -156,6 +156,11 @@ class Randomized(PositionalEncoding):
         return subset.gather(1, positions.long()).to(positions.dtype)
 
     # --------------------------------------------------------------- hooks
+    def cache_problem(self, shortest: int, longest: int) -> str | None:
+        if self.at_eval == "random":
+            return f"{self.info.name} draws a new random sample of positions in every forward (at_eval='random')"
+        return self.inner.cache_problem(shortest, longest)
+
     def positions(self, positions: Tensor, training: bool) -> Tensor:
         if training or self.at_eval == "random":
             positions = self.sample(positions)

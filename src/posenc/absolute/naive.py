@@ -104,6 +104,14 @@ class NormalizedPosition(AdditiveAbsolute):
         self.d_model, self.length = d_model, length
         self.register_buffer("u", alternating(d_model), persistent=False)
 
+    def cache_problem(self, shortest: int, longest: int) -> str | None:
+        if self.length is None:
+            return (
+                f"{self.info.name} divides every position by the current length N - 1, so every token's code "
+                "changes as N grows"
+            )
+        return None
+
     def table(self, positions: Tensor) -> Tensor:
         if self.length is not None:
             n = torch.full_like(positions[..., :1], self.length)

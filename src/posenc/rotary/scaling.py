@@ -107,6 +107,21 @@ class ScaledRoPE(RoPE):
         """The inverse frequencies used for a sequence of ``seq_len`` positions (float32, ``[rotary_dim/2]``)."""
         return self.inv_freq
 
+    def cache_problem(self, shortest: int, longest: int) -> str | None:
+        """Length-dependent scaling changes its frequencies with the length, while keys already in a cache keep
+        the rotation they were stored with: a cache is exact only while the frequencies stay the same."""
+        if not self.length_dependent:
+            return None
+        first = self.frequencies(shortest)
+        if all(torch.equal(first, self.frequencies(n)) for n in range(shortest + 1, longest + 1)):
+            return None
+        limit = getattr(self, "original_max_len", None)
+        beyond = f" (beyond original_max_len={limit})" if limit is not None else ""
+        return (
+            f"{self.info.name} computes its RoPE frequencies from the current length{beyond}, which goes from "
+            f"{shortest} to {longest} here, while keys already in a cache keep the rotation they were stored with"
+        )
+
     def cos_sin(self, positions: Tensor, seq_len: int | None = None) -> tuple[Tensor, Tensor]:
         """cos and sin of the phases, multiplied by the attention factor (as HF does)."""
         if self.length_dependent:

@@ -333,3 +333,17 @@ def test_causal_bias_on_sdpa_matches_reference_with_padding():
         assert_same(fast, ref, lambda m, mask=mask: weighted(m(TOKENS, attention_mask=mask)[:, 3:]))
         assert_same(fast, ref, lambda m: weighted(m(TOKENS)))
         assert fast_kernels(fast) <= {"sdpa", "biased-sdpa"}
+
+
+def test_deberta_inference_memo_follows_the_weights():
+    """DeBERTa keeps its projected tables between no-grad calls only while the weights are unchanged."""
+    fast, ref = pair("deberta")
+    fast.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(TOKENS), ref(TOKENS), rtol=1e-9, atol=1e-10)
+        for model in (fast, ref):  # an optimizer step would change them in place
+            for m in model.modules():
+                if isinstance(m, PositionalEncoding):
+                    for p in m.parameters():
+                        p.mul_(1.5)
+        torch.testing.assert_close(fast(TOKENS), ref(TOKENS), rtol=1e-9, atol=1e-10)

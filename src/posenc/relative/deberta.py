@@ -254,7 +254,36 @@ class DeBERTa(PositionalEncoding):
         return self.pos_dropout(p)
 
     def _projections(self, ctx: AttentionContext) -> tuple[Tensor | None, Tensor | None]:
-        """``Q_r`` and ``K_r`` as ``[H, 2k, d_head]`` (``None`` where no term needs them)."""
+        """``Q_r`` and ``K_r`` as ``[H, 2k, d_head]`` (``None`` where no term needs them).
+
+        Without autograd (inference, decoding) they are kept between calls while the weights they come from are
+        unchanged (their version counters): decoding one token then costs no ``2k × d_model × d_model`` products.
+        """
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or self.training:
+            return self._project_tables(ctx)
+        sources = self._projection_sources(ctx)
+        key = (ctx.layer, tuple((id(t), t._version, t.dtype, t.device) for t in sources))
+        memo = self.__dict__.setdefault("_projection_memo", {})
+        got = memo.get(ctx.layer)
+        if got is None or got[0] != key:
+            got = (key, self._project_tables(ctx), sources)  # the sources kept alive: their ids stay theirs
+            memo[ctx.layer] = got
+        return got[1]
+
+    def _projection_sources(self, ctx: AttentionContext) -> list[Tensor]:
+        """Every tensor the projected tables are computed from (for the memo's key)."""
+        mods: list[nn.Module] = [self.rel_embeddings]
+        if self.layer_norm is not None:
+            mods.append(self.layer_norm)
+        if self.share_att_key and ctx.attention is not None:
+            mods += [m for m in (getattr(ctx.attention, "q_proj", None), getattr(ctx.attention, "k_proj", None)) if m]
+        else:
+            for projs in (self.pos_query_proj, self.pos_key_proj):
+                if projs is not None and ctx.layer < len(projs):
+                    mods.append(projs[ctx.layer])
+        return [t for m in mods for t in m.parameters()]
+
+    def _project_tables(self, ctx: AttentionContext) -> tuple[Tensor | None, Tensor | None]:
         p = self.relative_table()
         if self.share_att_key:
             att = ctx.attention

@@ -24,6 +24,7 @@ from posenc.analysis.cli import add_parser, run
 from posenc.analysis.properties import mean_score_by_offset
 from posenc.analysis.report import card_html, card_markdown, card_text, comparison_html, comparison_markdown
 from posenc.base import AttentionContext, Card, PositionalEncoding
+from posenc.cli import main as posenc_main
 
 SMALL = dict(dim=16, heads=2, length=16)
 
@@ -297,3 +298,35 @@ def test_cli_all_without_pictures(capsys, tmp_path):
 def test_cli_bad_input(argv, message, capsys):
     assert run(_parser().parse_args(argv)) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, needs",
+    [
+        (["inspect", "rope-longrope"], "needs 'short_factor', 'long_factor'"),  # needs settings
+        (["inspect", "rope", "--option", "base=-1"], "base must be > 1, got -1"),  # a bad setting
+        (["inspect", "rope", "--option", "base=-1", "--format", "json"], "base must be > 1, got -1"),
+    ],
+)
+def test_cli_encoding_that_cannot_be_built_fails_once_with_exit_2(argv, needs, capsys, tmp_path):
+    out = tmp_path / "pictures"
+    code = posenc_main([*argv, "--dim", "16", "--heads", "2", "--length", "16", "--out", str(out)])
+    got = capsys.readouterr()
+    assert code == 2
+    assert got.err.count(needs) == 1 and got.err.startswith("posenc inspect: error: cannot build")
+    assert "agrees with the claims" not in got.out and got.out == ""
+    assert not out.exists()  # nothing drawn or written
+
+
+def test_cli_a_good_setting_still_prints_the_card(capsys):
+    argv = ["inspect", "rope", "--option", "base=100", "--no-plots", "--dim", "16", "--heads", "2", "--length", "16"]
+    assert posenc_main(argv) == 0
+    got = capsys.readouterr()
+    assert got.out.startswith("== rope ==") and "options {'base': 100}" in got.out and got.err == ""
+
+
+def test_unbuilt_card_does_not_claim_agreement():
+    bad = measure("rope", **SMALL, options={"base": 0.5})
+    assert bad.kind == "unbuilt" and "base" in bad.error
+    text = card_text(bad)
+    assert "agrees with the claims" not in text and "cannot be built" in text

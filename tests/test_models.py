@@ -159,3 +159,34 @@ def test_models_pass_their_dimensions_to_encodings():
     )
     assert deb.encoding.n_layers == 3
     deb(torch.randint(0, 30, (1, 6)))  # every layer finds its own position projections
+
+
+# ------------------------------------------------- Encoder / Decoder show their real arguments
+@pytest.mark.parametrize("make, causal", [(posenc.Encoder, False), (posenc.Decoder, True)])
+def test_encoder_decoder_show_the_transformer_arguments(make, causal):
+    import inspect
+
+    params = inspect.signature(make).parameters
+    # what a newcomer looks for, written out here (not derived from Transformer)
+    for name in ("vocab_size", "encoding", "encoding_options", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
+        assert name in params, name
+    assert "causal" not in params and "kwargs" not in params
+    assert params["d_model"].default == 128 and params["n_layers"].default == 2
+    assert params["encoding"].kind is inspect.Parameter.KEYWORD_ONLY
+    # and every other argument of Transformer, with the same defaults
+    full = dict(inspect.signature(posenc.Transformer.__init__).parameters)
+    del full["self"], full["causal"]
+    assert list(params) == list(full)
+    assert all(params[n].default == p.default for n, p in full.items())
+    doc = make.__doc__
+    assert "d_model, n_layers, n_heads, d_ff" in doc and "max_len:" in doc
+    assert "causal:" not in doc  # the argument it does not take is not documented
+    m = make(11, d_model=16, n_heads=2, n_layers=3, max_len=32)
+    assert m.causal is causal and len(m.blocks) == 3 and m.d_model == 16
+
+
+@pytest.mark.parametrize("make, other", [(posenc.Encoder, "Decoder"), (posenc.Decoder, "Encoder")])
+@pytest.mark.parametrize("value", [False, True])
+def test_encoder_decoder_reject_causal_clearly(make, other, value):
+    with pytest.raises(posenc.ConfigError, match=f"takes no causal=.*posenc.{other}"):
+        make(11, d_model=16, n_heads=2, causal=value)

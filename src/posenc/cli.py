@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 from . import __version__
 from .errors import PosencError
-from .registry import available, resolve
+
+# Only argparse and the error classes are imported here: `posenc --help` (and every subcommand's
+# --help) must not import torch, which takes seconds. Each command imports what it needs.
 
 EPILOG = """\
 examples:
@@ -23,6 +25,8 @@ examples:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from .registry import available, resolve
+
     names = available()
     rows = []
     for n in names:
@@ -62,6 +66,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import torch
 
     from . import native
+    from .registry import available
 
     print(f"posenc {__version__}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}")

@@ -265,13 +265,51 @@ class Transformer(nn.Module):
 
 
 def Encoder(vocab_size: int, **kwargs: Any) -> Transformer:
-    """A bidirectional encoder trunk (``Transformer(causal=False)``)."""
+    """A bidirectional encoder trunk: ``Transformer(vocab_size, causal=False, ...)``."""
+    if "causal" in kwargs:
+        raise ConfigError(
+            "Encoder is bidirectional and takes no causal=; for a causal trunk use posenc.Decoder(...) "
+            "or posenc.Transformer(..., causal=True)"
+        )
     return Transformer(vocab_size, causal=False, **kwargs)
 
 
 def Decoder(vocab_size: int, **kwargs: Any) -> Transformer:
-    """A causal decoder trunk (``Transformer(causal=True)``)."""
+    """A causal decoder trunk: ``Transformer(vocab_size, causal=True, ...)``."""
+    if "causal" in kwargs:
+        raise ConfigError(
+            "Decoder is causal and takes no causal=; for a bidirectional trunk use posenc.Encoder(...) "
+            "or posenc.Transformer(..., causal=False)"
+        )
     return Transformer(vocab_size, causal=True, **kwargs)
+
+
+def _takes_transformer_arguments(fn: Any) -> None:
+    """Show ``Transformer``'s keyword arguments, less ``causal``, as ``fn``'s signature and docs.
+
+    ``fn`` forwards ``**kwargs`` to :class:`Transformer`; without this, ``help(posenc.Encoder)`` and
+    ``inspect.signature`` would show only ``(vocab_size, **kwargs)``.
+    """
+    import inspect
+
+    sig = inspect.signature(Transformer.__init__)
+    params = [p for name, p in sig.parameters.items() if name not in ("self", "causal")]
+    fn.__signature__ = sig.replace(parameters=params, return_annotation="Transformer")
+    lines = inspect.cleandoc(Transformer.__doc__ or "").splitlines()
+    args = lines[lines.index("Args:") :] if "Args:" in lines else []
+    kept: list[str] = []
+    skipping = False
+    for line in args:
+        entry = line.startswith(" " * 4) and not line.startswith(" " * 5)  # an argument's first line
+        if entry:
+            skipping = line.strip().startswith("causal:")
+        if not skipping:
+            kept.append(line)
+    fn.__doc__ = "\n\n".join([fn.__doc__ or "", "\n".join(kept)]).rstrip() + "\n"
+
+
+_takes_transformer_arguments(Encoder)
+_takes_transformer_arguments(Decoder)
 
 
 POOLINGS = ("mean", "first", "last", "max")

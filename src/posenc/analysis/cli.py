@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PosencError
-from .plots import FORMATS
-from .properties import PROPERTIES
-from .report import RENDERERS, gallery, inspect
+from .names import CARD_FORMATS, FORMATS, PROPERTIES
 
 DEFAULT_OUT = "posenc-inspect"
 
@@ -55,7 +53,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        choices=sorted(RENDERERS),
+        choices=sorted(CARD_FORMATS),
         default="text",
         help="how the card is printed: text (default), markdown, html or json",
     )
@@ -93,7 +91,7 @@ def _parse_options(items: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``posenc inspect``; return the exit status (0 ok, 2 bad input)."""
+    """Run ``posenc inspect``; return the exit status (0 ok, 2 bad input or an encoding that cannot be built)."""
     try:
         return _run(args)
     except PosencError as e:
@@ -102,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # imported here, not at the top: `posenc --help` and `posenc inspect --help` need no torch
+    from .report import RENDERERS, gallery, inspect
+
     if args.all and args.name:
         raise ConfigError("give either an encoding NAME or --all, not both")
     if not args.all and not args.name:
@@ -129,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     options = _parse_options(args.option)
     out = None if args.no_plots else Path(args.out or Path(DEFAULT_OUT) / args.name)
-    report, pictures = inspect(args.name, out, options=options or None, formats=formats, **sizes)
+    report, pictures = inspect(args.name, out, options=options or None, formats=formats, strict=True, **sizes)
     print(RENDERERS[args.format](report))
     if out is not None and args.format == "text":
         drawn = [n for n, v in pictures.items() if isinstance(v, list)]

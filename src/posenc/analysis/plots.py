@@ -34,10 +34,10 @@ from torch import Tensor
 
 from ..base import PositionalEncoding
 from ..errors import ConfigError
+from .names import FORMATS
 from .properties import Probe, Unmeasurable, _short, check_settings, single_thread
 
 PICTURES = ("code", "dot", "scores", "buckets", "decay", "phase")
-FORMATS = ("png", "svg")
 
 
 def _figure(w: float = 5.5, h: float = 3.6, **margins: float) -> Any:

@@ -54,25 +54,13 @@ from ..attention import MultiHeadAttention
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import accepted_arguments, available, build, resolve
+from .names import PROPERTIES
 
 ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "scale"})
 
 # settings some encodings require that no model dimension supplies (used only when not given)
 DEFAULT_OPTIONS: dict[str, Any] = {"factor": 2.0, "grid_width": 16}
 
-# (key, title, what "yes" means)
-PROPERTIES: tuple[tuple[str, str, str], ...] = (
-    ("unique", "Unique", "different positions (offsets) get different codes (scores)"),
-    ("continuous", "Continuous", "one step moves the code by a similar, small amount everywhere"),
-    ("bounded", "Bounded", "values at far positions do not grow with the length"),
-    ("consistent", "Consistent across lengths", "a position's code does not depend on the sequence length"),
-    ("linear_offset", "Linear offset", "PE_{t+k} = T_k PE_t for a matrix T_k independent of t"),
-    ("direction_aware", "Direction-aware", "the score for +k differs from the score for -k"),
-    ("relative_only", "Relative only", "scores unchanged when every position shifts"),
-    ("decay", "Distance decay", "the score falls as |i-j| grows"),
-    ("extrapolates", "Extrapolates", "defined, finite and in range past the trained length"),
-    ("params_constant", "Parameters constant in length", "the parameter count does not grow with max_len"),
-)
 PROPERTY_KEYS = tuple(p[0] for p in PROPERTIES)
 PROPERTY_TITLES = {p[0]: p[1] for p in PROPERTIES}
 PROPERTY_MEANING = {p[0]: p[2] for p in PROPERTIES}
@@ -197,6 +185,7 @@ class Report:
     hooks: tuple[str, ...]
     measurements: dict[str, Measurement]
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # kind "unbuilt": why the encoding could not be built at these sizes
 
     def __getitem__(self, key: str) -> Measurement:
         return self.measurements[key]
@@ -886,7 +875,9 @@ def _measure(
     except Exception as e:  # the encoding cannot be built at these sizes
         reason = _short(e, 240)
         ms = {k: Measurement(k, f"n/a (cannot build: {reason})", None, claims.get(k)) for k in keys}
-        return Report(card.name, card, settings, "unbuilt", (), ms, notes=[f"cannot build: {reason}"])
+        return Report(
+            card.name, card, settings, "unbuilt", (), ms, notes=[f"cannot build: {reason}"], error=_short(e, 1000)
+        )
     notes = []
     if probe.kind == "attention":
         notes.append(

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..base import PositionalEncoding
+from ..errors import ConfigError
 from ..registry import available
-from .plots import FORMATS, plot
+from .names import CARD_FORMATS as CARD_FORMATS  # re-exported: the keys of RENDERERS
+from .names import FORMATS
+from .plots import plot
 from .properties import PROPERTIES, PROPERTY_KEYS, PROPERTY_TITLES, Report, measure
-
-CARD_FORMATS = ("text", "markdown", "html", "json")
 
 _SYMBOL = {"pass": "pass", "FAIL": "FAIL", "-": "-", "n/a": "n/a"}
 
@@ -63,11 +64,12 @@ def card_text(r: Report) -> str:
         out.append(f"  {t:<{w0}}  {h:<5}  {c:<5}  {v:<5}  {val}")
     fails = r.failures
     out.append("")
-    out.append(
-        "  every measurement agrees with the claims"
-        if not fails
-        else f"  disagrees with its claims on: {', '.join(PROPERTY_TITLES[k] for k in fails)}"
-    )
+    if r.kind == "unbuilt":
+        out.append("  nothing measured: it cannot be built at these settings")
+    elif fails:
+        out.append(f"  disagrees with its claims on: {', '.join(PROPERTY_TITLES[k] for k in fails)}")
+    else:
+        out.append("  every measurement agrees with the claims")
     return "\n".join(out)
 
 
@@ -201,9 +203,21 @@ def inspect(
     heads: int = 4,
     options: dict[str, Any] | None = None,
     formats: tuple[str, ...] = FORMATS,
+    strict: bool = False,
 ) -> tuple[Report, dict[str, Any]]:
-    """Measure ``encoding``; with ``out``, draw its pictures into ``out`` and write ``card.md`` / ``card.html``."""
+    """Measure ``encoding``; with ``out``, draw its pictures into ``out`` and write ``card.md`` / ``card.html``.
+
+    An encoding that cannot be built at these sizes and options gives a card of ``n/a`` rows
+    (``report.kind == "unbuilt"``); with ``strict=True`` it raises :class:`~posenc.ConfigError`
+    instead, before anything is drawn or written.
+    """
     report = measure(encoding, dim=dim, length=length, heads=heads, options=options)
+    if strict and report.kind == "unbuilt":
+        given = f" and options {options}" if options else ""
+        hint = "" if options else " (settings it needs go in as options: `posenc inspect NAME --option KEY=VALUE`)"
+        raise ConfigError(
+            f"cannot build {report.name!r} at dim={dim}, heads={heads}, length={length}{given}: {report.error}{hint}"
+        )
     pictures: dict[str, Any] = {}
     if out is not None:
         out = Path(out)

@@ -13,16 +13,63 @@ See ``docs/bench.md``.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .api import Task, available_tasks, get_task, register_task
-from .report import leaderboard, markdown_table, write_report
-from .runner import Job, ResultStore, RunConfig, RunFailedError, run_one, run_suite
-from .store import SQLiteStore, StoreCorruptError, StoreError, StoreLockedError, open_store
-from .suites import Suite, available_suites, load_suite
+# public name -> the submodule that defines it, imported on first use (PEP 562) so that
+# `posenc bench --help` does not import torch
+_LAZY: dict[str, str] = {
+    "Task": "api",
+    "available_tasks": "api",
+    "get_task": "api",
+    "register_task": "api",
+    "leaderboard": "report",
+    "markdown_table": "report",
+    "write_report": "report",
+    "Job": "runner",
+    "ResultStore": "runner",
+    "RunConfig": "runner",
+    "RunFailedError": "runner",
+    "run_one": "runner",
+    "run_suite": "runner",
+    "SQLiteStore": "store",
+    "StoreCorruptError": "store",
+    "StoreError": "store",
+    "StoreLockedError": "store",
+    "open_store": "store",
+    "Suite": "suites",
+    "available_suites": "suites",
+    "load_suite": "suites",
+}
+
+if TYPE_CHECKING:
+    from .api import Task, available_tasks, get_task, register_task
+    from .report import leaderboard, markdown_table, write_report
+    from .runner import Job, ResultStore, RunConfig, RunFailedError, run_one, run_suite
+    from .store import SQLiteStore, StoreCorruptError, StoreError, StoreLockedError, open_store
+    from .suites import Suite, available_suites, load_suite
 
 QUICK_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "binary", "normalized")
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def quick_suite(
@@ -32,6 +79,8 @@ def quick_suite(
     **overrides: object,
 ) -> list[RunConfig]:
     """The default suite as configs: every (task, encoding, seed), trained on lengths 4..16, tested to 64."""
+    from .runner import RunConfig
+
     return [RunConfig(task=t, encoding=e, seed=s, **overrides) for t in tasks for e in encodings for s in seeds]  # type: ignore[arg-type]
 
 
@@ -40,6 +89,8 @@ def results(store: str | Path | SQLiteStore, **filters: Any) -> list[dict[str, A
 
     ``task=`` / ``encoding=`` keep only those runs.
     """
+    from .store import open_store
+
     return open_store(store).results(**filters)
 
 

@@ -1,20 +1,24 @@
 """Progress of a running suite: a tqdm bar and a live leaderboard, one plain line per finished run.
 
-Readable in a terminal and in CI logs alike: the bar is redrawn in place (tqdm
-prints only occasional lines when the output is not a terminal) and every
-finished run prints one line with its result and the current leaders of its
-task (mean over the seeds finished so far), e.g.::
+Readable in a terminal and in CI logs alike. In a terminal, a tqdm bar is redrawn in
+place; when the output is not a terminal (a file, a pipe, CI) there is no bar and no
+carriage return, only the lines. Every finished run prints one line with its result and
+the current leaders of its task (mean over the seeds finished so far), e.g.::
 
     [ 7/24] order/rope/seed0  L=16 99.6  L=32 97.3  L=64 88.1  (11.2 s)  | order: rope 92.7 > t5 90.1 > learned 71.0
+
+and, without a bar, the time left: ``ETA 0:02:48`` is the mean wall time of the runs
+finished so far × the runs left / the runs that go in parallel (``workers``).
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
+import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from .runner import Job, label_of
 
@@ -27,13 +31,40 @@ def _fmt(v: Any, metric: str) -> str:
     return f"{100 * v:.1f}" if metric in ("accuracy", "f1", "sequence_accuracy") else f"{v:.2f}"
 
 
-class LiveBoard:
-    """Progress bar (steps when runs report them, else runs) plus one summary line per finished run."""
+def _clock(seconds: float) -> str:
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
-    def __init__(self, jobs: Sequence[Job], store: Any, *, progress: bool, live: bool, per_step: bool):
+
+class LiveBoard:
+    """Progress bar (steps when runs report them, else runs) plus one summary line per finished run.
+
+    ``stream``: where the lines (and the bar) go; default: lines on stdout, failures and the bar
+    on stderr. The bar is drawn only when that stream is a terminal; otherwise each line ends with
+    an ETA. ``workers``: how many runs go in parallel (for the ETA). ``clock``: the time source.
+    """
+
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        store: Any,
+        *,
+        progress: bool,
+        live: bool,
+        per_step: bool,
+        workers: int = 1,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.jobs = list(jobs)
         self.live = live
         self.per_step = per_step
+        self.stream = stream
+        self.workers = max(1, int(workers))
+        self.clock = clock
+        self.t0 = clock()
+        self.finish_times: list[float] = []
+        self.durations: list[float] = []
         done = store.keys()
         self.todo = [j for j in self.jobs if j.key not in done]
         self.n_done = 0
@@ -47,11 +78,18 @@ class LiveBoard:
             if key in keys:
                 self._score(rec)
         self.bar = None
-        if progress and self.todo:
+        bar_stream = stream if stream is not None else sys.stderr
+        if progress and self.todo and _is_terminal(bar_stream):
             from tqdm.auto import tqdm
 
             total = sum(j.config.steps for j in self.todo) if per_step else len(self.todo)
-            self.bar = tqdm(total=total, unit="step" if per_step else "run", dynamic_ncols=True, mininterval=0.5)
+            self.bar = tqdm(
+                total=total,
+                unit="step" if per_step else "run",
+                dynamic_ncols=True,
+                mininterval=0.5,
+                file=bar_stream,
+            )
 
     def _score(self, rec: dict[str, Any]) -> float | None:
         """Mean of the metric over lengths beyond training (else all lengths) of one run."""
@@ -77,14 +115,32 @@ class LiveBoard:
         return " > ".join(f"{lab} {100 * m:.1f}" if metric_pct else f"{lab} {m:.2f}" for m, lab in rows[:n])
 
     def write(self, line: str, err: bool = False) -> None:
+        out = self.stream if self.stream is not None else (sys.stderr if err else sys.stdout)
         if self.bar is not None:
-            self.bar.write(line, file=sys.stderr if err else sys.stdout)
+            self.bar.write(line, file=out)
         elif self.live or err:
-            print(line, file=sys.stderr if err else sys.stdout, flush=True)
+            print(line, file=out, flush=True)
+
+    def eta(self) -> float | None:
+        """Seconds left: mean wall time per finished run × runs left / runs in parallel (None before any)."""
+        if not self.durations:
+            return None
+        left = self.total - self.n_done
+        return statistics.fmean(self.durations) * left / min(self.workers, max(1, self.total))
+
+    def _eta_text(self) -> str:
+        if self.bar is not None:  # the bar shows its own
+            return ""
+        left = self.eta()
+        return "" if left is None or self.n_done >= self.total else f"  ETA {_clock(left)}"
 
     def on_step(self, job: Job, step: int, loss: float) -> None:
         if self.bar is None:
             return
+        if self.bar.n == 0 and not self.steps_seen:
+            # the first step of the suite: restart the bar's clock, so that its rate (and ETA)
+            # is not one step per setup time (imports, data, workers starting: "34:15:07")
+            self.bar.reset()
         if step == 1:
             self.bar.set_description(job.title)
         self.bar.update(1)
@@ -93,6 +149,13 @@ class LiveBoard:
             self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
     def _advance(self, job: Job) -> None:
+        # The k-th run to finish started when the (k - workers)-th finished (or at the start):
+        # exact with one worker, and with a pool as long as runs are handed out in order.
+        now = self.clock()
+        k = len(self.finish_times)
+        started = self.finish_times[k - self.workers] if k >= self.workers else self.t0
+        self.durations.append(now - started)
+        self.finish_times.append(now)
         self.n_done += 1
         if self.bar is not None and self.per_step:  # a run that stopped early: count its remaining steps
             left = job.config.steps - self.steps_seen.get(job.key, 0)
@@ -116,7 +179,7 @@ class LiveBoard:
         w = len(str(self.total))
         self.write(
             f"[{self.n_done:>{w}}/{self.total}] {job.title}  {cells}  ({rec.get('train_seconds', 0):.1f} s)"
-            f"  | {job.config.task}: {self.leaders(job.config.task)}"
+            f"  | {job.config.task}: {self.leaders(job.config.task)}{self._eta_text()}"
         )
 
     def failed(self, job: Job, error: str) -> None:
@@ -125,9 +188,16 @@ class LiveBoard:
         # a posenc error is its message (what to do); anything else its first line (type: message)
         lines = error.strip().splitlines() or ["(no message)"]
         text = "\n    ".join(lines[:8] if error.startswith(_POSENC_PREFIXES) else lines[:1])
-        self.write(f"[{self.n_done:>{w}}/{self.total}] {job.title}  FAILED: {text}", err=True)
+        self.write(f"[{self.n_done:>{w}}/{self.total}] {job.title}  FAILED: {text}{self._eta_text()}", err=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False

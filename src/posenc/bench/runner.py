@@ -272,7 +272,14 @@ def run_suite(
     if len(todo) < len(jobs):  # said even when quiet: it explains why nothing (or less) runs
         say(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs already finished in {st.path}")
     ex = make_executor(executor, workers=workers, ray_address=ray_address, ddp=ddp)
-    board = LiveBoard(jobs, st, progress=progress, live=progress if live is None else live, per_step=ex.reports_steps)
+    board = LiveBoard(
+        jobs,
+        st,
+        progress=progress,
+        live=progress if live is None else live,
+        per_step=ex.reports_steps,
+        workers=getattr(ex, "workers", 1),  # runs in parallel (1 for local, torchrun and Ray: gaps measure rate)
+    )
     failures: list[dict[str, Any]] = []
     try:
         for job, record, error in ex.run(todo, board.on_step):

@@ -1,0 +1,111 @@
+"""`posenc --help` starts without importing torch (issue 14: a newcomer's first hour).
+
+Independent truth: Python's own record of what a process imported (``-X importtime`` on
+stderr, and ``sys.modules`` at exit), not a timing, which would flake on a shared machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HELPS = [
+    ["--help"],
+    ["--version"],
+    ["list", "--help"],
+    ["info", "--help"],
+    ["bench", "--help"],
+    ["inspect", "--help"],
+]
+
+# run the CLI, then report which torch modules the process holds
+PROBE = """
+import sys
+from posenc.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print("TORCH-MODULES:", sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+print("EXIT:", code)
+"""
+
+
+def _torch_lines(importtime_stderr: str) -> list[str]:
+    # lines look like "import time:   1234 |   5678 |   torch.nn"
+    return [
+        line
+        for line in importtime_stderr.splitlines()
+        if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip().split(".")[0] == "torch"
+    ]
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("argv", HELPS, ids=" ".join)
+def test_help_does_not_import_torch(argv):
+    proc = _run([sys.executable, "-X", "importtime", "-m", "posenc.cli", *argv])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "posenc" in proc.stdout
+    assert _torch_lines(proc.stderr) == []
+    probe = _run([sys.executable, "-c", PROBE, *argv])
+    assert "TORCH-MODULES: []" in probe.stdout and "EXIT: 0" in probe.stdout, probe.stdout + probe.stderr
+
+
+def test_the_probes_do_see_torch_when_it_is_imported():
+    # the same two checks on a command that needs torch (the registry): they must notice it
+    proc = _run([sys.executable, "-X", "importtime", "-m", "posenc.cli", "list", "--family", "bias"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "alibi" in proc.stdout
+    assert any(line.rsplit("|", 1)[-1].strip() == "torch" for line in _torch_lines(proc.stderr))
+    probe = _run([sys.executable, "-c", PROBE, "list", "--family", "bias"])
+    assert "'torch'" in probe.stdout.split("TORCH-MODULES:")[1]
+
+
+def test_import_posenc_is_lazy_but_complete():
+    code = (
+        "import sys, posenc\n"
+        "assert 'torch' not in sys.modules, 'import posenc imported torch'\n"
+        "from posenc import ConfigError, __version__\n"
+        "assert 'torch' not in sys.modules\n"
+        "import posenc.models, posenc.attention, posenc.registry, posenc.base\n"
+        "assert posenc.Transformer is posenc.models.Transformer\n"
+        "assert posenc.Encoder is posenc.models.Encoder and posenc.get is posenc.registry.get\n"
+        "assert posenc.KVCache is posenc.attention.KVCache and posenc.Card is posenc.base.Card\n"
+        "missing = [n for n in posenc.__all__ if not hasattr(posenc, n)]\n"
+        "assert not missing, missing\n"
+        "assert set(posenc.__all__) <= set(dir(posenc))\n"
+        "assert posenc.native.__name__ == 'posenc.native'\n"  # a submodule, as before
+        "try:\n"
+        "    posenc.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    assert 'no_such_name' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+        "from posenc import bench, analysis\n"
+        "import posenc.bench.runner, posenc.analysis.properties\n"
+        "assert bench.run_suite is posenc.bench.runner.run_suite\n"
+        "assert analysis.measure is posenc.analysis.properties.measure\n"
+        "assert analysis.PROPERTIES is posenc.analysis.properties.PROPERTIES\n"
+        "missing = [n for m in (bench, analysis) for n in m.__all__ if not hasattr(m, n)]\n"
+        "assert not missing, missing\n"
+        "print('ok')\n"
+    )
+    proc = _run([sys.executable, "-c", code])
+    assert proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_inspect_help_lists_what_the_library_offers():
+    # the torch-free names of `posenc inspect --help` agree with the modules that use them
+    from posenc.analysis import names
+    from posenc.analysis.plots import FORMATS
+    from posenc.analysis.properties import PROPERTY_KEYS
+    from posenc.analysis.report import RENDERERS
+
+    assert tuple(sorted(RENDERERS)) == tuple(sorted(names.CARD_FORMATS))
+    assert FORMATS == names.FORMATS
+    assert PROPERTY_KEYS == tuple(k for k, _, _ in names.PROPERTIES)

@@ -50,7 +50,7 @@ def lm(name: str, path: str = "auto", dropout: float = 0.0) -> posenc.LanguageMo
 
 
 def plans(model) -> list[Plan]:
-    return [b.attn.last_plan for b in model.trunk.blocks if b.attn.encoding is not None or True]
+    return [b.attn.last_plan for b in model.trunk.blocks]
 
 
 def fast_kernels(model) -> set[str]:

@@ -11,9 +11,9 @@ The names below are imported on first use (PEP 562), so ``import posenc`` -- and
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names
 from .errors import ConfigError, PosencError, PositionError, UnknownNameError
 
 __version__ = "0.1.0"
@@ -55,24 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from .registry import available, card, get, register, resolve
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("__"):
-        # a submodule (posenc.attention, posenc.native ...): `import posenc` used to load several
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

@@ -6,9 +6,9 @@ so that ``posenc inspect --help`` does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_names
 from .names import PROPERTIES
 
 _FROM_PROPERTIES = frozenset(
@@ -28,22 +28,7 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
-    if name in _FROM_PROPERTIES:
-        value = getattr(importlib.import_module(".properties", __name__), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("__"):
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_FROM_PROPERTIES})
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(_FROM_PROPERTIES, "properties"))
 
 
 __all__ = [

@@ -13,9 +13,10 @@ See ``docs/bench.md``.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .._lazy import lazy_names
 
 # public name -> the submodule that defines it, imported on first use (PEP 562) so that
 # `posenc bench --help` does not import torch
@@ -53,23 +54,7 @@ if TYPE_CHECKING:
 QUICK_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "binary", "normalized")
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("__"):
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 
 def quick_suite(

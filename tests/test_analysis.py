@@ -303,7 +303,7 @@ def test_cli_bad_input(argv, message, capsys):
 @pytest.mark.parametrize(
     "argv, needs",
     [
-        (["inspect", "rope-longrope"], "needs 'short_factor', 'long_factor'"),  # needs settings
+        (["inspect", "rope-linear", "--option", "factor=0.5"], "must be >= 1, got 0.5"),  # not the example's
         (["inspect", "rope", "--option", "base=-1"], "base must be > 1, got -1"),  # a bad setting
         (["inspect", "rope", "--option", "base=-1", "--format", "json"], "base must be > 1, got -1"),
     ],

@@ -40,13 +40,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from .errors import PositionError
+from .errors import ConfigError, PositionError
 
 if TYPE_CHECKING:
     from .fused import RelativeForm
@@ -155,6 +157,29 @@ class PositionalEncoding(nn.Module):
     * ``fused_min_pairs``: the attention uses :meth:`relative_form` (the row-blocked kernel of
       :mod:`posenc.fused`) only from this many query-key pairs ``Lq·Lk`` on; below it the per-block
       loop costs more than the ``[B, H, Lq, Lk]`` tensors it saves (measured in benchmarks/README.md).
+
+    What the encoding declares about itself, so that nothing outside its file lists it
+    (the tests, ``posenc inspect``, ``posenc bench --encodings all`` and the registry discover it):
+
+    * ``example_options``: the settings beyond the model dimensions (``d_model``, ``n_heads``,
+      ``head_dim``, ``max_len`` ...) that build a typical instance, for the encodings that cannot be
+      built from the dimensions alone (RoPE scaling's ``factor``, LongRoPE's per-frequency factors,
+      2-D RoPE's ``grid_width``). A dict, or a function of the model dimensions returning one
+      (``staticmethod(lambda dims: {...})``) where the settings depend on the sizes.
+      :func:`posenc.registry.example` builds an encoding with them; inherited like any class attribute.
+    * ``claims``: what the papers claim about the properties :mod:`posenc.analysis.properties` measures
+      (``{"decay": True, "relative_only": True}``), beyond what the :class:`Card` already implies
+      (``position``, ``learnable``, ``shortcoming``); ``None`` withdraws an implied claim. Inherited: a
+      subclass that is another method sets its own.
+    * ``randomized_variant``: ``True`` also registers ``randomized-<name>`` (randomized positions,
+      Ruoss et al. 2023, over this encoding built from the model dimensions; see
+      :mod:`posenc.bias.randomized_registry`). Inherited: a subclass that should not have one sets ``False``.
+      Any encoding can still be wrapped by hand with :func:`posenc.randomized.randomized`.
+    * the fast form: overriding :meth:`relative_form` declares one; an encoding whose form exists only
+      under some settings also overrides :meth:`offers_relative_form`.
+    * :meth:`check_sizes`: the model sizes this instance was built for (``d_model``, ``n_heads``,
+      ``head_dim``, ``vocab_size`` among its settings) are compared with the attention's and the model's
+      when they are built; override it for sizes the settings do not name.
     """
 
     info: ClassVar[Card]
@@ -163,6 +188,9 @@ class PositionalEncoding(nn.Module):
     requires_tokens: ClassVar[bool] = False
     scale_token_embeddings: ClassVar[bool] = False
     fused_min_pairs: ClassVar[int] = 256 * 256
+    example_options: ClassVar[Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] = MappingProxyType({})
+    claims: ClassVar[Mapping[str, bool | None]] = MappingProxyType({})
+    randomized_variant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -220,6 +248,26 @@ class PositionalEncoding(nn.Module):
         """
         return None
 
+    def offers_relative_form(self) -> bool:
+        """Whether :meth:`relative_form` can return a form with this instance's settings (where its conditions on
+        the call hold: contiguous positions, the fast path). Default: whether the class overrides it."""
+        return type(self).relative_form is not PositionalEncoding.relative_form
+
+    def check_sizes(self, **sizes: int | None) -> None:
+        """Raise :class:`~posenc.ConfigError` if this instance was built for other sizes than ``sizes``.
+
+        ``sizes`` are what the caller has: ``d_model``, ``n_heads``, ``head_dim`` (the attention),
+        ``vocab_size`` (a model). Each one among this instance's settings (:attr:`params`, not ``None``)
+        must equal the caller's. :class:`posenc.MultiHeadAttention` and the models call it when they are
+        built, so that a hand-built encoding of the wrong size fails there rather than at the first call.
+        """
+        params = self.params
+        wrong = [
+            k for k in SIZE_NAMES if sizes.get(k) is not None and params.get(k) is not None and params[k] != sizes[k]
+        ]
+        if wrong:
+            raise size_error(self, {k: params[k] for k in wrong}, {k: sizes[k] for k in wrong}, sizes)
+
     # ------------------------------------------------------------ utilities
     @classmethod
     def hooks(cls) -> frozenset[str]:
@@ -246,6 +294,26 @@ class PositionalEncoding(nn.Module):
     def fresh_copy(self) -> PositionalEncoding:
         """A new instance with the same settings and freshly initialised parameters."""
         return type(self)(**self.params)
+
+
+# the model sizes an encoding may be built for, compared by :meth:`PositionalEncoding.check_sizes`
+SIZE_NAMES = ("d_model", "n_heads", "head_dim", "vocab_size")
+
+
+def size_error(
+    enc: PositionalEncoding, built: dict[str, Any], wanted: dict[str, Any], sizes: dict[str, Any]
+) -> ConfigError:
+    """The error for an encoding built for ``built`` sizes used where ``wanted`` ones are (``sizes``: all known)."""
+    name = getattr(type(enc), "info", None)
+    name = name.name if name is not None else type(enc).__name__
+    have = ", ".join(f"{k}={v}" for k, v in built.items())
+    need = ", ".join(f"{k}={v}" for k, v in wanted.items())
+    known = ", ".join(f"{k}={v}" for k, v in sizes.items() if v is not None)
+    return ConfigError(
+        f"encoding {name!r} was built for {have} but is used with {need} (sizes here: {known}); "
+        f"build it with {need} (e.g. posenc.get({name!r}, ..., {need})), or pass the name {name!r} "
+        "and let the model build it"
+    )
 
 
 class NoPositionalEncoding(PositionalEncoding):

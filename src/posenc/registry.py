@@ -18,7 +18,8 @@ from .errors import ConfigError, UnknownNameError
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 _ALIASES: dict[str, str] = {}
 _FAMILY_PACKAGES = ("absolute", "rotary", "relative", "bias")
-_loaded = False
+_loaded = False  # loading has started (guards against re-entry)
+_ready = False  # every encoding module is imported: randomized variants are added as classes register
 
 E = TypeVar("E", bound=type[PositionalEncoding])
 
@@ -33,14 +34,22 @@ def register(cls: E) -> E:
     _REGISTRY[info.name] = cls
     for alias in info.aliases:
         _ALIASES[alias] = info.name
+    if _ready and cls.randomized_variant:
+        _add_randomized(cls)
     return cls
+
+
+def _add_randomized(cls: type[PositionalEncoding]) -> None:
+    from .bias.randomized_registry import add_variant
+
+    add_variant(cls)
 
 
 register(NoPositionalEncoding)
 
 
 def _load_all() -> None:
-    global _loaded
+    global _loaded, _ready
     if _loaded:
         return
     _loaded = True
@@ -48,6 +57,12 @@ def _load_all() -> None:
         pkg = importlib.import_module(f"posenc.{pkg_name}")
         for mod in pkgutil.walk_packages(pkg.__path__, prefix=f"posenc.{pkg_name}."):
             importlib.import_module(mod.name)
+    # randomized-<name> for every class that declares ``randomized_variant``, once all are loaded (so that
+    # nothing depends on the order the modules load in); a class registered later gets its variant at once
+    _ready = True
+    for cls in list(_REGISTRY.values()):
+        if cls.randomized_variant:
+            _add_randomized(cls)
 
 
 def available() -> list[str]:
@@ -73,6 +88,13 @@ def resolve(name: str) -> type[PositionalEncoding]:
         return _REGISTRY[key]
     except KeyError:
         raise UnknownNameError("encoding", name, [*_REGISTRY, *_ALIASES]) from None
+
+
+def registered_class(name: str) -> type[PositionalEncoding] | None:
+    """The class registered as ``name`` (or an alias), ``None`` if there is none (no error, no close matches)."""
+    _load_all()
+    key = name.strip().lower().replace("_", "-")
+    return _REGISTRY.get(_ALIASES.get(key, key))
 
 
 def card(name: str) -> Card:
@@ -133,3 +155,47 @@ def build(
     kwargs = {k: v for k, v in dims.items() if k in accepted}
     kwargs.update(options or {})
     return get(cls.info.name, **kwargs)
+
+
+# ------------------------------------------------------------------ examples
+# the sizes :func:`example` uses when given none (small: tests and quick looks)
+EXAMPLE_DIMS: dict[str, Any] = dict(d_model=32, n_heads=4, head_dim=8, max_len=64, vocab_size=64, n_layers=2)
+
+
+def example_options(encoding: str | type[PositionalEncoding], dims: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings ``encoding`` declares (``example_options``) to build a typical instance at the model ``dims``.
+
+    Empty for an encoding the model dimensions build alone. A declared function of the dimensions gets ``dims``
+    with the sizes it lacks taken from :data:`EXAMPLE_DIMS` (``head_dim`` from ``d_model // n_heads``).
+
+    >>> example_options("rope-linear")
+    {'factor': 4.0}
+    """
+    cls = resolve(encoding) if isinstance(encoding, str) else encoding
+    declared = cls.example_options
+    if callable(declared):
+        dims = {**EXAMPLE_DIMS, **(dims or {})}
+        if dims.get("head_dim") is None and dims.get("d_model") and dims.get("n_heads"):
+            dims["head_dim"] = dims["d_model"] // dims["n_heads"]
+        return dict(declared(dims))
+    return dict(declared)
+
+
+def example(
+    encoding: str | type[PositionalEncoding], dims: dict[str, Any] | None = None, **options: Any
+) -> PositionalEncoding:
+    """``encoding`` built as a model of ``dims`` (default :data:`EXAMPLE_DIMS`) builds it, with its
+    ``example_options`` and then ``options`` on top.
+
+    >>> example("rope-yarn").params["factor"]
+    4.0
+    """
+    cls = resolve(encoding) if isinstance(encoding, str) else encoding
+    dims = dict(EXAMPLE_DIMS if dims is None else dims)
+    return build(cls.info.name, dims=dims, options={**example_options(cls, dims), **options} or None)
+
+
+def needs_options(encoding: str | type[PositionalEncoding]) -> list[str]:
+    """The settings ``encoding`` requires that no model dimension supplies (``[]``: the dimensions build it)."""
+    cls = resolve(encoding) if isinstance(encoding, str) else encoding
+    return [k for k, p in accepted_arguments(cls).items() if p.default is p.empty and k not in MODEL_DIMENSIONS]

@@ -40,6 +40,8 @@ class LearnedAbsolute(AdditiveAbsolute):
         reference="HF transformers BertEmbeddings with the same weights",
         shortcoming="undefined past max_len; parameters grow with max_len",
     )
+    randomized_variant = True
+    claims = {"unique": True}
     scale_token_embeddings = False  # BERT / GPT: small tokens and positions alike
 
     def __init__(

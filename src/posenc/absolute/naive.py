@@ -59,6 +59,7 @@ class IntegerPosition(AdditiveAbsolute):
         summary="PE_t = t in every dimension: unique but unbounded.",
         shortcoming="unbounded: |PE_t| grows linearly with t",
     )
+    claims = {"unique": True}  # seed 001: unique but unbounded
 
     def __init__(self, d_model: int, start: int = 1):
         super().__init__()
@@ -95,6 +96,7 @@ class NormalizedPosition(AdditiveAbsolute):
         summary="PE_t = t/(N-1): bounded, but an offset's size depends on the length N.",
         shortcoming="inconsistent across lengths: offset 1 is 1/(N-1)",
     )
+    claims = {"bounded": True, "unique": True}  # seed 001: bounded, inconsistent across lengths
 
     def __init__(self, d_model: int, length: int | None = None):
         super().__init__()
@@ -143,6 +145,7 @@ class BinaryPosition(AdditiveAbsolute):
         summary="Bit i of t in dimension i: bounded and unique, but discontinuous.",
         shortcoming="discontinuous: neighbouring positions can differ in many bits",
     )
+    claims = {"unique": True, "bounded": True}  # seed 001: unique, bounded, discontinuous
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -180,6 +183,7 @@ class SinPow2Position(AdditiveAbsolute):
         summary="sin(t / 2^i): continuous and bounded, no linear offset map.",
         shortcoming="no linear map PE_t -> PE_{t+k}; fast dimensions alias",
     )
+    claims = {"bounded": True, "continuous": True}
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -213,6 +217,7 @@ class SinOnlyPosition(AdditiveAbsolute):
         summary="sin(t / 10000^(i/(d-1))): slow and bounded, no linear offset map.",
         shortcoming="no linear map PE_t -> PE_{t+k} (sine without cosine)",
     )
+    claims = {"bounded": True, "continuous": True}
 
     def __init__(self, d_model: int, base: float = 10000.0):
         super().__init__()

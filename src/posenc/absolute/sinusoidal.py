@@ -42,6 +42,19 @@ class Sinusoidal(AdditiveAbsolute):
         reference="seed 000's PE(1); PE_{t+k} = R_k PE_t; Σ cos(ω k) dot products",
         shortcoming="dot products are symmetric in the offset: no direction",
     )
+    randomized_variant = True
+    # seeds 000, 001, 002
+    claims = dict(
+        unique=True,
+        continuous=True,
+        bounded=True,
+        consistent=True,
+        linear_offset=True,
+        direction_aware=False,
+        decay=True,
+        extrapolates=True,
+        params_constant=True,
+    )
     concat = False
 
     def __init__(self, d_model: int, base: float = 10000.0):

@@ -53,53 +53,16 @@ from ..absolute._additive import AdditiveAbsolute
 from ..attention import MultiHeadAttention
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError
-from ..registry import accepted_arguments, available, build, resolve
+from ..registry import accepted_arguments, available, build, example_options, registered_class, resolve
 from .names import PROPERTIES
 
 ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "scale"})
-
-# settings some encodings require that no model dimension supplies (used only when not given)
-DEFAULT_OPTIONS: dict[str, Any] = {"factor": 2.0, "grid_width": 16}
 
 PROPERTY_KEYS = tuple(p[0] for p in PROPERTIES)
 PROPERTY_TITLES = {p[0]: p[1] for p in PROPERTIES}
 PROPERTY_MEANING = {p[0]: p[2] for p in PROPERTIES}
 
 REL_TOL = 1e-3  # relative tolerance under which two float32 quantities count as equal
-
-# Claims the cards cannot express, from the seeds and papers (applied when the name is registered).
-_SINUSOID = dict(
-    unique=True,
-    continuous=True,
-    bounded=True,
-    consistent=True,
-    linear_offset=True,
-    direction_aware=False,
-    decay=True,
-    extrapolates=True,
-    params_constant=True,
-)
-_ROPE = dict(relative_only=True, direction_aware=True, decay=True, bounded=True, linear_offset=True, consistent=True)
-EXTRA_CLAIMS: dict[str, dict[str, bool | None]] = {
-    "sinusoidal": _SINUSOID,  # seeds 000, 001, 002
-    "sinusoidal-concat": _SINUSOID,
-    "binary": dict(unique=True, bounded=True),  # seed 001: unique, bounded, discontinuous
-    "integer": dict(unique=True),  # seed 001: unique but unbounded
-    "normalized": dict(bounded=True, unique=True),  # seed 001: bounded, inconsistent across lengths
-    "sin-pow2": dict(bounded=True, continuous=True),
-    "sin-only": dict(bounded=True, continuous=True),
-    "learned": dict(unique=True),
-    "rope": _ROPE,  # RoFormer: relative scores, long-term decay
-    "rope-interleaved": _ROPE,
-    "tener": dict(direction_aware=True),  # seed 000: TENER's relative sinusoid keeps the direction
-    "xpos": dict(relative_only=True, decay=True),
-    "alibi": dict(relative_only=True, decay=True, params_constant=True),
-    "kerple": dict(relative_only=True),
-    "t5": dict(relative_only=True, bounded=True),
-    # relative in (row, column) of a grid, not in the flattened 1-D positions the probe shifts:
-    # a shift by a multiple of grid_width leaves its scores unchanged, a shift by 1 does not
-    "rope-2d": dict(relative_only=None),
-}
 
 # shortcoming phrases -> (property, claimed value)
 _SHORTCOMING_RULES: tuple[tuple[tuple[str, ...], str, bool], ...] = (
@@ -114,7 +77,7 @@ _SHORTCOMING_RULES: tuple[tuple[tuple[str, ...], str, bool], ...] = (
 )
 
 
-def claims_for(card: Card) -> dict[str, bool | None]:
+def claims_for(card: Card, encoding_class: type[PositionalEncoding] | None = None) -> dict[str, bool | None]:
     """What the encoding claims, property by property (``None``: no claim).
 
     The mapping: ``position="none"`` claims no unique code, no direction, no decay and
@@ -122,7 +85,8 @@ def claims_for(card: Card) -> dict[str, bool | None]:
     ``position="relative"`` claims relative-only scores; ``learnable=False`` claims a parameter
     count that does not grow with the length; phrases of the card's ``shortcoming`` (for
     example "unbounded", "undefined past max_len", "no direction") claim the property fails;
-    :data:`EXTRA_CLAIMS` adds the seeds' claims per name.
+    the class's own ``claims`` (declared in its file: the seeds' and papers' claims) come last.
+    ``encoding_class`` is the encoding's class (default: the one registered as ``card.name``, if any).
     """
     out: dict[str, bool | None] = {k: None for k in PROPERTY_KEYS}
     if card.position == "none":
@@ -133,7 +97,10 @@ def claims_for(card: Card) -> dict[str, bool | None]:
         out["relative_only"] = True
     if not card.learnable:
         out["params_constant"] = True
-    out.update(EXTRA_CLAIMS.get(card.name, {}))
+    if encoding_class is None:
+        encoding_class = registered_class(card.name)
+    if encoding_class is not None:
+        out.update(encoding_class.claims)
     text = f"{card.shortcoming}".lower()
     for phrases, key, value in _SHORTCOMING_RULES:
         if any(p in text for p in phrases):
@@ -302,21 +269,17 @@ class Probe:
         )
 
     def build(self, max_len: int) -> PositionalEncoding:
-        """Build at ``max_len``; settings no model dimension supplies fall back to :data:`DEFAULT_OPTIONS`.
+        """Build at ``max_len``; settings no model dimension supplies come from the encoding's ``example_options``.
 
-        If that fails, try again with ``original_max_len = max_len`` (RoPE scaling), then with the
-        encoding's own default ``max_len``; the first error is raised when every attempt fails.
+        If that fails, try again with the encoding's own default ``max_len``; the first error is raised
+        when every attempt fails.
         """
-        accepted = accepted_arguments(resolve(self.name))
+        cls = resolve(self.name)
+        accepted = accepted_arguments(cls)
         dims = self.dims(max_len)
         options = dict(self.options)
-        defaulted: dict[str, Any] = {}
-        for k, p in accepted.items():
-            if p.default is p.empty and k not in dims and k not in options and k in DEFAULT_OPTIONS:
-                defaulted[k] = DEFAULT_OPTIONS[k]
+        defaulted = {k: v for k, v in example_options(cls, dims).items() if k not in options}
         attempts: list[tuple[dict[str, Any], dict[str, Any]]] = [(dims, defaulted)]
-        if "original_max_len" in accepted and "original_max_len" not in options:
-            attempts.append((dims, {**defaulted, "original_max_len": max_len}))
         if "max_len" in accepted and "max_len" not in options:
             attempts.append(({k: v for k, v in dims.items() if k != "max_len"}, dict(attempts[-1][1])))
         first: Exception | None = None
@@ -852,7 +815,7 @@ def measure(
         card = encoding.info
     else:
         card = resolve(encoding).info
-    claims = claims_for(card)
+    claims = claims_for(card, type(encoding) if isinstance(encoding, PositionalEncoding) else resolve(encoding))
     with single_thread():
         return _measure(encoding, card, claims, keys, settings, dim, length, heads, short, options, seed)
 

@@ -81,6 +81,8 @@ class ALiBi(PositionalEncoding):
         reference="the paper's slopes and a naive-loop bias matrix; HF BLOOM build_alibi_tensor slopes",
         shortcoming="a fixed recency prior: far tokens are attended ever less (a local window in effect)",
     )
+    randomized_variant = True
+    claims = {"relative_only": True, "decay": True, "params_constant": True}
     bidirectional_default = False
 
     def __init__(self, n_heads: int, bidirectional: bool | None = None):

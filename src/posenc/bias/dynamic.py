@@ -56,6 +56,7 @@ class DynamicPositionBias(PositionalEncoding):
         reference="the MLP applied to every (i, j) pair (reference path) vs the per-distance table",
         aliases=("dynamic-position-bias", "dpb"),
     )
+    randomized_variant = True
 
     def __init__(
         self,

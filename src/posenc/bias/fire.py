@@ -65,6 +65,7 @@ class FIRE(PositionalEncoding):
         reference="the paper's equation (and appendix pseudo-code) on hand-computed cases",
         shortcoming="not translation invariant past the threshold L; a bias per pair (no Toeplitz shortcut)",
     )
+    randomized_variant = True
 
     def __init__(
         self,

@@ -50,6 +50,8 @@ class _Kerple(PositionalEncoding):
     """Shared machinery of the two KERPLE kernels."""
 
     shared_across_layers = False
+    randomized_variant = True
+    claims = {"relative_only": True}  # a function of |i - j| only
     r2_max: float | None = None  # the power kernel's 0 < r2 <= 2
     r1_init_scale = 1.0
     r2_init_scale = 1.0

@@ -12,27 +12,22 @@ table then has a row for every position that can be drawn). Set
 ``random_max_len`` larger than ``max_len`` for a wider range (the paper uses a
 range much longer than the training length, e.g. ``L = 2048`` for ``N <= 40``).
 
-The list is explicit (not every registered name): the inner encodings here are
-the ones whose module this file imports, so registration does not depend on the
-order in which encoding modules load. Any other encoding can be wrapped with
-:func:`posenc.randomized.randomized`.
+Which encodings get one is declared in their own files (``randomized_variant = True``
+on the class, inherited by subclasses unless they set it back to ``False``);
+:mod:`posenc.registry` adds the variants once every encoding module is loaded, so
+registration does not depend on the order in which encoding modules load, and a class
+registered later gets its variant when it registers. Any other encoding can be wrapped
+with :func:`posenc.randomized.randomized`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..absolute.learned import LearnedAbsolute
-from ..absolute.sinusoidal import Sinusoidal, SinusoidalConcat
 from ..base import Card, PositionalEncoding
 from ..errors import ConfigError
 from ..randomized import Randomized
 from ..registry import build, register
-from ..rotary.rope import RoPE, RoPEInterleaved
-from .alibi import ALiBi, ALiBiBidirectional
-from .dynamic import DynamicPositionBias
-from .fire import FIRE
-from .kerple import KerpleLog, KerplePower
 
 
 class RandomizedNamed(Randomized):
@@ -72,19 +67,11 @@ class RandomizedNamed(Randomized):
         super().__init__(inner, span, at_eval=at_eval)
 
 
-INNER: tuple[type[PositionalEncoding], ...] = (
-    Sinusoidal,
-    SinusoidalConcat,
-    LearnedAbsolute,
-    RoPE,
-    RoPEInterleaved,
-    ALiBi,
-    ALiBiBidirectional,
-    KerpleLog,
-    KerplePower,
-    FIRE,
-    DynamicPositionBias,
-)
+def _inner_example(inner: type[PositionalEncoding], dims: dict[str, Any]) -> dict[str, Any]:
+    from ..registry import example_options
+
+    options = example_options(inner, dims)
+    return {"inner_options": options} if options else {}
 
 
 def _make(inner: type[PositionalEncoding]) -> type[RandomizedNamed]:
@@ -118,13 +105,32 @@ def _make(inner: type[PositionalEncoding]) -> type[RandomizedNamed]:
             "__doc__": doc,
             "__module__": __name__,
             "scale_token_embeddings": inner.scale_token_embeddings,
+            "example_options": staticmethod(lambda dims: _inner_example(inner, dims)),
         },
     )
     return register(cls)
 
 
-REGISTERED: dict[str, type[RandomizedNamed]] = {}
-for _inner in INNER:
-    _cls = _make(_inner)
-    REGISTERED[_cls.info.name] = _cls
-    globals()[_cls.__name__] = _cls
+REGISTERED: dict[str, type[RandomizedNamed]] = {}  # randomized-<name> -> its class, filled by the registry
+
+
+def add_variant(inner: type[PositionalEncoding]) -> type[RandomizedNamed]:
+    """Register ``randomized-<name>`` over ``inner`` (once; called by :mod:`posenc.registry`)."""
+    for cls in REGISTERED.values():
+        if cls.inner_class is inner:
+            return cls
+    cls = _make(inner)
+    REGISTERED[cls.info.name] = cls
+    globals()[cls.__name__] = cls
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    # the variant classes (RandomizedRoPE ...) exist once the registry has loaded every encoding
+    from ..registry import available
+
+    available()
+    try:
+        return globals()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -115,6 +115,7 @@ class T5Bias(PositionalEncoding):
         shortcoming="distances beyond max_distance all look the same",
         aliases=("t5-bias",),
     )
+    claims = {"relative_only": True, "bounded": True}
     shared_across_layers = True
 
     def __init__(

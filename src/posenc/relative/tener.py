@@ -84,6 +84,7 @@ class TENER(PositionalEncoding):
         summary="Q K + Q R_{t-j} + u K + v R_{t-j}; direction-aware sinusoid R, no W_k, no 1/sqrt(d_k).",
         reference="the paper's eq. 2 by a naive loop; direction awareness; un-scaled softmax",
     )
+    claims = {"direction_aware": True}  # seed 000: TENER's relative sinusoid keeps the direction
     shared_across_layers = False  # u, v per layer
     key_projection = False  # K = H
 

@@ -204,6 +204,11 @@ class RoPE(PositionalEncoding):
         reference="HF transformers Llama apply_rotary_pos_emb",
         aliases=("rotary", "rope-half", "rope-neox"),
     )
+    randomized_variant = True
+    # RoFormer: relative scores, long-term decay
+    claims = dict(
+        relative_only=True, direction_aware=True, decay=True, bounded=True, linear_offset=True, consistent=True
+    )
     interleaved = False
 
     def __init__(self, head_dim: int, base: float = 10000.0, rotary_dim: int | None = None):

@@ -30,6 +30,8 @@ float64 beyond. Unlike ``rope``, ``.double()`` makes ``θ`` and the table float6
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -69,6 +71,12 @@ class RoPE2D(RoPE):
         reference="the formula as a naive per-pair loop; 2-D translation invariance",
         aliases=("rope-axial", "axial-rope"),
     )
+    randomized_variant = False
+    # relative in (row, column) of a grid, not in the flattened 1-D positions the analysis shifts:
+    # a shift by a multiple of grid_width leaves its scores unchanged, a shift by 1 does not
+    claims = {"relative_only": None}
+    # a square grid of about max_len cells
+    example_options = staticmethod(lambda dims: {"grid_width": max(2, math.isqrt(dims["max_len"]))})
     # no HF numbers to keep here: .double() / .float() still give float64 / float32 phases (as before),
     # half-precision casts leave them as they are
     phase_casts = (torch.float32, torch.float64)

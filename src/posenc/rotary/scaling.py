@@ -88,6 +88,17 @@ def _sequence_length(positions: Tensor) -> int | Tensor:
     return int(math.floor(float(positions.max()))) + 1
 
 
+def _longrope_example(head_dim: int, max_len: int) -> dict[str, object]:
+    pairs = max(1, head_dim // 2)
+    ramp = [i / max(1, pairs - 1) for i in range(pairs)]
+    return dict(
+        short_factor=[1.0 + 0.5 * r for r in ramp],
+        long_factor=[1.0 + 3.0 * r for r in ramp],
+        factor=2.0,
+        original_max_len=max(1, max_len // 2),
+    )
+
+
 class ScaledRoPE(RoPE):
     """RoPE with rescaled inverse frequencies and an attention factor on cos and sin (not registered).
 
@@ -97,6 +108,10 @@ class ScaledRoPE(RoPE):
 
     length_dependent = False
     attention_factor: float = 1.0
+    randomized_variant = False
+    claims = {}  # RoFormer's claims are not the scaled variants' (a length-dependent one is not consistent)
+    # a model built for max_len positions from one trained on max_len / 2 (the factor 2)
+    example_options = staticmethod(lambda dims: {"factor": 2.0, "original_max_len": max(1, dims["max_len"] // 2)})
 
     def _set_frequencies(self, inv_freq: Tensor) -> None:
         self.inv_freq = inv_freq.to(torch.float32)
@@ -191,6 +206,7 @@ class RoPELinear(ScaledRoPE):
         aliases=("rope-pi", "position-interpolation"),
         shortcoming="crowds nearby positions together: high frequencies lose resolution",
     )
+    example_options = {"factor": 2.0}
 
     def __init__(self, head_dim: int, factor: float, base: float = 10000.0, rotary_dim: int | None = None):
         super().__init__(head_dim, base, rotary_dim)
@@ -232,6 +248,7 @@ class RoPENTK(ScaledRoPE):
         "dynamic",
         aliases=("rope-ntk-aware",),
     )
+    example_options = {"factor": 2.0}
 
     def __init__(self, head_dim: int, factor: float, base: float = 10000.0, rotary_dim: int | None = None):
         super().__init__(head_dim, base, rotary_dim)
@@ -262,6 +279,9 @@ class RoPEDynamicNTK(ScaledRoPE):
         "dynamic",
         aliases=("rope-dynamic-ntk",),
     )
+    # relative within one length only: past original_max_len the frequencies follow max(position) + 1, so a
+    # shift of every position changes the scores (the card's position="relative" would claim otherwise)
+    claims = {"relative_only": None}
     length_dependent = True
 
     def __init__(
@@ -472,6 +492,11 @@ class RoPELongRoPE(ScaledRoPE):
         "longrope",
         aliases=("longrope",),
     )
+    # relative within one length only: past original_max_len the frequencies follow max(position) + 1, so a
+    # shift of every position changes the scores (the card's position="relative" would claim otherwise)
+    claims = {"relative_only": None}
+    # trained on max_len / 2; per-pair factors rising from 1 (the fastest pair) to 1.5 (short set) and 4 (long set)
+    example_options = staticmethod(lambda dims: _longrope_example(dims["head_dim"], dims["max_len"]))
     length_dependent = True
     phase_buffers = (*RoPE.phase_buffers, "long_inv_freq")
 

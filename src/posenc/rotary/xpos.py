@@ -85,6 +85,8 @@ class XPos(RoPE):
         reference="the paper's formula (naive per-pair loop), torchscale's ζ_i and layout",
         shortcoming="scales overflow far from the centre (cached decoding uses centre 0)",
     )
+    randomized_variant = False
+    claims = {"relative_only": True, "decay": True}
     phase_buffers = (*RoPE.phase_buffers, "zeta")  # ζ stays float64 under module casts
 
     def __init__(

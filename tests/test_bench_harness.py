@@ -187,18 +187,48 @@ def test_locked_store_is_a_clear_error_and_loses_nothing(tmp_path):
     assert _count(db) == 1
     store.add(rec2)
     assert _count(db) == 2
-    # a suite whose store is locked when a run finishes: the run is kept aside, not lost
+    # a suite whose store stays locked after its last run finished: the run is kept aside, not lost
     other = sqlite3.connect(db, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:
-        with pytest.raises(StoreLockedError, match="kept in .*pending.jsonl"):
+        with pytest.raises(StoreLockedError, match="stayed locked.*kept in .*pending-.*jsonl.*nothing finished"):
             run_suite([tiny(encoding="rope")], tmp_path, store=SQLiteStore(db, timeout=0.2), progress=False)
     finally:
         other.execute("ROLLBACK")
         other.close()
     assert _count(db) == 2
     assert tiny(encoding="rope").key() in SQLiteStore(db).keys()  # imported when opened again
-    assert _count(db) == 3 and not (tmp_path / "results.sqlite.pending.jsonl").exists()
+    assert _count(db) == 3 and not list(tmp_path.glob("results.sqlite.pending*"))
+
+
+def test_a_store_locked_for_a_while_makes_the_finisher_wait_not_the_suite(tmp_path):
+    """The lock is held for 2 s while runs finish: they wait in a pending file, the suite goes on and
+    ends with every run stored (before, the suite stopped with an error after the store's timeout)."""
+    import threading
+    import time
+
+    db = tmp_path / "results.sqlite"
+    SQLiteStore(db).close()
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    released = []
+
+    def release():
+        time.sleep(2.0)
+        other.execute("ROLLBACK")
+        other.close()
+        released.append(time.monotonic())
+
+    threading.Thread(target=release, daemon=True).start()
+    cfgs = [tiny(encoding="none"), tiny(encoding="rope"), tiny(encoding="sinusoidal")]
+    lines = []
+    t0 = time.monotonic()
+    res = run_suite(cfgs, tmp_path, store=SQLiteStore(db, timeout=10), progress=False, log=lines.append)
+    assert released and len(res) == 3 and _count(db) == 3
+    assert any("locked by another process" in ln and "the other runs go on" in ln for ln in lines)
+    assert any("free again" in ln for ln in lines)
+    assert not list(tmp_path.glob("results.sqlite.pending*"))  # the pending file is gone once written
+    assert time.monotonic() - t0 < 30
 
 
 # ------------------------------------------------------------------------------------------ suites

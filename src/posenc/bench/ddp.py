@@ -4,6 +4,7 @@
 
     torchrun --nproc_per_node 2 -m posenc.bench.ddp --task order --encoding rope --steps 300 --store results.sqlite
     torchrun --nnodes 2 --node_rank R --master_addr HOST --nproc_per_node 8 -m posenc.bench.ddp --config run.json ...
+    torchrun --nproc_per_node 2 -m posenc.bench.ddp --import my_tasks.py --task my-task --encoding rope
 
 Every rank builds the same model and draws the same batches from the same seed;
 each keeps its share of the rows (:func:`posenc.bench.executors.shard`) and DDP
@@ -58,7 +59,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--store", help="SQLite results store rank 0 writes the run to")
     p.add_argument("--result-json", help="file rank 0 writes {record, error} to (used by posenc bench --ddp)")
     p.add_argument("--backend", default="gloo")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE|FILE",
+        help="a module of tasks of your own to import first (repeatable)",
+    )
     args = p.parse_args(argv)
+    if args.imports:
+        from .api import load_tasks
+
+        load_tasks(*args.imports)
 
     dist.init_process_group(backend=args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()

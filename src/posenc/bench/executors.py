@@ -1,9 +1,17 @@
 """Where runs execute: this process, a pool of processes, a Ray cluster, or one run across torchrun ranks.
 
-Every executor yields ``(job, record, error)`` as runs finish; the caller (the
-parent process, :func:`posenc.bench.runner.run_suite`) writes the store. A
-failed run yields its error as text instead of a record (``KeyboardInterrupt``
-is never swallowed).
+An executor takes jobs one at a time (:meth:`Executor.submit`, up to
+:attr:`Executor.capacity` at once) and hands back ``(job, record, error)`` as runs
+finish (:meth:`Executor.wait`); the caller (the parent process,
+:func:`posenc.bench.runner.run_suite`) claims each job before submitting it and
+writes the store. A failed run gives its error as text instead of a record
+(``KeyboardInterrupt`` is never swallowed).
+
+Worker processes (``--workers``) end when their parent ends, however it ends
+(``PR_SET_PDEATHSIG`` on Linux, and a thread that watches the parent's pid
+everywhere); a worker that dies is replaced, and its run is tried once more
+before it is recorded as failed. Every worker, Ray task and torchrun rank first
+imports the task modules of the parent (:func:`posenc.bench.api.worker_imports`).
 
 DDP: a task's training loop can use :func:`ddp_wrap` (wraps the model in
 :class:`~torch.nn.parallel.DistributedDataParallel` when ``torch.distributed`` is
@@ -17,9 +25,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -111,26 +122,68 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n" + "".join(tb[-4:-1]).rstrip()
 
 
-def _run_config_dict(cfg: dict[str, Any], threads: int | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def _run_config_dict(
+    cfg: dict[str, Any],
+    threads: int | None = None,
+    imports: Sequence[str] = (),
+    sys_path: Sequence[str] = (),
+) -> tuple[dict[str, Any] | None, str | None]:
     """Run one config (given as a dict) in a worker; never raises (except KeyboardInterrupt)."""
     from . import runner
+    from .api import prepare_process
 
     if threads:
         torch.set_num_threads(threads)
     try:
+        prepare_process(imports, sys_path)
         return runner.run_one(RunConfig.from_dict(cfg)), None
     except Exception as exc:  # noqa: BLE001 -- recorded as a failed run
         return None, describe_error(exc)
 
 
-class Executor:
-    reports_steps = False
+def parent_sys_path() -> list[str]:
+    """This process's ``sys.path`` folders, for a Ray task or torchrun rank to find the same modules."""
+    return [p for p in sys.path if p and os.path.isdir(p)]
 
-    def run(self, jobs: Sequence[Job], on_step: OnStep | None = None) -> Iterator[Event]:  # pragma: no cover
+
+class Executor:
+    """Runs jobs: :meth:`submit` (at most :attr:`capacity` in flight), :meth:`wait` for finished ones."""
+
+    reports_steps = False
+    capacity = 1
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[Job, OnStep | None]] = []
+
+    def submit(self, job: Job, on_step: OnStep | None = None) -> None:
+        self._queue.append((job, on_step))
+
+    @property
+    def busy(self) -> int:
+        """Jobs submitted and not yet handed back."""
+        return len(self._queue)
+
+    def wait(self, timeout: float | None = None) -> list[Event]:
+        """Finished jobs (at least one unless ``timeout`` passed or nothing is in flight)."""
+        out = []
+        while self._queue:
+            job, on_step = self._queue.pop(0)
+            out.append(self._run(job, on_step))
+        return out
+
+    def _run(self, job: Job, on_step: OnStep | None) -> Event:  # pragma: no cover
         raise NotImplementedError
 
-    def close(self) -> None:
-        pass
+    def run(self, jobs: Sequence[Job], on_step: OnStep | None = None) -> Iterator[Event]:
+        """Every job, as it finishes (no claims: for a caller that owns the jobs)."""
+        todo = list(jobs)
+        while todo or self.busy:
+            while todo and self.busy < self.capacity:
+                self.submit(todo.pop(0), on_step)
+            yield from self.wait(1.0)
+
+    def close(self, kill: bool = False) -> None:
+        """Stop (``kill``: do not wait for runs in flight)."""
 
 
 class LocalExecutor(Executor):
@@ -138,100 +191,286 @@ class LocalExecutor(Executor):
 
     reports_steps = True
 
-    def run(self, jobs: Sequence[Job], on_step: OnStep | None = None) -> Iterator[Event]:
+    def _run(self, job: Job, on_step: OnStep | None) -> Event:
         from . import runner
 
-        for job in jobs:
+        def tick(step: int, loss: float) -> None:
+            if on_step is not None:
+                on_step(job, step, loss)
 
-            def tick(step: int, loss: float, job: Job = job) -> None:
-                if on_step is not None:
-                    on_step(job, step, loss)
-
-            try:
-                rec = runner.run_one(job.config, tick)
-            except Exception as exc:  # noqa: BLE001 -- recorded as a failed run
-                yield job, None, describe_error(exc)
-                continue
-            yield job, rec, None
-
-
-def _init_worker(threads: int) -> None:
-    torch.set_num_threads(threads)
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        try:
+            return job, runner.run_one(job.config, tick), None
+        except Exception as exc:  # noqa: BLE001 -- recorded as a failed run
+            return job, None, describe_error(exc)
 
 
 def threads_per_worker(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-class ProcessExecutor(Executor):
-    """``workers`` processes (spawned, ``cpu_count // workers`` torch threads each)."""
+PR_SET_PDEATHSIG = 1
 
-    def __init__(self, workers: int):
+
+def die_with_parent(parent_pid: int, poll: float = 0.5) -> None:
+    """End this process when ``parent_pid`` ends: PR_SET_PDEATHSIG (Linux) and a watchdog thread."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent ended before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="posenc-parent-watchdog", daemon=True).start()
+
+
+def _worker_main(conn: Any, threads: int, parent_pid: int, imports: list[str], sys_path: list[str]) -> None:
+    """A worker process: run the configs the parent sends until it sends None or goes away."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends the workers
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+    setup_error = None
+    try:
+        from .api import prepare_process
+
+        prepare_process(imports, sys_path)
+    except Exception as exc:  # noqa: BLE001 -- reported with every run
+        setup_error = f"the worker process could not import the task modules: {describe_error(exc)}"
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        jid, cfg = msg
+        rec, err = (None, setup_error) if setup_error else _run_config_dict(cfg)
+        try:
+            conn.send((jid, rec, err))
+        except OSError:
+            return
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class _Worker:
+    def __init__(self, proc: Any, conn: Any):
+        self.proc, self.conn = proc, conn
+        self.job: Job | None = None
+        self.jid = 0
+
+
+class ProcessExecutor(Executor):
+    """``workers`` spawned processes (``cpu_count // workers`` torch threads each).
+
+    A worker that dies (killed, out of memory) is replaced and its run submitted again;
+    a run whose worker dies ``retries + 1`` times is a failed run. Workers end with the parent.
+    """
+
+    def __init__(self, workers: int, imports: Sequence[str] = (), retries: int = 1):
+        super().__init__()
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         self.workers = workers
-        self.pool: Any = None
+        self.capacity = workers
+        self.imports = list(imports)
+        self.retries = retries
+        self.pool: list[_Worker] = []
+        self.deaths: dict[str, list[str]] = {}
+        self._jid = 0
 
-    def run(self, jobs: Sequence[Job], on_step: OnStep | None = None) -> Iterator[Event]:
+    @property
+    def busy(self) -> int:
+        return sum(w.job is not None for w in self.pool)
+
+    def _spawn(self) -> _Worker:
         import multiprocessing as mp
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-        if not jobs:
-            return
-        threads = threads_per_worker(self.workers)
-        self.pool = ProcessPoolExecutor(
-            max_workers=min(self.workers, len(jobs)),
-            mp_context=mp.get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(threads,),
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_worker_main,
+            args=(child, threads_per_worker(self.workers), os.getpid(), self.imports, parent_sys_path()),
+            daemon=True,
+            name="posenc-bench-worker",
         )
-        pending = {self.pool.submit(_run_config_dict, j.config.as_dict()): j for j in jobs}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                job = pending.pop(fut)
-                try:
-                    rec, err = fut.result()
-                except Exception as exc:  # noqa: BLE001 -- a worker that died
-                    rec, err = None, f"worker process failed: {describe_error(exc)}"
-                yield job, rec, err
+        proc.start()
+        child.close()
+        w = _Worker(proc, parent)
+        self.pool.append(w)
+        return w
 
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.pool = None
+    def submit(self, job: Job, on_step: OnStep | None = None) -> None:
+        for w in [w for w in self.pool if w.job is None and not w.proc.is_alive()]:
+            self._drop(w)  # died while idle
+        idle = [w for w in self.pool if w.job is None]
+        w = idle[0] if idle else self._spawn()
+        self._jid += 1
+        w.job, w.jid = job, self._jid
+        try:
+            w.conn.send((w.jid, job.config.as_dict()))
+        except OSError:  # it died while idle: the sentinel reports it in wait()
+            pass
+
+    def _drop(self, w: _Worker) -> None:
+        self.pool.remove(w)
+        try:
+            w.conn.close()
+        except OSError:
+            pass
+        w.proc.join(timeout=1)
+
+    def wait(self, timeout: float | None = None) -> list[Event]:
+        from multiprocessing.connection import wait as mp_wait
+
+        busy = [w for w in self.pool if w.job is not None]
+        if not busy:
+            return []
+        handles: dict[Any, _Worker] = {}
+        for w in busy:
+            handles[w.conn] = w
+            handles[w.proc.sentinel] = w
+        ready = mp_wait(list(handles), timeout)
+        out: list[Event] = []
+        for w in dict.fromkeys(handles[r] for r in ready):
+            job = w.job
+            if job is None:
+                continue
+            try:
+                if w.conn.poll():
+                    jid, rec, err = w.conn.recv()
+                    if jid == w.jid:
+                        w.job = None
+                        out.append((job, rec, err))
+                        continue
+            except (EOFError, OSError):
+                pass
+            if w.proc.is_alive():
+                continue
+            # the worker died with the job
+            w.proc.join(timeout=1)
+            w.job = None
+            self._drop(w)
+            deaths = self.deaths.setdefault(job.key, [])
+            deaths.append(_exit_text(w.proc.exitcode))
+            if len(deaths) <= self.retries:
+                self.submit(job)
+            else:
+                out.append(
+                    (
+                        job,
+                        None,
+                        f"worker process failed: the worker running it died {len(deaths)} times "
+                        f"({', '.join(deaths)}); out of memory, or killed from outside",
+                    )
+                )
+        return out
+
+    def close(self, kill: bool = False) -> None:
+        for w in self.pool:
+            if kill or w.job is not None:
+                w.proc.terminate()
+            else:
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 5
+        for w in self.pool:
+            w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(timeout=1)
+            try:
+                w.conn.close()
+            except OSError:
+                pass
+        self.pool = []
+
+
+def _ray_error(address: str, exc: BaseException) -> ConfigError:
+    return ConfigError(
+        f"no Ray cluster was found at --ray-address {address} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+        "start one with `ray start --head` (then --ray-address auto), omit --ray-address to start a local one, "
+        "or use --workers N for processes on this machine"
+    )
 
 
 class RayExecutor(Executor):
     """Runs as Ray tasks (1 CPU each) on the cluster at ``address`` (or a local one)."""
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, imports: Sequence[str] = ()):
+        super().__init__()
         try:
             import ray
         except ImportError:
             raise ConfigError("--executor ray needs Ray: pip install 'posenc[cluster]' (or pip install ray)") from None
         self.ray = ray
         self.started = False
+        self.imports = list(imports)
         if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            try:
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            except Exception as exc:  # noqa: BLE001 -- ConnectionError, or a RuntimeError of a bad address
+                if address is None:
+                    raise
+                raise _ray_error(address, exc) from None
             self.started = True
+        try:
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+        except Exception:  # noqa: BLE001
+            cpus = 1
+        self.capacity = max(1, cpus)
+        self.pending: dict[Any, Job] = {}
+        self.remote = ray.remote(num_cpus=1)(_run_config_dict)
 
-    def run(self, jobs: Sequence[Job], on_step: OnStep | None = None) -> Iterator[Event]:
-        ray = self.ray
-        remote = ray.remote(num_cpus=1)(_run_config_dict)
-        pending = {remote.remote(j.config.as_dict(), 1): j for j in jobs}
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                job = pending.pop(ref)
-                try:
-                    rec, err = ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 -- a task or node that died
-                    rec, err = None, f"ray task failed: {describe_error(exc)}"
-                yield job, rec, err
+    @property
+    def busy(self) -> int:
+        return len(self.pending)
 
-    def close(self) -> None:
+    def submit(self, job: Job, on_step: OnStep | None = None) -> None:
+        ref = self.remote.remote(job.config.as_dict(), 1, self.imports, parent_sys_path())
+        self.pending[ref] = job
+
+    def wait(self, timeout: float | None = None) -> list[Event]:
+        if not self.pending:
+            return []
+        ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=timeout)
+        out: list[Event] = []
+        for ref in ready:
+            job = self.pending.pop(ref)
+            try:
+                rec, err = self.ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 -- a task or node that died
+                rec, err = None, f"ray task failed: {describe_error(exc)}"
+            out.append((job, rec, err))
+        return out
+
+    def close(self, kill: bool = False) -> None:
+        for ref in list(self.pending):
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.pending.clear()
         if self.started:
             self.ray.shutdown()
             self.started = False
@@ -240,18 +479,21 @@ class RayExecutor(Executor):
 class DDPExecutor(Executor):
     """Each run across ``nproc`` processes: ``torchrun --nproc_per_node nproc -m posenc.bench.ddp``."""
 
-    def __init__(self, nproc: int):
+    def __init__(self, nproc: int, imports: Sequence[str] = ()):
+        super().__init__()
         if nproc < 1:
             raise ConfigError(f"--ddp needs a number of processes >= 1, got {nproc}")
         self.nproc = nproc
+        self.imports = list(imports)
 
-    def run(self, jobs: Sequence[Job], on_step: OnStep | None = None) -> Iterator[Event]:
-        for job in jobs:
-            rec, err = run_ddp(job.config, self.nproc)
-            yield job, rec, err
+    def _run(self, job: Job, on_step: OnStep | None) -> Event:
+        rec, err = run_ddp(job.config, self.nproc, imports=self.imports)
+        return job, rec, err
 
 
-def run_ddp(cfg: RunConfig, nproc: int, timeout: float | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def run_ddp(
+    cfg: RunConfig, nproc: int, timeout: float | None = None, imports: Sequence[str] = ()
+) -> tuple[dict[str, Any] | None, str | None]:
     """Run ``cfg`` under torchrun with ``nproc`` CPU processes (gloo); return rank 0's record or the error."""
     with tempfile.TemporaryDirectory(prefix="posenc-ddp-") as tmp:
         cfg_path, out_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
@@ -269,7 +511,10 @@ def run_ddp(cfg: RunConfig, nproc: int, timeout: float | None = None) -> tuple[d
             "--result-json",
             str(out_path),
         ]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_worker(nproc))}
+        for spec in imports:
+            cmd += ["--import", spec]
+        path = os.pathsep.join([*parent_sys_path(), *filter(None, [os.environ.get("PYTHONPATH")])])
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_worker(nproc)), "PYTHONPATH": path}
         failures: list[str] = []
         # A gloo rank on a loaded CPU machine was seen to abort (SIGABRT) now and then, before or after the
         # result was written: a finished result is kept (the exit code is recorded), and a run that left
@@ -289,15 +534,23 @@ def run_ddp(cfg: RunConfig, nproc: int, timeout: float | None = None) -> tuple[d
         return None, failures[-1]
 
 
-def make_executor(kind: str, *, workers: int = 1, ray_address: str | None = None, ddp: int = 0) -> Executor:
+def make_executor(
+    kind: str,
+    *,
+    workers: int = 1,
+    ray_address: str | None = None,
+    ddp: int = 0,
+    imports: Sequence[str] = (),
+) -> Executor:
+    """The executor ``kind`` names; ``imports``: task modules every worker imports first."""
     if kind not in EXECUTORS:
         raise ConfigError(f"executor must be one of {EXECUTORS}, got {kind!r}")
     if ddp and kind not in ("auto", "ddp"):
         raise ConfigError(f"--ddp runs each job across processes itself; it cannot be combined with --executor {kind}")
     if ddp or kind == "ddp":
-        return DDPExecutor(ddp or 2)
+        return DDPExecutor(ddp or 2, imports)
     if kind == "ray":
-        return RayExecutor(ray_address)
+        return RayExecutor(ray_address, imports)
     if kind == "process" or (kind == "auto" and workers > 1):
-        return ProcessExecutor(workers)
+        return ProcessExecutor(workers, imports)
     return LocalExecutor()

@@ -55,6 +55,7 @@ class LiveBoard:
         workers: int = 1,
         stream: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fresh: bool = False,
     ):
         self.jobs = list(jobs)
         self.live = live
@@ -65,7 +66,7 @@ class LiveBoard:
         self.t0 = clock()
         self.finish_times: list[float] = []
         self.durations: list[float] = []
-        done = store.keys()
+        done = set() if fresh else store.keys()
         self.todo = [j for j in self.jobs if j.key not in done]
         self.n_done = 0
         self.steps_seen: dict[str, int] = {}
@@ -148,10 +149,15 @@ class LiveBoard:
         if step % 25 == 0:
             self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
-    def _advance(self, job: Job) -> None:
+    def _advance(self, job: Job, elsewhere: bool = False) -> None:
         # The k-th run to finish started when the (k - workers)-th finished (or at the start):
         # exact with one worker, and with a pool as long as runs are handed out in order.
         now = self.clock()
+        if elsewhere:  # not a run of ours: it tells nothing about our rate
+            self.n_done += 1
+            if self.bar is not None:
+                self.bar.update(job.config.steps if self.per_step else 1)
+            return
         k = len(self.finish_times)
         started = self.finish_times[k - self.workers] if k >= self.workers else self.t0
         self.durations.append(now - started)
@@ -165,8 +171,13 @@ class LiveBoard:
             self.bar.update(1)
             self.bar.set_description(job.title)
 
-    def finished(self, job: Job, rec: dict[str, Any]) -> None:
-        self._advance(job)
+    def note(self, line: str) -> None:
+        """A message about the suite (waiting for another process, a locked store), shown even when quiet."""
+        self.write(line, err=True)
+
+    def finished(self, job: Job, rec: dict[str, Any], elsewhere: bool = False) -> None:
+        """A run finished (``elsewhere``: by another process on the same store, not trained here)."""
+        self._advance(job, elsewhere)
         self._score(rec)
         if not self.live:
             return
@@ -178,8 +189,9 @@ class LiveBoard:
         )
         w = len(str(self.total))
         self.write(
-            f"[{self.n_done:>{w}}/{self.total}] {job.title}  {cells}  ({rec.get('train_seconds', 0):.1f} s)"
-            f"  | {job.config.task}: {self.leaders(job.config.task)}{self._eta_text()}"
+            f"[{self.n_done:>{w}}/{self.total}] {job.title}  {cells}  "
+            + ("(by another process)" if elsewhere else f"({rec.get('train_seconds', 0):.1f} s)")
+            + f"  | {job.config.task}: {self.leaders(job.config.task)}{self._eta_text()}"
         )
 
     def failed(self, job: Job, error: str) -> None:

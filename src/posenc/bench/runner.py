@@ -6,6 +6,13 @@ and the initialisation). Finished runs go to an SQLite store
 finish, one transaction each, written by this (the parent) process only; an
 interrupted suite loses nothing it had finished and, started again, skips
 exactly the runs already stored.
+
+Several processes may run suites on one store at once: each claims a run
+(:class:`posenc.bench.store.Claims`) before training it, skips runs that another
+live process has claimed, takes over those whose owner died, and at the end
+waits for the runs others are still training. A store that is locked when a run
+finishes does not stop the suite: the run is kept in a pending file and written
+when the lock is free, while the other runs go on.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +46,9 @@ class RunConfig:
     the longest training length: in distribution; the rest are extrapolation).
     ``model`` is ``"encoder"`` (bidirectional), ``"decoder"`` (causal) or ``"auto"``
     (the task's default). ``task_options`` are passed to the task as they are.
+    ``task_version`` is filled in from the task (:func:`posenc.bench.api.task_version`):
+    ``None`` for a built-in task that declares no version, whose keys are those of
+    posenc 0.1; else it is part of the key, so a task whose code changed gives new runs.
     """
 
     task: str = "order"
@@ -56,13 +67,16 @@ class RunConfig:
     model: str = "auto"
     encoding_options: dict[str, Any] = field(default_factory=dict)
     task_options: dict[str, Any] = field(default_factory=dict)
+    task_version: str | None = None
 
     def __post_init__(self) -> None:
-        from .api import get_task
+        from .api import get_task, task_version
 
         object.__setattr__(self, "train_lengths", tuple(self.train_lengths))
         object.__setattr__(self, "test_lengths", tuple(self.test_lengths))
         task = get_task(self.task)
+        if self.task_version is None:
+            object.__setattr__(self, "task_version", task_version(self.task))
         resolve(self.encoding)
         if self.model not in MODELS:
             raise ConfigError(f"model must be one of {MODELS}, got {self.model!r}")
@@ -92,6 +106,8 @@ class RunConfig:
         d = dataclasses.asdict(self)
         d["train_lengths"] = list(self.train_lengths)
         d["test_lengths"] = list(self.test_lengths)
+        if d["task_version"] is None:  # built-in tasks: the key of posenc 0.1 (existing stores stay valid)
+            del d["task_version"]
         return d
 
     @classmethod
@@ -147,9 +163,16 @@ class RunFailedError(PosencError):
 
 def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Train and evaluate one configuration with its task; return a JSON-able result."""
-    from .api import get_task
+    from .api import get_task, task_version
 
     task = get_task(cfg.task)
+    now = task_version(cfg.task)
+    if cfg.task_version != now:
+        raise ConfigError(
+            f"task {cfg.task!r} is at version {now!r} in this process, but the run was planned with version "
+            f"{cfg.task_version!r}: its code changed while the suite ran (or a worker imports another file). "
+            "Start the suite again to run the new version"
+        )
     t0 = time.perf_counter()
     out = task.run(cfg, on_step)
     curve = out.get("curve", [])
@@ -227,6 +250,150 @@ def as_jobs(suite_or_configs: Suite | str | Path | Sequence[RunConfig | Job]) ->
     return jobs, None
 
 
+class _Writer:
+    """Writes finished runs; a run the locked store cannot take now is kept in a pending file and retried
+    (with backoff) while the suite goes on. A claim is released once its run is in the store."""
+
+    def __init__(self, store: SQLiteStore, claims: Any, owner: dict[str, Any], say: Callable[[str], None]):
+        self.store, self.claims, self.owner, self.say = store, claims, owner, say
+        self.queue: list[dict[str, Any]] = []  # {"kind", "job", "record"/"error", "due", "delay"}
+        self.pending: Path | None = None
+        self.wait = min(1.0, store.timeout)
+
+    def _try(self, item: dict[str, Any]) -> bool:
+        job = item["job"]
+        if item["kind"] == "run":
+            ok = self.store.try_add(item["record"], wait=self.wait)
+        else:
+            from .store import StoreLockedError
+
+            try:
+                self.store.add_failure(job.key, job.config.as_dict(), item["error"], job.label, wait=self.wait)
+                ok = True
+            except StoreLockedError:
+                ok = False
+        if ok:
+            self.claims.release(job.key)
+        return ok
+
+    def add_run(self, job: Job, record: dict[str, Any]) -> None:
+        self._add({"kind": "run", "job": job, "record": record})
+
+    def add_failure(self, job: Job, error: str) -> None:
+        self._add({"kind": "failure", "job": job, "error": error})
+
+    def _add(self, item: dict[str, Any]) -> None:
+        if not self.queue and self._try(item):
+            return
+        if item["kind"] == "run":
+            self.pending = self.store.keep_pending(item["record"], self.owner)
+        if not self.queue:
+            self.say(
+                f"the results store {self.store.path} is locked by another process; finished runs are kept in "
+                f"{self.pending or 'memory'} and written as soon as it is free (the other runs go on)"
+            )
+        item.update(due=time.monotonic() + 0.5, delay=0.5)
+        self.queue.append(item)
+
+    def flush(self, force: bool = False) -> None:
+        """Write the queued runs whose retry is due (``force``: all of them, now)."""
+        now = time.monotonic()
+        for item in list(self.queue):
+            if not force and item["due"] > now:
+                continue
+            if self._try(item):
+                self.queue.remove(item)
+            else:
+                item["delay"] = min(10.0, item["delay"] * 2)
+                item["due"] = time.monotonic() + item["delay"]
+                break  # still locked: no use trying the rest now
+        if not self.queue and self.pending is not None:
+            self.pending.unlink(missing_ok=True)
+            self.pending = None
+            self.say(f"the results store {self.store.path} is free again: every finished run is stored")
+
+    def next_due(self) -> float | None:
+        return min((i["due"] for i in self.queue), default=None)
+
+    def unwritten(self) -> set[str]:
+        return {i["job"].key for i in self.queue if i["kind"] == "run"}
+
+
+class _Scheduler:
+    """Hands out the jobs this process may train: not stored, and claimed by it (see the module docstring)."""
+
+    def __init__(self, todo: Sequence[Job], store: SQLiteStore, claims: Any, *, t0: float, fresh: bool, poll: float):
+        self.queue = deque(todo)
+        self.store, self.claims, self.poll = store, claims, poll
+        self.t0 = t0  # failures (and, when fresh, runs) stored since then by others count as done here
+        self.since = t0 if fresh else None
+        self.others: dict[str, tuple[Job, dict[str, Any]]] = {}
+        self.elsewhere: list[tuple[Job, dict[str, Any] | None, str | None]] = []  # finished by others
+        self._next_check = 0.0
+
+    def _outcome(self, job: Job) -> bool:
+        """Whether ``job`` was finished (or failed) by another process: noted in :attr:`elsewhere`."""
+        if self.since is None:
+            rec = self.store.get(job.key)
+        else:
+            t = self.store.finished_at(job.key)
+            rec = self.store.get(job.key) if t is not None and t >= self.since else None
+        if rec is not None:
+            self.elsewhere.append((job, rec, None))
+            return True
+        fail = self.store.failure(job.key)
+        if fail is not None and fail["failed_at"] >= self.t0:
+            self.elsewhere.append((job, None, fail["error"]))
+            return True
+        return False
+
+    def next(self) -> Job | None:
+        """A job claimed by this process, or None when none can start now."""
+        while self.queue:
+            job = self.queue.popleft()
+            holder = self.claims.try_claim(job.key, job.title)
+            if holder is not None:
+                self.others[job.key] = (job, holder)
+                continue
+            if self._outcome(job):  # finished by another process before we claimed it
+                self.claims.release(job.key)
+                continue
+            return job
+        if not self.others or time.monotonic() < self._next_check:
+            return None
+        self._next_check = time.monotonic() + self.poll
+        for key, (job, _info) in list(self.others.items()):
+            if self._outcome(job):
+                del self.others[key]
+                continue
+            holder = self.claims.holder(key)
+            if holder is not None:
+                self.others[key] = (job, holder)
+                continue
+            self.store.import_pending()  # a dead owner's finished runs, if it left any
+            if self._outcome(job):
+                del self.others[key]
+                continue
+            holder = self.claims.try_claim(key, job.title)
+            if holder is None:
+                del self.others[key]
+                if self._outcome(job):
+                    self.claims.release(key)
+                    continue
+                return job
+            self.others[key] = (job, holder)
+        return None
+
+    def take_elsewhere(self) -> list[tuple[Job, dict[str, Any] | None, str | None]]:
+        out, self.elsewhere = self.elsewhere, []
+        return out
+
+
+def _owners(others: dict[str, tuple[Job, dict[str, Any]]]) -> str:
+    who = sorted({f"pid {i.get('pid', '?')} on {i.get('host', '?')}" for _, i in others.values()})
+    return ", ".join(who)
+
+
 def run_suite(
     suite_or_configs: Suite | str | Path | Sequence[RunConfig | Job],
     out: str | Path | None = None,
@@ -241,6 +408,9 @@ def run_suite(
     ray_address: str | None = None,
     ddp: int = 0,
     log: Callable[[str], None] | None = None,
+    imports: Sequence[str | Path] = (),
+    wait_for_others: bool = True,
+    lease: float = 60.0,
 ) -> SuiteResults:
     """Run every job of a suite not already in the store; return the finished ones in suite order.
 
@@ -254,24 +424,48 @@ def run_suite(
     (their rows are replaced only when the new run finishes). ``on_error="continue"``
     records a failed run (e.g. a missing data package) and goes on; ``"stop"`` raises
     :class:`RunFailedError` after recording it. Results are written by this process only.
+
+    ``imports``: task modules (names or ``.py`` paths) to import here and in every
+    worker (:func:`posenc.bench.api.load_tasks`; those loaded before are passed on too).
+    Another process running jobs of the same store: each run is trained by one of them
+    (claims with a lease of ``lease`` seconds); ``wait_for_others=False`` returns without
+    waiting for the runs the others are training (they are listed).
     """
+    from .api import load_tasks, unimportable_tasks, worker_imports
     from .executors import make_executor
     from .live import LiveBoard
-    from .store import open_store
+    from .store import ACTIVE_TAGS, Claims, StoreLockedError, new_owner, open_store
 
     if on_error not in ("continue", "stop"):
         raise ConfigError(f"on_error must be 'continue' or 'stop', got {on_error!r}")
+    if imports:
+        load_tasks(*imports)
     jobs, suite = as_jobs(suite_or_configs)
     if out is None:
         out = Path("posenc-results") / (suite.name if suite else "runs")
     out = Path(out)
     st = open_store(store if store is not None else out / "results.sqlite")
-    say = log or (lambda s: print(s))
+    say = log or (lambda s: print(s, flush=True))
+    t_start = time.time()
     done = st.keys() if resume else set()
     todo = [j for j in jobs if j.key not in done]
     if len(todo) < len(jobs):  # said even when quiet: it explains why nothing (or less) runs
         say(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs already finished in {st.path}")
-    ex = make_executor(executor, workers=workers, ray_address=ray_address, ddp=ddp)
+    task_names = sorted({j.config.task for j in todo})
+    local_only = executor == "local" or (executor == "auto" and workers <= 1 and not ddp)
+    if not local_only and (bad := unimportable_tasks(task_names)):
+        raise ConfigError(
+            f"task(s) {bad} are defined in a notebook or an interactive session, which worker processes cannot "
+            "import: put them in a .py file and pass imports=['that_file.py'] (posenc bench --import), "
+            "or run with workers=1"
+        )
+    ex = make_executor(executor, workers=workers, ray_address=ray_address, ddp=ddp, imports=worker_imports(task_names))
+    owner = new_owner()
+    ACTIVE_TAGS.add(owner["tag"])
+    claims = Claims(st.path, lease=lease, owner=owner)
+    poll = min(1.0, max(0.05, lease / 20))
+    sched = _Scheduler(todo, st, claims, t0=t_start, fresh=not resume, poll=poll)
+    writer = _Writer(st, claims, owner, say)
     board = LiveBoard(
         jobs,
         st,
@@ -279,27 +473,88 @@ def run_suite(
         live=progress if live is None else live,
         per_step=ex.reports_steps,
         workers=getattr(ex, "workers", 1),  # runs in parallel (1 for local, torchrun and Ray: gaps measure rate)
+        fresh=not resume,
     )
     failures: list[dict[str, Any]] = []
+    waited_note = 0.0
+    left_to_others: dict[str, tuple[Job, dict[str, Any]]] = {}
+    interrupted = True
+
+    def failed(job: Job, error: str, here: bool) -> None:
+        failures.append({"key": job.key, "label": job.label, "config": job.config.as_dict(), "error": error})
+        board.failed(job, error if here else f"(in another process) {error}")
+        if on_error == "stop" and here:
+            raise RunFailedError(
+                f"run {job.title} failed: {error}\n(finished runs are kept in {st.path}; "
+                "pass --on-error continue to record failures and go on)"
+            )
+
     try:
-        for job, record, error in ex.run(todo, board.on_step):
-            if error is None:
-                assert record is not None
-                record = {**record, "label": job.label, "suite": job.suite}
-                st.add_or_keep(record)  # locked: kept aside, imported next time
-                board.finished(job, record)
-            else:
-                st.add_failure(job.key, job.config.as_dict(), error, job.label)
-                failures.append({"key": job.key, "label": job.label, "config": job.config.as_dict(), "error": error})
-                board.failed(job, error)
-                if on_error == "stop":
-                    raise RunFailedError(
-                        f"run {job.title} failed: {error}\n(finished runs are kept in {st.path}; "
-                        "pass --on-error continue to record failures and go on)"
+        while True:
+            writer.flush()
+            while ex.busy < ex.capacity and (job := sched.next()) is not None:
+                ex.submit(job, board.on_step)
+            for job, rec, err in sched.take_elsewhere():
+                if err is None:
+                    assert rec is not None
+                    board.finished(job, rec, elsewhere=True)
+                else:
+                    failed(job, err, here=False)
+            if ex.busy == 0:
+                if not sched.queue and not sched.others:
+                    break
+                if not sched.queue and not wait_for_others:
+                    left_to_others = dict(sched.others)
+                    break
+                if sched.others and time.monotonic() - waited_note > 60:
+                    waited_note = time.monotonic()
+                    titles = ", ".join(j.title for j, _ in list(sched.others.values())[:5])
+                    more = f" and {len(sched.others) - 5} more" if len(sched.others) > 5 else ""
+                    board.note(
+                        f"waiting for {len(sched.others)} run(s) that another process is training "
+                        f"({_owners(sched.others)}): {titles}{more}"
                     )
+                due = writer.next_due()
+                time.sleep(poll if due is None else max(0.01, min(poll, due - time.monotonic())))
+                continue
+            for job, record, error in ex.wait(timeout=poll):
+                if error is None:
+                    assert record is not None
+                    record = {**record, "label": job.label, "suite": job.suite}
+                    writer.add_run(job, record)
+                    board.finished(job, record)
+                else:
+                    writer.add_failure(job, error)
+                    failed(job, error, here=True)
+        # the last runs may wait for a locked store: as long as the store's own timeout, then keep them aside
+        deadline = time.monotonic() + st.timeout
+        while writer.queue and time.monotonic() < deadline:
+            due = writer.next_due() or time.monotonic()
+            time.sleep(max(0.0, min(due, deadline) - time.monotonic()))
+            writer.flush(force=time.monotonic() >= deadline)
+        interrupted = False
     finally:
         board.close()
-        ex.close()
+        ex.close(kill=interrupted)
+        if interrupted:
+            try:  # one last quick try for runs that finished; the rest stay in the pending file
+                writer.flush(force=True)
+            except Exception:  # noqa: BLE001 -- the original error is the one to see
+                pass
+        claims.close(keep=writer.unwritten())
+        ACTIVE_TAGS.discard(owner["tag"])
+    if writer.queue:
+        raise StoreLockedError(
+            f"the results store {st.path} stayed locked by another process (waited {st.timeout:g} s after the last "
+            f"run). The {len(writer.unwritten())} run(s) that had finished are kept in {writer.pending} and go into "
+            "the store the next time it is opened: nothing finished was lost"
+        )
+    if left_to_others:
+        titles = ", ".join(j.title for j, _ in left_to_others.values())
+        say(
+            f"{len(left_to_others)} run(s) are being trained by another process ({_owners(left_to_others)}): "
+            f"{titles}; they go into {st.path} when they finish (run the same command again to see them)"
+        )
     stored = st.load()
     res = SuiteResults({**stored[j.key], "label": j.label} for j in jobs if j.key in stored)
     res.failures = failures

@@ -10,6 +10,16 @@
 * A ``results.jsonl`` left by an older posenc beside the store is imported once
   (rows already in the store win); the old file is left as it was.
 
+* Two processes on one store share the work: a process *claims* a run
+  (:class:`Claims`: a file ``<store>.claims/<key>.<n>.claim`` naming its owner's
+  host and pid, kept fresh by a heartbeat) before training it. Another process
+  skips a claimed run, and takes it over when the lease expires (the owner's pid
+  is gone, or its heartbeat is older than the lease).
+* A finished run that cannot be written because another process holds the write
+  lock is appended to a pending file of its own process
+  (``<store>.pending-<host>-<pid>-<tag>.jsonl``) and written when the lock is free;
+  the pending files of processes that are gone are imported when the store is opened.
+
 Nothing here deletes a finished run. A corrupt or locked file is a
 :class:`StoreError` that says what to do; the file is never rewritten.
 """
@@ -17,8 +27,12 @@ Nothing here deletes a finished run. A corrupt or locked file is a
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
+import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +93,196 @@ def _locked(path: Path, timeout: float) -> StoreLockedError:
     )
 
 
+HOST = socket.gethostname()
+#: owner tags of the run_suite calls going on in this process (their pending files are not orphans)
+ACTIVE_TAGS: set[str] = set()
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process from /proc (Linux), or None where there is no /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def pid_alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` of this machine runs (a zombie does not; a reused pid with another
+    start time is another process)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    st = _proc_stat(pid)
+    if st is not None:
+        if st[0] in ("Z", "X"):
+            return False
+        if start is not None and st[1] != start:
+            return False
+    return True
+
+
+def new_owner() -> dict[str, Any]:
+    """Who claims runs: this host and process, and a tag for one suite of it."""
+    pid = os.getpid()
+    st = _proc_stat(pid)
+    return {"host": HOST, "pid": pid, "pid_start": st[1] if st else None, "tag": uuid.uuid4().hex[:8]}
+
+
+class Claims:
+    """Leases on runs, one file per claim in ``<store>.claims/`` (see the module docstring).
+
+    A claim of ``key`` is the file ``<key>.<n>.claim`` with the highest ``n``, created
+    atomically (a hard link of a complete file, which fails if the name exists): of two
+    processes that take over an expired claim ``n``, exactly one creates ``n + 1``. The
+    owner touches its files every ``lease / 6`` seconds; a claim is expired when its
+    owner's pid is gone (same host) or its file was not touched for ``lease`` seconds.
+    """
+
+    def __init__(self, store_path: str | Path, *, lease: float = 60.0, owner: dict[str, Any] | None = None):
+        self.store_path = Path(store_path)
+        self.dir = self.store_path.with_name(self.store_path.name + ".claims")
+        self.lease = float(lease)
+        self.owner = owner or new_owner()
+        self.mine: dict[str, Path] = {}
+        self.lost: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- reading ------------------------------------------------------------------
+    def _files(self, key: str) -> list[tuple[int, Path]]:
+        out = []
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        for name in names:
+            if name.startswith(key + ".") and name.endswith(".claim"):
+                mid = name[len(key) + 1 : -len(".claim")]
+                if mid.isdigit():
+                    out.append((int(mid), self.dir / name))
+        return sorted(out)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _is_mine(self, info: dict[str, Any] | None) -> bool:
+        return info is not None and all(info.get(k) == self.owner[k] for k in ("host", "pid", "tag"))
+
+    def alive(self, info: dict[str, Any] | None, path: Path) -> bool:
+        """Whether the claim in ``path`` (its content ``info``) still holds."""
+        try:
+            age = time.time() - path.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if info is not None and info.get("host") == HOST and not pid_alive(int(info["pid"]), info.get("pid_start")):
+            return False
+        return age < self.lease
+
+    def holder(self, key: str) -> dict[str, Any] | None:
+        """The owner of a live claim of ``key`` by another suite, or None (free, expired or ours)."""
+        files = self._files(key)
+        if not files:
+            return None
+        info = self._read(files[-1][1])
+        if self._is_mine(info) or not self.alive(info, files[-1][1]):
+            return None
+        return info or {"host": "?", "pid": "?"}
+
+    # -- claiming -----------------------------------------------------------------
+    def try_claim(self, key: str, title: str = "") -> dict[str, Any] | None:
+        """Claim ``key``: None when it is ours now, else the owner of the live claim that holds it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(8):
+            files = self._files(key)
+            gen = 0
+            if files:
+                n, path = files[-1]
+                info = self._read(path)
+                if self._is_mine(info):
+                    return None
+                if self.alive(info, path):
+                    return info or {"host": "?", "pid": "?"}
+                gen = n + 1
+            path = self.dir / f"{key}.{gen}.claim"
+            tmp = self.dir / f".{key}.{self.owner['tag']}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps({**self.owner, "key": key, "title": title, "claimed_at": time.time()}))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue
+            finally:
+                tmp.unlink(missing_ok=True)
+            for _n, old in files:  # expired claims it replaces
+                old.unlink(missing_ok=True)
+            with self._lock:
+                self.mine[key] = path
+                self.lost.discard(key)
+            self._start()
+            return None
+        return {"host": "?", "pid": "?"}
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            path = self.mine.pop(key, None)
+        if path is not None and self._is_mine(self._read(path)):
+            path.unlink(missing_ok=True)
+
+    def release_all(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        for key in list(self.mine):
+            if key not in keep:
+                self.release(key)
+
+    # -- heartbeat ----------------------------------------------------------------
+    def beat(self) -> None:
+        """Touch every claim of ours; one that is gone or taken over is noted in :attr:`lost`."""
+        with self._lock:
+            items = list(self.mine.items())
+        for key, path in items:
+            files = self._files(key)
+            if not files or files[-1][1] != path:
+                self.lost.add(key)
+                continue
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                self.lost.add(key)
+
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        period = max(0.05, self.lease / 6)
+
+        def loop() -> None:
+            while not self._stop.wait(period):
+                try:
+                    self.beat()
+                except OSError:
+                    pass
+
+        self._thread = threading.Thread(target=loop, name="posenc-claims-heartbeat", daemon=True)
+        self._thread.start()
+
+    def close(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Stop the heartbeat; release every claim but those in ``keep`` (they expire with the lease)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.release_all(keep)
+
+
 class SQLiteStore:
     """Finished runs in an SQLite file (see the module docstring).
 
@@ -114,14 +318,69 @@ class SQLiteStore:
             legacy = self.path.parent / "results.jsonl"
             if legacy.exists():
                 self.import_jsonl(legacy)
-        if self.pending_path.exists():  # finished runs that could not be written last time
-            self.import_jsonl(self.pending_path)
-            self.pending_path.unlink()
+        try:  # finished runs that could not be written last time (another process may hold the lock now)
+            self.import_pending()
+        except StoreLockedError:
+            pass
 
     @property
     def pending_path(self) -> Path:
         """Where a finished run goes when the store cannot take it (imported at the next open)."""
         return self.path.with_name(self.path.name + ".pending.jsonl")
+
+    def pending_path_of(self, owner: dict[str, Any]) -> Path:
+        """The pending file of one suite (``owner`` from :func:`new_owner`)."""
+        return self.path.with_name(f"{self.path.name}.pending-{owner['host']}-{owner['pid']}-{owner['tag']}.jsonl")
+
+    def orphaned_pending(self, stale_after: float = 600.0) -> list[Path]:
+        """Pending files nobody will write to the store any more: the old single file, and those of
+        suites that are over (this host: the pid is gone, or its suite ended; another host: the
+        file is older than ``stale_after`` seconds)."""
+        out = [self.pending_path] if self.pending_path.exists() else []
+        prefix = self.path.name + ".pending-"
+        for p in self.path.parent.glob(prefix + "*.jsonl"):
+            parts = p.name[len(prefix) : -len(".jsonl")].rsplit("-", 2)
+            if len(parts) != 3 or not parts[1].isdigit():
+                continue
+            host, pid, tag = parts[0], int(parts[1]), parts[2]
+            if host == HOST:
+                gone = not pid_alive(pid) or (pid == os.getpid() and tag not in ACTIVE_TAGS)
+            else:
+                try:
+                    gone = time.time() - p.stat().st_mtime > stale_after
+                except FileNotFoundError:
+                    continue
+            if gone:
+                out.append(p)
+        return out
+
+    def import_pending(self) -> int:
+        """Import (then delete) the orphaned pending files; return how many runs were new."""
+        n = 0
+        for p in self.orphaned_pending():
+            try:
+                n += self.import_jsonl(p)
+            except FileNotFoundError:  # imported by another process meanwhile
+                continue
+            p.unlink(missing_ok=True)
+        return n
+
+    def keep_pending(self, record: dict[str, Any], owner: dict[str, Any]) -> Path:
+        """Append a finished run to this suite's pending file (fsync'd); return the file."""
+        path = self.pending_path_of(owner)
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return path
+
+    def try_add(self, record: dict[str, Any], wait: float = 1.0) -> bool:
+        """:meth:`add`, waiting at most ``wait`` seconds for another writer: False if the store stayed locked."""
+        try:
+            self.add(record, wait=wait)
+        except StoreLockedError:
+            return False
+        return True
 
     def add_or_keep(self, record: dict[str, Any]) -> None:
         """:meth:`add`; if the store is locked or unwritable, keep the run in :attr:`pending_path` and re-raise."""
@@ -171,11 +430,17 @@ class SQLiteStore:
             raise _corrupt(self.path, str(exc)) from None
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: all of it is stored, or none of it."""
+    def _write(self, wait: float | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction: all of it is stored, or none of it (``wait``: seconds for the lock)."""
         with self._errors():
             conn = self.connection
-            conn.execute("BEGIN IMMEDIATE")
+            if wait is not None:
+                conn.execute(f"PRAGMA busy_timeout={int(wait * 1000)}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                if wait is not None:
+                    conn.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
             try:
                 yield conn
             except BaseException:
@@ -184,11 +449,11 @@ class SQLiteStore:
             conn.execute("COMMIT")
 
     # -- writing ------------------------------------------------------------------
-    def add(self, record: dict[str, Any], *, replace: bool = True) -> None:
+    def add(self, record: dict[str, Any], *, replace: bool = True, wait: float | None = None) -> None:
         """Store one finished run (and forget an earlier failure of the same config)."""
         cfg = record["config"]
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
-        with self._write() as conn:
+        with self._write(wait) as conn:
             conn.execute(
                 f"{verb} INTO runs (key, task, encoding, seed, label, finished_at, payload) VALUES (?,?,?,?,?,?,?)",
                 (
@@ -203,8 +468,10 @@ class SQLiteStore:
             )
             conn.execute("DELETE FROM failures WHERE key = ?", (record["key"],))
 
-    def add_failure(self, key: str, config: dict[str, Any], error: str, label: str | None = None) -> None:
-        with self._write() as conn:
+    def add_failure(
+        self, key: str, config: dict[str, Any], error: str, label: str | None = None, *, wait: float | None = None
+    ) -> None:
+        with self._write(wait) as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO failures (key, task, encoding, seed, label, failed_at, error, config) "
                 "VALUES (?,?,?,?,?,?,?,?)",
@@ -271,9 +538,23 @@ class SQLiteStore:
         with self._errors():
             return self.connection.execute("SELECT 1 FROM runs WHERE key = ?", (key,)).fetchone() is not None
 
-    def keys(self) -> set[str]:
+    def keys(self, since: float | None = None) -> set[str]:
+        """The keys of the finished runs (``since``: only those finished at or after that time)."""
         with self._errors():
-            return {r[0] for r in self.connection.execute("SELECT key FROM runs")}
+            if since is None:
+                return {r[0] for r in self.connection.execute("SELECT key FROM runs")}
+            return {r[0] for r in self.connection.execute("SELECT key FROM runs WHERE finished_at >= ?", (since,))}
+
+    def finished_at(self, key: str) -> float | None:
+        with self._errors():
+            row = self.connection.execute("SELECT finished_at FROM runs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def failure(self, key: str) -> dict[str, Any] | None:
+        """The recorded failure of ``key`` (``error``, ``failed_at``), or None."""
+        with self._errors():
+            row = self.connection.execute("SELECT error, failed_at FROM failures WHERE key = ?", (key,)).fetchone()
+        return None if row is None else {"error": row[0], "failed_at": float(row[1])}
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._errors():

@@ -46,7 +46,7 @@ TOP_KEYS = ("name", "description", "paper", "tasks", "encodings", "seeds", "sett
 GRID_KEYS = ("name", "tasks", "encodings", "seeds", "settings")
 ENCODING_KEYS = ("name", "label", "options")
 PUBLISHED_KEYS = ("source", "metric", "note", "columns", "rows", "text", "task", "higher_is_better")
-PER_RUN = ("task", "encoding", "seed", "encoding_options")
+PER_RUN = ("task", "encoding", "seed", "encoding_options", "task_version")
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in PER_RUN)
 
 

@@ -32,6 +32,7 @@ examples:
   posenc bench --suite quick --executor ray --ray-address auto
   posenc bench --task order --encodings rope --ddp 2     one run across 2 torchrun processes
   posenc bench --report-only --out posenc-results/quick  the report of a store, nothing run
+  posenc bench --import my_tasks.py --task my-task       a task of your own (docs/tasks.md)
 """
 
 
@@ -47,6 +48,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     what.add_argument("--suite", metavar="NAME|FILE", help="a built-in suite (see --list-suites) or a TOML file")
     what.add_argument("--list-suites", action="store_true", help="list the built-in suites and exit")
     what.add_argument("--list-tasks", action="store_true", help="list the registered tasks and exit")
+    what.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE|FILE",
+        help="import a module of tasks of your own (a name or a .py file; repeatable), here and in every worker",
+    )
     what.add_argument("--tasks", "--task", nargs="+", metavar="TASK", dest="tasks", help="tasks (default: the suite's)")
     what.add_argument("--encodings", nargs="+", metavar="NAME", help="encodings ('all' for every one)")
     what.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the suite's; quick: 0 1)")
@@ -83,6 +92,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="a run that fails (e.g. a data package not installed): record it and go on (default), or stop",
     )
     where.add_argument("--fresh", action="store_true", help="run finished runs again (rows replaced when they finish)")
+    where.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="do not wait at the end for runs that another process on the same store is training; list them",
+    )
     where.add_argument("--report-only", action="store_true", help="write the report of what is stored; run nothing")
     where.add_argument("--quiet", action="store_true", help="no progress bar and no live leaderboard")
     pb.set_defaults(func=run)
@@ -154,6 +168,10 @@ def run(args: argparse.Namespace) -> int:
     from .store import open_store
     from .suites import describe_suites
 
+    if args.imports:
+        from .api import load_tasks
+
+        load_tasks(*args.imports)
     if args.list_suites:
         for name, desc, n in describe_suites():
             print(f"{name:<14} {n:>4} runs  {desc}")
@@ -212,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             resume=not args.fresh,
             on_error=args.on_error,
+            wait_for_others=not args.no_wait,
         )
         failures = res.failures
     title = f"posenc bench — {suite.name}"

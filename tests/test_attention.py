@@ -12,12 +12,10 @@ from hypothesis import strategies as st
 import posenc
 from posenc.base import AttentionContext, Card, PositionalEncoding
 from posenc.errors import ConfigError, PositionError, UnknownNameError
-from posenc.registry import build
+from posenc.registry import example
 
 D, H = 32, 4
 DIMS = dict(d_model=D, n_heads=H, head_dim=D // H, max_len=64, vocab_size=40)
-# encodings whose output at a position depends on the length of the whole sequence (by design)
-LENGTH_DEPENDENT = {"normalized", "rope-dynamic"}
 NEEDS_SEGMENTS = {"xlnet"}
 
 
@@ -25,29 +23,19 @@ def names():
     return posenc.available()
 
 
-# settings the model's dimensions cannot supply
-OPTIONS = {
-    "rope-linear": dict(factor=2.0),
-    "rope-ntk": dict(factor=2.0),
-    "rope-dynamic": dict(factor=2.0, original_max_len=8),
-    "rope-yarn": dict(factor=4.0, original_max_len=8),
-    "rope-llama3": dict(factor=8.0, original_max_len=8),
-    # original_max_len above the test lengths: LongRoPE switches factors with the length (by design)
-    "rope-longrope": dict(
-        short_factor=[1.0, 1.5, 2.0, 3.0], long_factor=[2.0, 3.0, 4.0, 6.0], factor=4.0, original_max_len=64
-    ),
-    "rope-2d": dict(grid_width=4),
-}
-
-
 def make(name):
-    enc = build(name, dims=DIMS, options=OPTIONS.get(posenc.resolve(name).info.name))
+    """``name`` built at DIMS with the settings it declares (``example_options``), parameters moved."""
+    enc = example(name, DIMS)
     # move every parameter off its initial value: a table initialised to zero (CoPE) would hide bugs
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in enc.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return enc
+
+
+# encodings whose output at a position depends on the length of the whole sequence (by design), as built by make()
+LENGTH_DEPENDENT = {n for n in names() if example(n, DIMS).cache_problem(1, DIMS["max_len"]) is not None}
 
 
 def seg_kwargs(name, b, n):

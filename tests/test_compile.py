@@ -15,28 +15,21 @@ import torch
 
 import posenc  # noqa: F401
 from posenc.attention import MultiHeadAttention
-from posenc.registry import available, build
+from posenc.registry import accepted_arguments, available, build, example_options, resolve
 
 D_MODEL, N_HEADS, LENGTH = 16, 2, 7
 DIMS = dict(d_model=D_MODEL, n_heads=N_HEADS, head_dim=D_MODEL // N_HEADS, max_len=32, n_layers=1, vocab_size=50)
-OPTIONS = {
-    "rope-yarn": {"factor": 4.0, "original_max_len": 16},
-    "rope-linear": {"factor": 4.0},
-    "rope-ntk": {"factor": 4.0},
-    "rope-dynamic": {"factor": 4.0, "original_max_len": 16},
-    "rope-llama3": {"factor": 8.0, "original_max_len": 16},
-    "rope-longrope": {"short_factor": [1.0] * 4, "long_factor": [4.0] * 4, "original_max_len": 4, "factor": 4.0},
-    "deberta": {"position_buckets": 8, "max_len": 16},
-    "shaw": {"max_relative_position": 3},  # lengths beyond the clip distance
-    "rope-2d": {"grid_width": 3},
-    "nezha": {"max_relative_position": 3},
-}
+# clip distances shorter than LENGTH and DeBERTa's log buckets on, for every encoding that takes them (by setting
+# name: no list of encodings); settings no size supplies come from the encoding's example_options
+SHORT = {"max_relative_position": 3, "position_buckets": 8, "max_len": 16}
 INDUCTOR = ["rope", "alibi", "t5", "transformer-xl", "shaw"]
 
 
 def _layer(name: str, causal: bool = False) -> MultiHeadAttention:
     torch.manual_seed(0)
-    enc = build(name, dims=dict(DIMS, causal=causal), options=OPTIONS.get(name))
+    accepted = accepted_arguments(resolve(name))
+    options = {**example_options(name, DIMS), **{k: v for k, v in SHORT.items() if k in accepted}}
+    enc = build(name, dims=dict(DIMS, causal=causal), options=options)
     return MultiHeadAttention(D_MODEL, N_HEADS, enc, path="fast").eval()
 
 

@@ -24,7 +24,7 @@ import posenc.rotary.rope as rope_module
 from posenc import native
 from posenc.attention import MultiHeadAttention, _BiasedSDPA
 from posenc.base import AttentionContext
-from posenc.registry import available, build, get, resolve
+from posenc.registry import accepted_arguments, available, build, example_options, get, resolve
 
 TOL64 = dict(rtol=1e-9, atol=1e-12)
 
@@ -73,15 +73,14 @@ def _mask_encodings() -> list[str]:
     return out
 
 
-OPTIONS = {
-    "t5": {"num_buckets": 8, "max_distance": 6},
-    "relative-bias": {"num_buckets": 8, "max_distance": 6},
-    "contextual-1": {"num_buckets": 8, "max_distance": 6},
-    "contextual-2": {"num_buckets": 8, "max_distance": 6},
-    "deberta": {"position_buckets": 4, "max_len": 8},
-    "relative-key": {"max_len": 16, "clip": True},
-    "relative-key-query": {"max_len": 16, "clip": True},
-}
+# clip and bucket distances short enough for the 19 tokens below to go past them, for every encoding that takes
+# them (by setting name: no list of encodings); settings no size supplies come from the encoding's example_options
+SHORT = {"num_buckets": 8, "max_distance": 6, "position_buckets": 4, "max_len": 8, "clip": True}
+
+
+def short_options(name: str, dims: dict) -> dict:
+    accepted = accepted_arguments(resolve(name))
+    return {**example_options(name, dims), **{k: v for k, v in SHORT.items() if k in accepted}}
 
 
 @pytest.mark.parametrize("name", _mask_encodings())
@@ -92,7 +91,7 @@ def test_fast_attention_with_learnable_mask_equals_reference(name: str, monkeypa
     dims = dict(d_model=16, n_heads=2, head_dim=8, max_len=32, n_layers=1, causal=False, vocab_size=50)
     torch.manual_seed(0)
     causal = name == "cope"
-    enc = build(name, dims=dict(dims, causal=causal), options=OPTIONS.get(name))
+    enc = build(name, dims=dict(dims, causal=causal), options=short_options(name, dims))
     fast = MultiHeadAttention(16, 2, enc, path="fast").double()
     fast.fused = False  # the row-blocked kernel of posenc.fused has its own tests (tests/test_fused.py)
     ref = MultiHeadAttention(16, 2, enc, path="reference").double()

@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from shape_recorder import ShapeRecorder
 
+import posenc
 import posenc.fused as fused
 from posenc.attention import MultiHeadAttention
 from posenc.fused import RelativeForm, Rows, relative_attention
-from posenc.registry import build
+from posenc.registry import accepted_arguments, build, example, example_options
 
 
 class NewTensors(ShapeRecorder):
@@ -238,22 +239,31 @@ def test_kernel_rejects_mismatched_tables():
         relative_attention(form, v, 1.0, torch.ones(5, 5, dtype=torch.bool))
 
 
-FORM_ENCODINGS = {
-    "shaw": {"max_relative_position": 3},
-    "nezha": {"max_relative_position": 3},
-    "relative-key": {"max_len": 8, "clip": True},
-    "relative-key-query": {"max_len": 40},
-    "transformer-xl": {},
-    "xlnet": {},
-    "tener": {},
-    "deberta": {"max_len": 16, "position_buckets": 8},
-    "contextual-1": {"num_buckets": 8, "max_distance": 12},
-    "contextual-2": {"num_buckets": 8, "max_distance": 12},
-}
+FORM_DIMS = dict(d_model=32, n_heads=4, head_dim=8, max_len=40, n_layers=1, causal=False, vocab_size=50)
+# clip and bucket distances shorter than the 37 tokens below, for every encoding that takes them (by setting name)
+SHORT = {"max_relative_position": 3, "num_buckets": 8, "max_distance": 12, "position_buckets": 8, "clip": True}
+SHORT_MAX_LEN = 16  # with clip or position_buckets: a table shorter than the sequence
 
 
-CASES = [(n, s) for n in sorted(FORM_ENCODINGS) for s in ("plain", "causal+padding")]
-CASES += [(n, "memory") for n in ("transformer-xl", "xlnet", "tener")] + [("xlnet", "segments")]
+def form_encodings() -> list[str]:
+    """Every registered encoding that offers a relative_form with the settings it declares (discovered)."""
+    return [n for n in posenc.available() if example(n, FORM_DIMS).offers_relative_form()]
+
+
+def form_options(name: str, short: bool = True) -> dict:
+    options = example_options(name, FORM_DIMS)
+    if short:
+        accepted = accepted_arguments(posenc.resolve(name))
+        extra = {k: v for k, v in SHORT.items() if k in accepted}
+        if extra.keys() & {"clip", "position_buckets"} and "max_len" in accepted:
+            extra["max_len"] = SHORT_MAX_LEN
+        options.update(extra)
+    return options
+
+
+CASES = [(n, s) for n in form_encodings() for s in ("plain", "causal+padding", "memory")]
+CASES += [(n, "example") for n in form_encodings() if form_options(n) != form_options(n, short=False)]
+CASES += [("xlnet", "segments")]
 
 
 @pytest.mark.parametrize(("name", "setting"), CASES)
@@ -264,8 +274,7 @@ def test_attention_uses_the_kernel_and_matches_both_other_paths(name, setting, m
     monkeypatch.setattr(fused._RelativeAttention, "apply", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(fused, "BLOCK_BYTES", 1)  # several blocks and key chunks even at L = 37
     torch.manual_seed(3)
-    dims = dict(d_model=32, n_heads=4, head_dim=8, max_len=40, n_layers=1, causal=False, vocab_size=50)
-    enc = build(name, dims=dims, options=FORM_ENCODINGS[name]).double()
+    enc = build(name, dims=FORM_DIMS, options=form_options(name, short=setting != "example")).double()
     enc.fused_min_pairs = 1  # the kernel even at L = 37 (its default threshold is for speed only)
     with torch.no_grad():
         for p in enc.parameters():  # away from zero-initialised tables, so that a dropped term shows
@@ -364,7 +373,7 @@ def test_bfloat16_inputs_stay_close_to_float64(name):
     """bf16 on CPU: the kernel runs in the input dtype and lands within bf16 rounding of the float64 answer."""
     torch.manual_seed(5)
     dims = dict(d_model=32, n_heads=4, head_dim=8, max_len=64, n_layers=1, causal=False, vocab_size=50)
-    enc = build(name, dims=dims, options=FORM_ENCODINGS[name])
+    enc = build(name, dims=dims, options=form_options(name))
     enc.fused_min_pairs = 1
     with torch.no_grad():
         for p in enc.parameters():  # position terms as large as the content ones

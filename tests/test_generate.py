@@ -13,23 +13,27 @@ import torch
 
 import posenc
 from posenc.errors import ConfigError, PosencError
+from posenc.registry import example_options
 
 V, D, H, LAYERS, MAX_LEN = 50, 32, 2, 2, 64
 PROMPT, NEW = 5, 12
 
-# settings the model's dimensions cannot supply (original_max_len=8 < PROMPT + NEW: the length-dependent
-# RoPE variants change their frequencies during generation, the case a KV cache cannot follow)
-OPTIONS = {
-    "rope-linear": dict(factor=2.0),
-    "rope-ntk": dict(factor=2.0),
-    "rope-dynamic": dict(factor=2.0, original_max_len=8),
-    "rope-yarn": dict(factor=4.0, original_max_len=8),
-    "rope-llama3": dict(factor=8.0, original_max_len=8),
-    "rope-longrope": dict(short_factor=[1.0, 1.5] * 4, long_factor=[2.0, 3.0] * 4, factor=4.0, original_max_len=8),
-    "rope-2d": dict(grid_width=4),
-}
-# the encodings whose outputs depend on the whole sequence (with OPTIONS above): generate recomputes them
-RECOMPUTE = {"normalized", "rope-dynamic", "rope-longrope"}
+
+# the settings each encoding declares (example_options), for a model trained on 8 tokens (max_len=16 halved):
+# less than PROMPT + NEW, so that the length-dependent RoPE variants change their frequencies during generation,
+# the case a KV cache cannot follow
+def options_for(name):
+    return example_options(name, dict(d_model=D, n_heads=H, head_dim=D // H, max_len=16)) or None
+
+
+def recomputes(name):
+    """Whether the encoding (built as build() builds it) says a cache would change its outputs here."""
+    enc = posenc.registry.build(
+        name, dims=dict(d_model=D, n_heads=H, head_dim=D // H, max_len=MAX_LEN, vocab_size=V), options=options_for(name)
+    )
+    return enc.cache_problem(PROMPT, PROMPT + NEW) is not None
+
+
 MEMORY = {"transformer-xl", "xlnet"}  # XLNet keeps Transformer-XL's segment recurrence
 
 
@@ -46,18 +50,22 @@ def build(name, options=None, seed=0, **kw):
 
 
 def cases():
-    """Every registered encoding; those that need settings get OPTIONS, or are skipped saying what is missing."""
+    """Every registered encoding with the settings it declares; one that cannot be built is skipped, saying why."""
     for name in posenc.available():
+        options = options_for(name)
         try:
-            posenc.LanguageModel(V, encoding=name, d_model=D, n_heads=H, n_layers=LAYERS, max_len=MAX_LEN)
+            posenc.LanguageModel(
+                V, encoding=name, encoding_options=options, d_model=D, n_heads=H, n_layers=LAYERS, max_len=MAX_LEN
+            )
         except ConfigError as e:
-            if name in OPTIONS:
-                yield pytest.param(name, OPTIONS[name], id=f"{name}-with-options")
-            else:
-                reason = f"cannot be built with default options: {e}"
-                yield pytest.param(name, None, id=f"{name}-skipped", marks=pytest.mark.skip(reason=reason))
+            reason = f"cannot be built with its example options {options}: {e}"
+            yield pytest.param(name, options, id=f"{name}-skipped", marks=pytest.mark.skip(reason=reason))
         else:
-            yield pytest.param(name, None, id=name)
+            yield pytest.param(name, options, id=name)
+
+
+# the encodings whose outputs depend on the whole sequence (with the options above): generate recomputes them
+RECOMPUTE = {name for name in posenc.available() if recomputes(name)}
 
 
 def greedy_by_hand(model, prompt, n):
@@ -108,9 +116,7 @@ def test_greedy_with_cache_equals_without_and_the_hand_written_loop(name, option
     assert torch.allclose(uncached_logits, by_hand, atol=1e-9, rtol=0)
 
 
-@pytest.mark.parametrize(
-    ("name", "options"), [("normalized", None)] + [(n, OPTIONS[n]) for n in RECOMPUTE - {"normalized"}]
-)
+@pytest.mark.parametrize(("name", "options"), [(n, options_for(n)) for n in sorted(RECOMPUTE)])
 def test_the_encodings_generate_recomputes_would_be_wrong_with_a_cache(name, options):
     # the reason for the fallback: decoding these with a KV cache changes the logits
     model = build(name, options)
@@ -126,7 +132,7 @@ def test_the_encodings_generate_recomputes_would_be_wrong_with_a_cache(name, opt
 
 def test_length_dependent_rope_uses_the_cache_while_its_frequencies_stay_the_same():
     for name in ("rope-dynamic", "rope-longrope"):
-        options = OPTIONS[name] | {"original_max_len": PROMPT + NEW - 1}  # the longest sequence fed
+        options = options_for(name) | {"original_max_len": PROMPT + NEW - 1}  # the longest sequence fed
         model = build(name, options)
         assert model.decoding_mode(PROMPT, NEW)[0] == "cache"
         assert model.decoding_mode(PROMPT, NEW + 1)[0] == "recompute"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention import LENGTH_DEPENDENT, NEEDS_SEGMENTS, OPTIONS, names
+from test_attention import LENGTH_DEPENDENT, NEEDS_SEGMENTS, names
 
 import posenc
 from posenc import fused
 from posenc.attention import KERNELS, MultiHeadAttention, Plan, choose_kernel
 from posenc.base import PositionalEncoding, contiguous_positions, is_arange_rows, mark_arange
 from posenc.fused import RelativeForm, relative_attention
+from posenc.registry import example_options
 
 F64 = torch.float64
 V = 23
@@ -27,7 +28,7 @@ def has_form(enc: PositionalEncoding) -> bool:
 
 def lm(name: str, path: str = "auto", dropout: float = 0.0) -> posenc.LanguageModel:
     torch.manual_seed(0)
-    opts = OPTIONS.get(posenc.resolve(name).info.name)
+    opts = example_options(name, dict(d_model=16, n_heads=2, head_dim=8, max_len=64))
     model = posenc.LanguageModel(
         V,
         encoding=name,

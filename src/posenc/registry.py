@@ -174,9 +174,10 @@ def example_options(encoding: str | type[PositionalEncoding], dims: dict[str, An
     cls = resolve(encoding) if isinstance(encoding, str) else encoding
     declared = cls.example_options
     if callable(declared):
-        dims = {**EXAMPLE_DIMS, **(dims or {})}
+        dims = dict(dims or {})
         if dims.get("head_dim") is None and dims.get("d_model") and dims.get("n_heads"):
             dims["head_dim"] = dims["d_model"] // dims["n_heads"]
+        dims = {**EXAMPLE_DIMS, **{k: v for k, v in dims.items() if v is not None}}
         return dict(declared(dims))
     return dict(declared)
 

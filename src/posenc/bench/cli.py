@@ -126,8 +126,18 @@ def _suite(args: argparse.Namespace):
     g: Grid = suite.grids[0]
     options = dict(_parse_option(o) for o in args.encoding_option)
     if args.encodings:
-        names = _all_buildable(suite) if args.encodings == ["all"] else args.encodings
-        g.encodings = [_encoding("--encodings", {"name": n, "options": options} if options else n) for n in names]
+        if args.encodings == ["all"]:  # each with the settings it declares (example_options), then --encoding-option
+            entries = _all_buildable(suite)
+            names = [e if isinstance(e, str) else e["name"] for e in entries]
+            declared = {e["name"]: e["options"] for e in entries if isinstance(e, dict)}
+        else:
+            names, declared = args.encodings, {}
+        g.encodings = [
+            _encoding("--encodings", {"name": n, "options": {**declared.get(n, {}), **options}})
+            if options or n in declared
+            else n
+            for n in names
+        ]
     elif options:
         g.encodings = [_encoding("--encodings", {"name": e.name, "options": options}) for e in g.encodings]
     if args.tasks:
@@ -143,23 +153,29 @@ def _suite(args: argparse.Namespace):
     return suite, {}
 
 
-def _all_buildable(suite: Any) -> list[str]:
-    """Every registered encoding that runs with the quick suite's settings and no options."""
+def _all_buildable(suite: Any) -> list[str | dict[str, Any]]:
+    """Every registered encoding, with the settings it declares (``example_options``) at the quick suite's sizes:
+    a name, or ``{"name", "options"}``. One that still cannot run there is left out, saying why on stderr."""
     from ..errors import PosencError
-    from ..registry import available
+    from ..registry import available, example_options
     from .runner import RunConfig
     from .suites import check_reach
 
-    names, skipped = [], []
+    settings = suite.grids[0].settings
+    entries: list[str | dict[str, Any]] = []
+    skipped = []
     for name in available():
         try:
-            check_reach(RunConfig(task="order", encoding=name, **suite.grids[0].settings))
-            names.append(name)
+            cfg = RunConfig(task="order", encoding=name, **settings)
+            dims = dict(d_model=cfg.d_model, n_heads=cfg.n_heads, max_len=max(cfg.test_lengths), n_layers=cfg.n_layers)
+            options = example_options(name, dims)
+            check_reach(RunConfig(task="order", encoding=name, encoding_options=options, **settings))
+            entries.append({"name": name, "options": options} if options else name)
         except PosencError as exc:
             skipped.append(f"{name} ({exc})")
     if skipped:
-        print("--encodings all: skipping encodings that need options: " + "; ".join(skipped), file=sys.stderr)
-    return names
+        print("--encodings all: leaving out encodings that cannot run here: " + "; ".join(skipped), file=sys.stderr)
+    return entries
 
 
 def run(args: argparse.Namespace) -> int:

@@ -181,8 +181,11 @@ def test_bad_settings(opts, match):
         posenc.get("cope", **opts)
 
 
-def test_wrong_head_dim_at_call():
+def test_wrong_head_dim_at_construction_and_at_call():
     enc = posenc.get("cope", head_dim=4)
-    att = MultiHeadAttention(12, 2, enc)  # head_dim 6
+    with pytest.raises(ConfigError, match="'cope' was built for head_dim=4 but is used with head_dim=6"):
+        MultiHeadAttention(12, 2, enc)  # head_dim 6
+    att = MultiHeadAttention(12, 2, posenc.get("cope", head_dim=6))
+    att.encoding = enc  # swapped in after construction: the call still checks
     with pytest.raises(ConfigError, match="head_dim=4"):
         att(torch.randn(1, 3, 12))

@@ -246,12 +246,36 @@ def test_bad_input_errors():
         posenc.get("contextual-2", d_model=8, num_buckets=32, max_distance=8)
     with pytest.raises(ConfigError, match="n_heads must be a positive"):
         posenc.get("relative-bias", n_heads=0)
-    with pytest.raises(ConfigError, match="built for n_heads=3"):
-        MultiHeadAttention(8, 2, posenc.get("relative-bias", n_heads=3))(torch.randn(1, 3, 8))
-    with pytest.raises(ConfigError, match="built for n_heads=2, head_dim=4; got 4, 2"):
-        MultiHeadAttention(8, 4, posenc.get("contextual-1", d_model=8, n_heads=2, head_dim=4))(torch.randn(1, 3, 8))
-    with pytest.raises(ConfigError, match="d_model=12 but the attention's projections take 8"):
-        MultiHeadAttention(8, 2, posenc.get("contextual-2", d_model=12))(torch.randn(1, 3, 8))
+    # sizes other than the attention's fail when the attention is built, naming both and the right one
+    with pytest.raises(ConfigError, match="'relative-bias' was built for n_heads=3 but is used with n_heads=2"):
+        MultiHeadAttention(8, 2, posenc.get("relative-bias", n_heads=3))
+    with pytest.raises(ConfigError, match="built for n_heads=2, head_dim=4 but is used with n_heads=4, head_dim=2"):
+        MultiHeadAttention(8, 4, posenc.get("contextual-1", d_model=8, n_heads=2, head_dim=4))
+    with pytest.raises(ConfigError, match=r"built for d_model=12 but is used with d_model=8.*build it with d_model=8"):
+        MultiHeadAttention(8, 2, posenc.get("contextual-2", d_model=12))
+    with pytest.raises(ConfigError, match="built for d_model=12 but is used with d_model=8"):
+        posenc.Encoder(10, encoding=posenc.get("contextual-2", d_model=12), d_model=8, n_heads=2)
+    # swapped in after construction (or used standalone), the call still checks
+    for good, wrong, message in [
+        (
+            MultiHeadAttention(8, 2, posenc.get("relative-bias", n_heads=2)),
+            posenc.get("relative-bias", n_heads=3),
+            "built for n_heads=3",
+        ),
+        (
+            MultiHeadAttention(8, 4, posenc.get("contextual-1", d_model=8, n_heads=4, head_dim=2)),
+            posenc.get("contextual-1", d_model=8, n_heads=2, head_dim=4),
+            "built for n_heads=2, head_dim=4; got 4, 2",
+        ),
+        (
+            MultiHeadAttention(8, 2, posenc.get("contextual-2", d_model=8)),
+            posenc.get("contextual-2", d_model=12),
+            "d_model=12 but the attention's projections take 8",
+        ),
+    ]:
+        good.encoding = wrong
+        with pytest.raises(ConfigError, match=message):
+            good(torch.randn(1, 3, 8))
     enc = posenc.get("contextual-2", d_model=8)
     ctx = AttentionContext(q_pos=torch.arange(3)[None], k_pos=torch.arange(3)[None], n_heads=2, head_dim=4)
     with pytest.raises(ConfigError, match="attention's own q_proj and k_proj"):

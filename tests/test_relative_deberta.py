@@ -378,12 +378,23 @@ def test_bad_config(kwargs: dict, match: str) -> None:
 def test_bad_input() -> None:
     with pytest.raises(ConfigError, match="not divisible"):
         DeBERTa(16, 3)
-    mha = MultiHeadAttention(16, 2, DeBERTa(16, 4))  # head_dim 4 vs the attention's 8
+    with pytest.raises(ConfigError, match="built for n_heads=4, head_dim=4 but is used with n_heads=2, head_dim=8"):
+        MultiHeadAttention(16, 2, DeBERTa(16, 4))  # head_dim 4 vs the attention's 8: at construction
+    mha = MultiHeadAttention(16, 2, DeBERTa(16, 2))
+    mha.encoding = DeBERTa(16, 4)  # swapped in after construction: the call still checks
     with pytest.raises(ConfigError, match="head_dim=4"):
         mha(torch.randn(1, 5, 16))
     mha = MultiHeadAttention(16, 2, DeBERTa(16, 2, position_buckets=8, max_relative_positions=12))
     with pytest.raises(PositionError, match="integer"):
         mha(torch.randn(1, 5, 16), positions=torch.arange(5) * 0.5)
-    mha = MultiHeadAttention(8, 2, DeBERTa(16, 2, head_dim=4))  # table width 16 vs d_model 8
+    with pytest.raises(ConfigError, match="built for d_model=16 but is used with d_model=8"):
+        MultiHeadAttention(8, 2, DeBERTa(16, 2, head_dim=4))  # table width 16 vs d_model 8
+    with pytest.raises(
+        ConfigError,
+        match="built for d_model=16, n_heads=2, head_dim=8 but is used with d_model=8, n_heads=4, head_dim=2",
+    ):
+        posenc.Encoder(9, encoding=DeBERTa(16, 2), d_model=8, n_heads=4)
+    mha = MultiHeadAttention(8, 2, DeBERTa(8, 2, head_dim=4))
+    mha.encoding = DeBERTa(16, 2, head_dim=4)
     with pytest.raises(ConfigError, match="d_model=16"):
         mha(torch.randn(1, 5, 8))

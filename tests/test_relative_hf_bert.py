@@ -249,7 +249,10 @@ def test_bad_input_errors():
     att = make("relative-key")
     with pytest.raises(PositionError, match="integer"):
         att(torch.randn(1, 3, 8, dtype=DT), positions=torch.tensor([0.0, 1.0, 2.5]))
-    wrong = MultiHeadAttention(12, 2, posenc.get("relative-key", head_dim=4)).to(DT)
+    with pytest.raises(ConfigError, match=r"built for head_dim=4 but is used with head_dim=6.*head_dim=6\)"):
+        MultiHeadAttention(12, 2, posenc.get("relative-key", head_dim=4))
+    wrong = MultiHeadAttention(12, 2, posenc.get("relative-key", head_dim=6)).to(DT)
+    wrong.encoding = posenc.get("relative-key", head_dim=4).to(DT)  # swapped in after construction: still checked
     with pytest.raises(ConfigError, match="head_dim=4, got 6"):
         wrong(torch.randn(1, 3, 12, dtype=DT))
     # a model longer than the table names the limit instead of an IndexError

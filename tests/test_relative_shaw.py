@@ -310,6 +310,9 @@ def test_bad_input_errors():
     att = attention(posenc.get("shaw", head_dim=4))
     with pytest.raises(PositionError, match="integer"):
         att(torch.randn(1, 3, 8, dtype=DT), positions=torch.tensor([0.0, 1.5, 2.0]))
-    wrong = MultiHeadAttention(12, 2, posenc.get("shaw", head_dim=4)).to(DT)
+    with pytest.raises(ConfigError, match="'shaw' was built for head_dim=4 but is used with head_dim=6"):
+        MultiHeadAttention(12, 2, posenc.get("shaw", head_dim=4))
+    wrong = MultiHeadAttention(12, 2, posenc.get("shaw", head_dim=6)).to(DT)
+    wrong.encoding = posenc.get("shaw", head_dim=4).to(DT)  # swapped in after construction: still checked
     with pytest.raises(ConfigError, match="head_dim=4, got 6"):
         wrong(torch.randn(1, 3, 12, dtype=DT))

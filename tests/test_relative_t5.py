@@ -254,7 +254,10 @@ def test_bad_config(kwargs: dict, match: str) -> None:
 
 
 def test_bad_input() -> None:
-    mha = MultiHeadAttention(D_MODEL, N_HEADS, T5Bias(2))
+    with pytest.raises(ConfigError, match=f"'t5' was built for n_heads=2 but is used with n_heads={N_HEADS}"):
+        MultiHeadAttention(D_MODEL, N_HEADS, T5Bias(2))
+    mha = MultiHeadAttention(D_MODEL, N_HEADS, T5Bias(N_HEADS))
+    mha.encoding = T5Bias(2)  # swapped in after construction: the call still checks
     with pytest.raises(ConfigError, match="n_heads=2"):
         mha(torch.randn(1, 5, D_MODEL))
     mha = MultiHeadAttention(D_MODEL, N_HEADS, T5Bias(N_HEADS))

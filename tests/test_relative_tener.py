@@ -229,7 +229,10 @@ def test_bad_configurations():
         TENER(4, 0)
     with pytest.raises(ConfigError, match="K = H"):
         MultiHeadAttention(16, 2, TENER(4, 2), head_dim=4)  # 2 * 4 != 16: K = H impossible
-    attn = MultiHeadAttention(16, 4, TENER(8, 2))  # encoding built for other heads
+    with pytest.raises(ConfigError, match="built for n_heads=2, head_dim=8 but is used with n_heads=4, head_dim=4"):
+        MultiHeadAttention(16, 4, TENER(8, 2))  # encoding built for other heads
+    attn = MultiHeadAttention(16, 4, TENER(4, 4))
+    attn.encoding = TENER(8, 2)  # swapped in after construction: the call still checks
     with pytest.raises(ConfigError, match="n_heads=2, head_dim=8"):
         attn(torch.randn(1, 3, 16))
     wide = Transformer(10, encoding="tener", d_model=16, n_heads=2)

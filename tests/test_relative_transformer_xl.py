@@ -417,7 +417,12 @@ def test_bad_configurations():
     with pytest.raises(ConfigError, match="n_heads"):
         TransformerXL(8, 0)
     enc = TransformerXL(16, 2)  # built for 2 heads of 8
-    attn = MultiHeadAttention(16, 4, enc)
+    with pytest.raises(ConfigError, match="built for n_heads=2, head_dim=8 but is used with n_heads=4, head_dim=4"):
+        MultiHeadAttention(16, 4, enc)
+    with pytest.raises(ConfigError, match="built for n_heads=2, head_dim=8 but is used with n_heads=4, head_dim=4"):
+        posenc.Decoder(10, encoding=enc, d_model=16, n_heads=4)
+    attn = MultiHeadAttention(16, 4, TransformerXL(16, 4))
+    attn.encoding = enc  # swapped in after construction: the call still checks
     with pytest.raises(ConfigError, match="n_heads=2, head_dim=8"):
         attn(torch.randn(1, 3, 16))
 

@@ -341,6 +341,8 @@ class AttentionCore(nn.Module):
         self.dropout = dropout
         self.path = path
         self.layer = layer
+        if encoding is not None:  # an encoding built for other sizes fails here, not at the first call
+            encoding.check_sizes(n_heads=n_heads, head_dim=head_dim)
         self.encoding = encoding
         hooks = encoding.hooks() if encoding is not None else frozenset()
         self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
@@ -519,6 +521,8 @@ class MultiHeadAttention(AttentionCore):
             if d_model % n_heads:
                 raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
             head_dim = d_model // n_heads
+        if encoding is not None:  # all three sizes in the message (the core checks n_heads and head_dim again)
+            encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=head_dim)
         super().__init__(n_heads, head_dim, encoding, dropout=dropout, path=path, layer=layer)
         self.d_model = d_model
         self.inner = n_heads * head_dim

@@ -257,16 +257,21 @@ class PositionalEncoding(nn.Module):
         """Raise :class:`~posenc.ConfigError` if this instance was built for other sizes than ``sizes``.
 
         ``sizes`` are what the caller has: ``d_model``, ``n_heads``, ``head_dim`` (the attention),
-        ``vocab_size`` (a model). Each one among this instance's settings (:attr:`params`, not ``None``)
+        ``vocab_size`` (a model). Each one among this instance's settings (:attr:`params`; where a setting is
+        ``None``, an integer attribute of that name, e.g. a ``head_dim`` derived from ``d_model // n_heads``)
         must equal the caller's. :class:`posenc.MultiHeadAttention` and the models call it when they are
         built, so that a hand-built encoding of the wrong size fails there rather than at the first call.
         """
-        params = self.params
-        wrong = [
-            k for k in SIZE_NAMES if sizes.get(k) is not None and params.get(k) is not None and params[k] != sizes[k]
-        ]
+        built = {}
+        for k in SIZE_NAMES:
+            v = self.params.get(k)
+            if v is None:  # a size derived from the others (head_dim = d_model // n_heads): the attribute, if any
+                v = getattr(self, k, None)
+            if isinstance(v, int) and not isinstance(v, bool):
+                built[k] = v
+        wrong = [k for k, v in built.items() if sizes.get(k) is not None and v != sizes[k]]
         if wrong:
-            raise size_error(self, {k: params[k] for k in wrong}, {k: sizes[k] for k in wrong}, sizes)
+            raise size_error(self, {k: built[k] for k in wrong}, {k: sizes[k] for k in wrong}, sizes)
 
     # ------------------------------------------------------------ utilities
     @classmethod

@@ -142,6 +142,8 @@ class Transformer(nn.Module):
             embedding_std=1.0 if embedding_scale else 0.02,
         )
         self.encoding = build(encoding, dims=dims, options=encoding_options)
+        # a hand-built encoding (or options naming a size) of other sizes than the model's fails here
+        self.encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, vocab_size=vocab_size)
         if embedding_size is None or embedding_size == d_model:
             self.tok = nn.Embedding(vocab_size, d_model)
             self.factor: nn.Module = nn.Identity()

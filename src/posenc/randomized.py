@@ -135,6 +135,9 @@ class Randomized(PositionalEncoding):
     def _hooks(self) -> frozenset[str]:
         return self.inner.hooks() | {"positions"}
 
+    def check_sizes(self, **sizes: int | None) -> None:
+        self.inner.check_sizes(**sizes)  # the inner encoding is the one built for sizes
+
     # ------------------------------------------------------------ sampling
     def sample(self, positions: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Map ``positions`` ``[B, L]`` through an ordered random subset of ``[0, max_len)`` per row."""

@@ -97,6 +97,10 @@ class DynamicPositionBias(PositionalEncoding):
         """The bias for signed distances ``Δ = i - j`` of any shape: ``[..., H]``."""
         return self.mlp(self.features(delta)[..., None])
 
+    def check_sizes(self, **sizes: int | None) -> None:
+        sizes.pop("d_model", None)  # only sets the MLP's default width: any model width works
+        super().check_sizes(**sizes)
+
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"dynamic-bias was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")

@@ -1,32 +1,34 @@
-"""The README stays true: its code runs, and its table lists every registered encoding."""
+"""The README stays true: its table is the one the registry generates, its quick start exists.
+
+Its code blocks (and those of docs/*.md) run in tests/test_docs_examples.py.
+"""
 
 import pathlib
-import re
 
-import posenc
+from posenc import readme_table
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
-
-
-def test_python_examples_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert blocks
-    for code in blocks:
-        exec(compile(code, str(README), "exec"), {})
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
-def test_table_lists_every_encoding_with_its_reference():
-    text = README.read_text()
-    table = text.split("<!-- encodings:start -->")[1].split("<!-- encodings:end -->")[0]
-    for name in posenc.available():
-        row = next((line for line in table.splitlines() if line.startswith(f"| `{name}` |")), None)
-        assert row is not None, f"{name} missing from the README table: run python scripts/update_readme_table.py"
-        assert row.rstrip().endswith(f"| {posenc.resolve(name).info.reference} |")
+def test_table_is_the_generated_one():
+    text = README.read_text(encoding="utf-8")
+    have, want = readme_table.current(text), readme_table.table()
+    if have != want:
+        stale = sorted(set(have.splitlines()) ^ set(want.splitlines()))
+        raise AssertionError(
+            f"README.md's table of encodings is not the one the registry generates; run: {readme_table.COMMAND}\n"
+            "rows that differ:\n" + "\n".join(stale[:10])
+        )
+
+
+def test_table_command_is_documented():
+    assert "posenc readme-table --write README.md" in README.read_text(encoding="utf-8")
 
 
 def test_quick_start_commands_exist():
-    text = README.read_text()
+    text = README.read_text(encoding="utf-8")
     for cmd in ("bash scripts/bench.sh", "bash scripts/test.sh"):
         assert cmd in text
-        assert (README.parent / cmd.split()[1]).exists()
-    assert "scripts/test.sh" in (README.parent / ".ci" / "run").read_text()
+        assert (ROOT / cmd.split()[1]).exists()
+    assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()

@@ -1,4 +1,4 @@
-"""The ``posenc`` command line: ``list``, ``bench``, ``inspect``, ``info``."""
+"""The ``posenc`` command line: ``list``, ``bench``, ``inspect``, ``info``, ``readme-table``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ examples:
   posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
   posenc inspect rope                 measured properties and pictures of one encoding
   posenc info                         versions, threads, and whether the compiled CPU kernels are in use
+  posenc readme-table --write README.md   regenerate the README's table of encodings
 """
 
 
@@ -46,10 +47,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
             )
         )
     if args.markdown:
-        print("| name | family | sees | learned | paper | what it does | checked against |")
-        print("|---|---|---|---|---|---|---|")
-        for r in rows:
-            print(f"| `{r[0]}` | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} |")
+        from .readme_table import table
+
+        print(table(args.family), end="")
         return 0
     width = max(len(r[0]) for r in rows) if rows else 4
     print(f"{'name':<{width}}  {'family':<8}  {'paper':<60}  summary")
@@ -97,6 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(the compiled one-pass CPU kernels: where they were built, or why PyTorch ops are used instead).",
     )
     pi.set_defaults(func=_cmd_info)
+
+    from . import readme_table
+
+    pr = sub.add_parser(
+        "readme-table",
+        help="print the table of encodings, or rewrite it in README.md (--write README.md)",
+        description="Print the Markdown table of registered encodings, or put it into a file between the lines "
+        f"{readme_table.START} and {readme_table.END} (--write), or check that it is there (--check).",
+    )
+    readme_table.add_arguments(pr)
+    pr.set_defaults(func=readme_table.run)
 
     from .bench import cli as bench_cli
 

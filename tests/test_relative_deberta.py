@@ -14,6 +14,7 @@ Fast path == literal reference path at 1e-10.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -217,6 +218,73 @@ def test_equals_naive_formula(terms, offset: str) -> None:
         out[:, h] = torch.softmax(A / (dh * (1 + len(terms))) ** 0.5, -1) @ v[:, h]
     want = mha.o_proj(out.reshape(length, d_model))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------- beyond max_relative_positions: HF (row 0) vs Microsoft (row 1)
+def _row(rel: int, bucket_size: int, max_position: int, clamp_first: bool) -> int:
+    """The c2p table row of the offset ``i - j``, one offset at a time (float32 logs, as both codes)."""
+    if clamp_first:  # Microsoft's make_log_bucket_position: clamp(i - j, -(max - 1), max - 1) before the buckets
+        rel = max(-(max_position - 1), min(max_position - 1, rel))
+    mid = bucket_size // 2
+    if abs(rel) <= mid:
+        bucket = rel
+    else:
+        ratio = torch.log(torch.tensor(abs(rel), dtype=torch.float32) / mid) / torch.log(
+            torch.tensor((max_position - 1) / mid, dtype=torch.float32)
+        )
+        bucket = int(math.copysign(int(torch.ceil(ratio * (mid - 1))) + mid, rel))
+    return min(max(bucket + bucket_size, 0), 2 * bucket_size - 1)  # the index clamp into the 2k rows
+
+
+@pytest.mark.parametrize(("buckets", "max_rel"), [(8, 12), (4, 7), (256, 512)])
+def test_bucket_clamp_microsoft_rows_and_default_unchanged(buckets: int, max_rel: int) -> None:
+    rel = torch.arange(-3 * max_rel, 3 * max_rel + 1)
+    q_pos, k_pos = rel[None, :, None].new_zeros(1, 1), -rel[None]  # i - j = rel for the query at 0
+    for clamp, first in (("hf", False), ("microsoft", True)):
+        enc = DeBERTa(16, 2, position_buckets=buckets, max_relative_positions=max_rel, bucket_clamp=clamp)
+        c2p, p2c = enc.indices(q_pos, k_pos)
+        want = torch.tensor([_row(int(r), buckets, max_rel, first) for r in rel])
+        assert torch.equal(c2p[0, 0], want) and torch.equal(p2c, c2p)
+    far_negative = rel <= -max_rel
+    hf = DeBERTa(16, 2, position_buckets=buckets, max_relative_positions=max_rel).indices(q_pos, k_pos)[0][0, 0]
+    ms = DeBERTa(16, 2, position_buckets=buckets, max_relative_positions=max_rel, bucket_clamp="microsoft")
+    ms_rows = ms.indices(q_pos, k_pos)[0][0, 0]
+    assert (hf[far_negative] == 0).all() and (ms_rows[far_negative] == 1).all()
+    assert torch.equal(hf[~far_negative], ms_rows[~far_negative])  # the only difference
+    assert DeBERTa(16, 2).bucket_clamp == "hf"  # the default follows HF (and pretrained checkpoints)
+
+
+def test_bucket_clamp_microsoft_attention_equals_naive_formula_and_every_path() -> None:
+    """The whole attention with Microsoft's rows: a loop over (i, j), and fast == fused == reference."""
+    torch.manual_seed(8)
+    d_model, heads, buckets, max_rel, length = 16, 2, 8, 12, 30
+    enc = DeBERTa(d_model, heads, position_buckets=buckets, max_relative_positions=max_rel, bucket_clamp="microsoft")
+    with torch.no_grad():
+        enc.rel_embeddings.weight.normal_()
+    enc.fused_min_pairs = 1
+    paths = [MultiHeadAttention(d_model, heads, enc, path=p).double() for p in ("fast", "fast", "reference")]
+    paths[1].fused = False
+    for m in paths[1:]:
+        m.load_state_dict(paths[0].state_dict())
+    x = torch.randn(1, length, d_model, dtype=torch.float64)
+    outs = [m(x) for m in paths]
+    assert paths[0].last_plan.kernel == "blocked"
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=0, atol=1e-10)
+
+    mha, dh = paths[2], d_model // heads
+    P = enc.relative_table().detach().double()
+    Qr, Kr = mha.q_proj(P).view(2 * buckets, heads, dh), mha.k_proj(P).view(2 * buckets, heads, dh)  # shared keys
+    q, kk, v = (p(x)[0].view(length, heads, dh) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+    out = torch.zeros(length, heads, dh, dtype=torch.float64)
+    for h in range(heads):
+        A = torch.zeros(length, length, dtype=torch.float64)
+        for i in range(length):
+            for j in range(length):
+                r = _row(i - j, buckets, max_rel, clamp_first=True)
+                A[i, j] = q[i, h] @ kk[j, h] + q[i, h] @ Kr[r, h] + kk[j, h] @ Qr[r, h]  # HF's p2c offset
+        out[:, h] = torch.softmax(A / (3 * dh) ** 0.5, -1) @ v[:, h]
+    torch.testing.assert_close(outs[2][0], mha.o_proj(out.reshape(length, d_model)), rtol=0, atol=1e-12)
 
 
 # ------------------------------------------------------------- fast == reference

@@ -58,7 +58,8 @@ def naive_tener(attn: MultiHeadAttention, x, mem, q_pos, k_pos, scaled=False):
     b, lq, d = x.shape
     lk, nh, dk = h_keys.shape[1], enc.n_heads, enc.head_dim
     Q = attn.q_proj(x).view(b, lq, nh, dk)
-    K = h_keys.view(b, lk, nh, dk)  # K = H, no W_k
+    # K = H, no W_k (the paper); key_projection=True: K = H W_k (fastnlp/TENER's current code)
+    K = (attn.k_proj(h_keys) if enc.key_projection else h_keys).view(b, lk, nh, dk)
     V = attn.v_proj(h_keys).view(b, lk, nh, dk)
     probs = torch.zeros(b, nh, lq, lk, dtype=F64)
     for bi in range(b):
@@ -240,3 +241,25 @@ def test_bad_configurations():
     tokens = torch.randint(0, 10, (1, 3))
     with pytest.raises(ConfigError, match="memory"):
         narrow(tokens, memory=wide(tokens, return_memory=True).memory)
+
+
+# --------------------------------------------------------------------- fastnlp/TENER's learned W_k
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_key_projection_option_learns_W_k_as_fastnlp_code(path):
+    attn = make_attention(path=path, key_projection=True)
+    assert isinstance(attn.k_proj, nn.Linear) and attn.encoding.key_projection
+    x = torch.randn(2, 6, 8, dtype=F64, generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(6)
+    want, _ = naive_tener(attn, x, None, pos, pos)  # eq. 2 with K = H W_k
+    torch.testing.assert_close(attn(x), want, atol=1e-10, rtol=0)
+    # the projection matters: with K = H instead the output differs
+    plain = make_attention(path=path)
+    assert isinstance(plain.k_proj, nn.Identity) and not plain.encoding.key_projection  # the default: K = H
+    plain.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("k_proj.")})
+    assert (plain(x) - attn(x)).abs().max() > 1e-3
+    # K = H needs n_heads * head_dim == d_model; a learned W_k does not
+    MultiHeadAttention(16, 2, TENER(4, 2, key_projection=True), head_dim=4)
+    model = Transformer(10, encoding="tener", encoding_options={"key_projection": True}, d_model=8, n_heads=2)
+    assert all(isinstance(b.attn.k_proj, nn.Linear) for b in model.blocks)
+    with pytest.raises(ConfigError, match="key_projection must be True or False"):
+        TENER(4, 2, key_projection="yes")

@@ -35,6 +35,16 @@ option built from the paper's decomposition ``P_{i|j} P_{j|i}^\top`` with the
 same offsets as p2c and c2p (Microsoft's DeBERTa-v1 code instead indexed the
 query side by the *absolute* query position, which is not translation-invariant).
 
+**Beyond max_relative_positions.** Microsoft's ``make_log_bucket_position``
+clamps ``i - j`` to ``±(max_relative_positions - 1)`` before bucketing, so every
+far-negative offset lands in table row 1 (its bucket ``-(k - 1)``) and every
+far-positive one in row ``2k - 1``. HF's ``make_log_bucket_position`` does not
+clamp first: a far-negative offset's bucket falls below ``-k`` and the index clamp
+puts it in row 0 (far-positive ones still land in row ``2k - 1``). posenc follows
+HF by default (``bucket_clamp="hf"``); ``bucket_clamp="microsoft"`` clamps first, as
+Microsoft's code. Only with log buckets (``position_buckets > 0``): without them
+both clip ``i - j`` to ``±k`` the same way.
+
 **Paths.** ``ctx.reference`` materialises the gathered ``K^r_{δ(i,j)}`` and
 ``Q^r_{δ}`` for every pair ``(i, j)`` (``[B, H, Lq, Lk, d]``), exactly as the
 formula reads; the fast path computes ``Q^c K_r^\top`` (``[B, H, Lq, 2k]``) and
@@ -59,6 +69,7 @@ from ._skew import DIRECT_KEY_TERM_ELEMENTS, arange_rows, offsets
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
 P2C_OFFSETS = ("hf", "paper")
+BUCKET_CLAMPS = ("hf", "microsoft")
 
 
 def deberta_log_bucket(relative_position: Tensor, bucket_size: int, max_position: int) -> Tensor:
@@ -122,6 +133,9 @@ class DeBERTa(PositionalEncoding):
         n_layers: layers served; needed only without ``share_att_key`` (one ``W_{q,r}, W_{k,r}`` per layer).
         p2c_offset: ``"hf"`` (``δ(i,j)``, as HF and checkpoints) or ``"paper"`` (``δ(j,i)``).
         dropout: dropout on the relative embeddings (HF ``pos_dropout``).
+        bucket_clamp: ``"hf"`` (default: a far-negative offset uses table row 0, as HF) or ``"microsoft"``
+            (``i - j`` clamped to ``±(max_relative_positions - 1)`` before the log buckets, as Microsoft's
+            ``make_log_bucket_position``: row 1); see the module docstring.
     """
 
     info = Card(
@@ -154,6 +168,7 @@ class DeBERTa(PositionalEncoding):
         n_layers: int = 1,
         p2c_offset: str = "hf",
         dropout: float = 0.0,
+        bucket_clamp: str = "hf",
     ):
         super().__init__()
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_layers", n_layers)):
@@ -191,6 +206,9 @@ class DeBERTa(PositionalEncoding):
             raise ConfigError(f"p2c_offset must be one of {P2C_OFFSETS}, got {p2c_offset!r}")
         if not 0.0 <= dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        if bucket_clamp not in BUCKET_CLAMPS:
+            raise ConfigError(f"bucket_clamp must be one of {BUCKET_CLAMPS}, got {bucket_clamp!r}")
+        self.bucket_clamp = bucket_clamp
         self.terms = _parse_pos_att_type(pos_att_type)
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.position_buckets, self.max_relative_positions = position_buckets, max_rel
@@ -221,6 +239,9 @@ class DeBERTa(PositionalEncoding):
     def relative_bucket(self, relative_position: Tensor) -> Tensor:
         """``i - j`` after DeBERTa's log bucketing (unchanged when ``position_buckets <= 0``)."""
         if self.position_buckets > 0:
+            if self.bucket_clamp == "microsoft":  # Microsoft's make_log_bucket_position clamps first
+                m = self.max_relative_positions
+                relative_position = relative_position.long().clamp(-(m - 1), m - 1)
             return deberta_log_bucket(relative_position, self.position_buckets, self.max_relative_positions)
         return relative_position.long()
 
@@ -309,6 +330,9 @@ class DeBERTa(PositionalEncoding):
         needs_q = "p2c" in self.terms or "p2p" in self.terms
         needs_k = "c2p" in self.terms or "p2p" in self.terms
         return (heads(q_proj) if needs_q else None), (heads(k_proj) if needs_k else None)
+
+    def offers_relative_form(self) -> bool:
+        return "p2p" not in self.terms  # p2p has no row-blocked form
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """c2p as a query term and p2c as a key term, the tables at the ``Lq + Lk - 1`` offsets (no p2p)."""

@@ -43,7 +43,10 @@ class follows:
   ``r_w_bias`` for the position term (``v``), both ``[n_heads, d_k]``
   (xavier-normal init); ``W_q``, ``W_v`` have no bias;
 * the scores are shifted with pad-and-reshape tricks on a ``[L, 2L]`` table
-  (no memory, one sequence length).
+  (no memory, one sequence length);
+* its current code (2020, after the paper) learns a key projection, ``K = H W_k``;
+  this class follows the paper's ``K = H`` by default, and ``key_projection=True``
+  gives the code's learned ``W_k`` (the rest of the equation unchanged).
 
 Fast path: the distances of contiguous positions are shifted into place
 (``relative_shift``), others gathered; the reference path materialises
@@ -71,6 +74,13 @@ class TENER(PositionalEncoding):
         A^{rel}_{t,j} = Q_t K_j^\top + Q_t R_{t-j}^\top + u K_j^\top + v R_{t-j}^\top,
         \quad R_{t-j} = [\dots, \sin((t-j)\,\omega_i), \cos((t-j)\,\omega_i), \dots],
         \quad \omega_i = 10000^{-2i/d_k}
+
+    Args:
+        head_dim, n_heads: the attention's heads (``K = H`` needs ``n_heads · head_dim == d_model``).
+        scaled: ``True`` divides the logits by ``sqrt(head_dim)`` (the paper's "scaled" ablation).
+        base: the sinusoid's base.
+        key_projection: ``False`` (default): the paper's ``K = H``, no ``W_k``; ``True``: a learned ``W_k``,
+            ``K = H W_k``, as fastnlp/TENER's current code (2020, after the paper).
     """
 
     info = Card(
@@ -86,10 +96,15 @@ class TENER(PositionalEncoding):
     )
     claims = {"direction_aware": True}  # seed 000: TENER's relative sinusoid keeps the direction
     shared_across_layers = False  # u, v per layer
-    key_projection = False  # K = H
+    key_projection = False  # K = H (the paper); key_projection=True: a learned W_k (fastnlp/TENER's code)
 
-    def __init__(self, head_dim: int, n_heads: int, scaled: bool = False, base: float = 10000.0):
+    def __init__(
+        self, head_dim: int, n_heads: int, scaled: bool = False, base: float = 10000.0, key_projection: bool = False
+    ):
         super().__init__()
+        if not isinstance(key_projection, bool):
+            raise ConfigError(f"key_projection must be True or False, got {key_projection!r}")
+        self.key_projection = key_projection  # type: ignore[misc]  # read by the attention when it is built
         if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
             raise ConfigError(
                 f"{self.info.name} builds R_(t-j) from sin/cos pairs of width d_k = head_dim, so head_dim must be a "

@@ -19,7 +19,8 @@ report can use it::
 ``metrics`` maps an evaluation label (a test length such as ``"32"``, or a
 split such as ``"test"``) to the value of ``metric``; a value of ``None`` with a
 ``"<label>_error"`` entry records an evaluation the encoding could not do
-(e.g. a length beyond a learned table).
+(e.g. a length beyond a learned table). ``chance(cfg, label)`` says what a model
+that learned nothing scores there (the report's chance line).
 
 Where tasks come from (in the parent and in every worker process, Ray task and
 torchrun rank alike): the built-in modules of :mod:`posenc.bench.tasks`; the
@@ -78,6 +79,15 @@ class Task:
 
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
+
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        """The metric at evaluation ``label`` (``"32"``, ``"test"`` ...) of a model that learned nothing.
+
+        That is the best answer that ignores the input (the majority class; for perplexity
+        a uniform guess over the vocabulary), on the scale of ``metric``. The report draws
+        it as the chance line and lists runs that stay near it. ``None``: unknown.
+        """
+        return None
 
 
 _TASKS: dict[str, Task] = {}

@@ -2,17 +2,25 @@
 
 Runs are grouped by task and *label* (the suite's display name of an encoding
 with its options, e.g. ``shaw k=4``; by default the encoding name plus its
-options), and summarised as mean ± std over seeds. Where a suite carries the
-paper's numbers (``published``), the report shows them beside ours.
+options), and summarised as mean ± std over seeds, beside each task's chance
+level (``Task.chance``). Where a suite carries the paper's numbers
+(``published``), the report shows them beside ours. Every plot gives an
+encoding the same colour and marker (:func:`encoding_styles`), and
+``report.html`` is one self-contained page.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
+import functools
 import html
+import importlib.metadata
 import json
+import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +60,7 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for n in labels:
             vals = [r["metrics"].get(n) for r in runs]
             per_len[n] = None if any(v is None for v in vals) else _mean_std([float(v) for v in vals])
+        chance = _row_chance(runs, labels)
         worst = 0.0 if higher else float("inf")
         ind = [per_len[str(n)][0] for n in lengths if n <= train_max and per_len[str(n)] is not None]
         ood = [per_len[str(n)][0] if per_len[str(n)] is not None else worst for n in lengths if n > train_max]
@@ -72,8 +81,10 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "train_max": train_max,
                 "seconds": statistics.fmean(r["train_seconds"] for r in runs),
                 "errors": sorted({v for r in runs for k, v in r["metrics"].items() if k.endswith("_error")}),
+                "chance": chance,
             }
         )
+        rows[-1]["learned"] = _learned(rows[-1])[0]
     rows.sort(key=lambda r: (r["task"], _rank(r["extrapolation"], r), _rank(r["in_distribution"], r)))
     return rows
 
@@ -127,7 +138,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         summary = _summary_name(sub)
         head = ["#", "encoding", *[_label(n, tm) for n in labels], summary, "s/run"]
         better = "higher" if sub[0]["higher_is_better"] else "lower"
-        out.append(f"**{task}** — {unit} ({better} is better; mean ± std over seeds), trained on lengths ≤ {tm}\n")
+        trained = f", trained on lengths ≤ {tm}" if any(n.isdigit() for n in labels) else ""
+        out.append(f"**{task}** — {unit} ({better} is better; mean ± std over seeds){trained}\n")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for i, r in enumerate(sub, 1):
@@ -135,6 +147,11 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             value = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
             cells += [_fmt(value, metric), f"{r['seconds']:.1f}"]
             out.append("| " + " | ".join(cells) + " |")
+        chance = [_task_chance(sub, n) for n in labels]
+        if any(c is not None for c in chance):
+            out.append(
+                "|  | _chance_ | " + " | ".join("?" if c is None else _fmt(c, metric) for c in chance) + " |  |  |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -180,12 +197,12 @@ def _published_html(published: dict[str, Any], rows: list[dict[str, Any]]) -> st
     if not published:
         return ""
     md = published_table(published, rows)
-    parts = ["<h2>Beside the published numbers</h2>"]
+    parts = []
     lines = md.splitlines()
     parts.append(f"<p>{html.escape(lines[0].replace('**', ''))}</p>")
     table = [ln for ln in lines if ln.startswith("|") and not ln.startswith("|---")]
     if table:
-        parts.append("<table border=1 cellpadding=4>")
+        parts.append("<table class=left>")
         for i, ln in enumerate(table):
             cells = [c.strip() for c in ln.strip("|").split("|")]
             tag = "th" if i == 0 else "td"
@@ -199,91 +216,489 @@ def _published_html(published: dict[str, Any], rows: list[dict[str, Any]]) -> st
     return "\n".join(parts)
 
 
-# ---------------------------------------------------------------------------- plots
-def _pyplot():
-    try:
-        import matplotlib
+# ---------------------------------------------------------------------------- chance and learning
+#: a run "did not learn" a task when its mean in-distribution metric closes less than this share of
+#: the gap between chance and a perfect score (100 %; perplexity 1, measured on a log scale)
+LEARNED_SHARE = 0.2
+PPL_METRICS = ("perplexity", "ppl")
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+
+@functools.lru_cache(maxsize=4096)
+def _chance_of(task: str, config_json: str, key: str) -> float | None:
+    from .api import get_task
+    from .runner import RunConfig
+
+    try:
+        t = get_task(task)
+        # chance does not depend on the encoding: every run of a task and seed shares one value
+        cfg = RunConfig.from_dict({**json.loads(config_json), "encoding": "none", "encoding_options": {}})
+        c = getattr(t, "chance", None)
+        value = c(cfg, key) if callable(c) else c
+    except Exception:  # a task no longer registered, an old config: unknown
+        return None
+    return None if value is None else float(value)
+
+
+def chance_level(record_config: dict[str, Any], key: str) -> float | None:
+    """The task's chance level at evaluation ``key`` for one run's config (``Task.chance``), or None."""
+    blob = json.dumps(
+        {k: v for k, v in record_config.items() if k not in ("encoding", "encoding_options")}, default=str
+    )
+    return _chance_of(record_config["task"], blob, key)
+
+
+def _row_chance(runs: list[dict[str, Any]], keys: list[str]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for k in keys:
+        vals = [chance_level(r["config"], k) for r in runs]
+        out[k] = None if not vals or any(v is None for v in vals) else statistics.fmean(vals)  # type: ignore[arg-type]
+    return out
+
+
+def _range(metric: str) -> tuple[float, float] | None:
+    """The values the metric can take (for clipping error bars), or None if unbounded / unknown."""
+    if _pct(metric):
+        return 0.0, 1.0
+    if metric in PPL_METRICS:
+        return 1.0, float("inf")
+    return None
+
+
+def _gap_closed(value: float, chance: float | None, metric: str, higher: bool) -> float | None:
+    """The share of the way from chance to a perfect score that ``value`` covers, or None if unknown."""
+    if chance is None or value != value:
+        return None
+    if _pct(metric) and higher and chance < 1:
+        return (value - chance) / (1 - chance)
+    if metric in PPL_METRICS and not higher and chance > 1:
+        return (math.log(chance) - math.log(max(value, 1e-12))) / math.log(chance)
+    return None
+
+
+def _ind_keys(row: dict[str, Any]) -> list[str]:
+    """The evaluation keys of the in-distribution mean (lengths <= the training length; else every key)."""
+    keys = [k for k, v in row["values"].items() if v is not None and k.isdigit() and int(k) <= row["train_max"]]
+    if not keys and not any(k.isdigit() and int(k) > row["train_max"] for k in row["values"]):
+        keys = [k for k, v in row["values"].items() if v is not None]
+    return keys
+
+
+def _learned(row: dict[str, Any]) -> tuple[bool | None, float | None]:
+    """(whether the row learned its task in distribution, the chance level of its in-distribution mean)."""
+    keys = _ind_keys(row)
+    cs = [row["chance"].get(k) for k in keys]
+    if not keys or any(c is None for c in cs):
+        return None, None
+    c = statistics.fmean(cs)  # type: ignore[arg-type]
+    share = _gap_closed(row["in_distribution"], c, row["metric"], row["higher_is_better"])
+    return (None if share is None else share >= LEARNED_SHARE), c
+
+
+def _task_chance(sub: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r["chance"].get(key) for r in sub if r["chance"].get(key) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+# ---------------------------------------------------------------------------- styles
+#: matplotlib's tab10 with black for its grey (grey is the chance band), markers and dash patterns;
+#: label i of the report's sorted labels gets colour i % 10 and marker (i + i // 10) % 10, so every
+#: label up to 100 has a (colour, marker) of its own
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#000000", "#bcbd22", "#17becf")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+DASHES: tuple[Any, ...] = ("-", (0, (6, 2)), (0, (2, 1.5)), (0, (6, 1.5, 1.5, 1.5)))
+GLYPHS = {"o": "●", "s": "■", "^": "▲", "D": "◆", "v": "▼", "P": "✚", "X": "✖", "<": "◀", ">": "▶", "*": "★"}
+CHANCE_STYLE = {"color": "0.45", "lw": 3.0, "alpha": 0.45, "zorder": 1.5}
+
+
+def encoding_styles(labels: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """One colour, marker and dash pattern per label, by its place in the sorted labels.
+
+    The report computes it once from every label it shows, so an encoding looks the
+    same in every panel of every plot (and in the tables' swatches).
+    """
+    out = {}
+    for i, lab in enumerate(sorted(set(labels))):
+        out[lab] = {
+            "color": PALETTE[i % len(PALETTE)],
+            "marker": MARKERS[(i + i // len(PALETTE)) % len(MARKERS)],
+            "linestyle": DASHES[i % len(DASHES)],
+        }
+    return out
+
+
+def _swatch(style: dict[str, Any] | None) -> str:
+    if not style:
+        return ""
+    return f'<span class=sw style="color:{style["color"]}">{GLYPHS.get(style["marker"], "●")}</span> '
+
+
+# ---------------------------------------------------------------------------- plots
+def _new_figure(width: float, height: float) -> Any:
+    """A matplotlib Figure (not pyplot: the global backend is left alone), or None without matplotlib."""
+    try:
+        from matplotlib.figure import Figure
     except ImportError:  # plots are an extra: pip install 'posenc[plots]'
         return None
-    return plt
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> Path | None:
-    """The metric against test length, one panel per task, one line per encoding (PNG)."""
-    plt = _pyplot()
-    if plt is None:
-        return None
-    rows = leaderboard(results)
+def _shared_legend(fig: Any, axes: Any, styles: dict[str, dict[str, Any]]) -> None:
+    """One legend for all panels: encodings in the order of their styles, then the reference marks."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    order = [lab for lab in styles if lab in seen] + [lab for lab in seen if lab not in styles]
+    fig.legend([seen[lab] for lab in order], order, loc="outside right upper", fontsize=8, frameon=False)
+
+
+def _dodge(n_lines: int, gap: float) -> list[float]:
+    """Offsets (in the x unit) that set ``n_lines`` lines slightly apart, so equal points stay visible."""
+    step = min(0.035, 0.25 * gap / max(n_lines, 1))
+    return [(j - (n_lines - 1) / 2) * step for j in range(n_lines)]
+
+
+def _errors(mean: float, std: float, rng: tuple[float, float] | None) -> tuple[float, float]:
+    """(below, above): ± std, clipped to the metric's range."""
+    if rng is None:
+        return std, std
+    return max(0.0, min(std, mean - rng[0])), max(0.0, min(std, rng[1] - mean))
+
+
+def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str, Any]]) -> None:
+    from matplotlib.ticker import NullLocator
+
+    task, metric, tm = sub[0]["task"], sub[0]["metric"], sub[0]["train_max"]
+    k = 100.0 if _pct(metric) else 1.0
+    rng = _range(metric)
+    lengths = sorted({int(n) for r in sub for n, v in r["values"].items() if v is not None and n.isdigit()})
+    if lengths:
+        logs = [math.log2(n) for n in lengths]
+        gap = min((b - a for a, b in zip(logs, logs[1:])), default=1.0)
+        offs = _dodge(len(sub), gap)
+        for off, r in zip(offs, sub):
+            pts = [(n, r["values"][str(n)]) for n in lengths if r["values"].get(str(n)) is not None]
+            if not pts:
+                continue
+            err = [_errors(m, s, rng) for _, (m, s) in pts]
+            ax.errorbar(
+                [n * 2**off for n, _ in pts],
+                [k * m for _, (m, _) in pts],
+                yerr=[[k * e[0] for e in err], [k * e[1] for e in err]],
+                capsize=2,
+                ms=5,
+                lw=1.4,
+                alpha=0.9,
+                label=r["label"],
+                **styles[r["label"]],
+            )
+        chance = [(n, _task_chance(sub, str(n))) for n in lengths]
+        chance = [(n, c) for n, c in chance if c is not None]
+        if chance and max(c for _, c in chance) - min(c for _, c in chance) < 1e-9:
+            ax.axhline(k * chance[0][1], label="chance", **CHANCE_STYLE)
+        elif chance:
+            ax.plot([n for n, _ in chance], [k * c for _, c in chance], label="chance", **CHANCE_STYLE)
+        ax.set_xscale("log", base=2)
+        lo, hi = lengths[0] / 2 ** (0.5 * gap), lengths[-1] * 2 ** (0.5 * gap)
+        ax.set_xlim(lo, hi)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.xaxis.set_minor_locator(NullLocator())
+        longer = [n for n in lengths if n > tm]
+        if longer:  # shade the lengths beyond training, from half-way (in log) between tm and the next length
+            start = math.sqrt(max(tm, lo) * longer[0]) if tm >= lengths[0] else lo
+            ax.axvspan(start, hi, color="#eef2f7", zorder=0, label="longer than training")
+        ax.set_xlabel("test length")
+        ax.set_title(f"{task} (trained on lengths ≤ {tm})", fontsize=10)
+    else:  # splits ("test", "valid" ...): one column each
+        keys = [key for key, v in sub[0]["values"].items() if v is not None]
+        for r in sub[1:]:
+            keys += [key for key, v in r["values"].items() if v is not None and key not in keys]
+        offs = _dodge(len(sub), 1.0)
+        for off, r in zip(offs, sub):
+            pts = [(i, r["values"][key]) for i, key in enumerate(keys) if r["values"].get(key) is not None]
+            err = [_errors(m, s, rng) for _, (m, s) in pts]
+            ax.errorbar(
+                [i + off * 3 for i, _ in pts],
+                [k * m for _, (m, _) in pts],
+                yerr=[[k * e[0] for e in err], [k * e[1] for e in err]],
+                capsize=2,
+                ms=5,
+                lw=0,
+                elinewidth=1.2,
+                label=r["label"],
+                **{**styles[r["label"]], "linestyle": "none"},
+            )
+        chance = [(i, c) for i, key in enumerate(keys) if (c := _task_chance(sub, key)) is not None]
+        if chance:  # one segment per split
+            ys, xs = [k * c for _, c in chance], [i for i, _ in chance]
+            ax.hlines(ys, [x - 0.4 for x in xs], [x + 0.4 for x in xs], label="chance", **CHANCE_STYLE)
+        ax.set_xticks(range(len(keys)), keys)
+        ax.set_xlim(-0.6, len(keys) - 0.4)
+        ax.set_xlabel("evaluation split")
+        ax.set_title(task, fontsize=10)
+    better = "higher" if sub[0]["higher_is_better"] else "lower"
+    ax.set_ylabel(f"{metric} {'%' if _pct(metric) else ''} ({better} is better)".replace("  ", " "))
+    if _pct(metric):
+        ax.set_ylim(-3, 103)
+    elif metric in PPL_METRICS:
+        ax.set_yscale("log")
+    ax.grid(axis="y", color="0.9", lw=0.8)
+    ax.set_axisbelow(True)
+
+
+def metric_figure(
+    results: list[dict[str, Any]],
+    *,
+    styles: dict[str, dict[str, Any]] | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> Any:
+    """The metric against test length: one panel per task, one line per encoding; a matplotlib Figure or None.
+
+    Every encoding has one colour and marker (:func:`encoding_styles`); the grey band is the task's
+    chance level; error bars (± std over seeds) are clipped to the metric's range; the x axis is
+    the test length, on a log scale labelled with the lengths themselves.
+    """
+    rows = leaderboard(results) if rows is None else rows
     tasks = sorted({r["task"] for r in rows})
     if not tasks:
         return None
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        metric = "accuracy"
-        for r in [r for r in rows if r["task"] == task]:
-            metric = r["metric"]
-            k = 100 if _pct(metric) else 1
-            xs = [n for n, v in r["values"].items() if v is not None and n.isdigit()]
-            ys = [k * r["values"][n][0] for n in xs]
-            err = [k * r["values"][n][1] for n in xs]
-            if xs:
-                ax.errorbar([int(x) for x in xs], ys, yerr=err, marker="o", capsize=2, label=r["label"])
-            else:  # a single split ("test"): one bar-like point
-                vals = [(n, v) for n, v in r["values"].items() if v is not None]
-                ax.plot([n for n, _ in vals], [k * v[0] for _, v in vals], "o", label=r["label"])
-        tm = next(r["train_max"] for r in rows if r["task"] == task)
-        if any(n.isdigit() for r in rows if r["task"] == task for n in r["values"]):
-            ax.axvline(tm, color="grey", ls=":", lw=1)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("test length")
-        ax.set_title(f"{task} (trained on lengths ≤ {tm})")
-        if _pct(metric):
-            ax.set_ylabel(f"{metric} %")
-            ax.set_ylim(-2, 102)
-        else:
-            ax.set_ylabel(metric)
-            if metric in ("perplexity", "ppl"):
-                ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_curves(results: list[dict[str, Any]], path: Path) -> Path | None:
-    """Training loss against step, one panel per task, one line per encoding (seed 0 or the first seed)."""
-    plt = _pyplot()
-    if plt is None:
+    styles = styles or encoding_styles(r["label"] for r in rows)
+    fig = _new_figure(4.6 * len(tasks) + 1.6, 3.9)
+    if fig is None:
         return None
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks):
+        _metric_panel(ax, [r for r in rows if r["task"] == task], styles)
+    _shared_legend(fig, axes, styles)
+    return fig
+
+
+def curves_figure(results: list[dict[str, Any]], *, styles: dict[str, dict[str, Any]] | None = None) -> Any:
+    """Training loss against step, one panel per task, one line per encoding (mean over seeds); a Figure or None.
+
+    Lines carry their encoding's colour, marker (every few points, staggered so that lines lying on
+    top of each other still show each marker) and dash pattern.
+    """
     tasks = sorted({r["config"]["task"] for r in results if r.get("curve")})
     if not tasks:
         return None
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.0), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    styles = styles or encoding_styles(label_of(r) for r in results)
+    fig = _new_figure(4.6 * len(tasks) + 1.6, 3.7)
+    if fig is None:
+        return None
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks):
         by_label: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in results:
             if r["config"]["task"] == task and r.get("curve"):
                 by_label[label_of(r)].append(r)
-        for lab, runs in sorted(by_label.items()):
+        n_lines = len(by_label)
+        for j, (lab, runs) in enumerate(sorted(by_label.items())):
             # mean over seeds at the steps every seed logged
             steps = sorted(set.intersection(*[{int(s) for s, _ in r["curve"]} for r in runs]))
             ys = [statistics.fmean(dict((int(s), v) for s, v in r["curve"])[s] for r in runs) for s in steps]
-            ax.plot(steps, ys, marker="o" if len(steps) <= 3 else None, label=lab)
-        ax.set_title(f"{task}: training loss (mean over seeds)")
+            # a marker every few points, each line starting at another point: lines on top of each other
+            # show every line's marker (one per line and period, up to half the points)
+            every = max(1, min(max(len(steps) // 6, n_lines), len(steps) // 2))
+            ax.plot(
+                steps,
+                ys,
+                markevery=(j % every, every),
+                ms=5,
+                lw=1.5,
+                alpha=0.85,
+                label=lab,
+                **styles.get(lab, {}),
+            )
+        ax.set_title(f"{task}: training loss (mean over seeds)", fontsize=10)
         ax.set_xlabel("step")
-        ax.set_ylabel("loss (smoothed)")
+        ax.set_ylabel("loss (smoothed, log scale)")
         ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+        ax.grid(color="0.92", lw=0.8)
+        ax.set_axisbelow(True)
+    _shared_legend(fig, axes, styles)
+    return fig
+
+
+def _save(fig: Any, path: Path) -> Path | None:
+    if fig is None:
+        return None
     path = Path(path)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
+
+
+def plot(results: list[dict[str, Any]], path: Path, *, styles: dict[str, dict[str, Any]] | None = None) -> Path | None:
+    """Save :func:`metric_figure` as a PNG (None without matplotlib or results)."""
+    return _save(metric_figure(results, styles=styles), path)
+
+
+def plot_curves(
+    results: list[dict[str, Any]], path: Path, *, styles: dict[str, dict[str, Any]] | None = None
+) -> Path | None:
+    """Save :func:`curves_figure` as a PNG (None without matplotlib or curves)."""
+    return _save(curves_figure(results, styles=styles), path)
+
+
+# ---------------------------------------------------------------------------- context
+def environment() -> dict[str, str]:
+    """The versions and machine of the process writing the report, and the date."""
+    import os
+    import platform
+
+    now = datetime.datetime.now().astimezone()
+    env = {
+        "date": f"{now:%Y-%m-%d %H:%M:%S} {now.tzname()}",
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+    }
+    for name in ("posenc", "torch", "numpy", "matplotlib"):
+        try:
+            env[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            env[name] = "not installed"
+    env["platform"] = platform.platform()
+    env["machine"] = platform.machine() or "unknown"
+    env["CPU count"] = str(os.cpu_count())
+    if hasattr(os, "sched_getaffinity"):
+        env["CPUs usable by this process"] = str(len(os.sched_getaffinity(0)))
+    try:
+        import torch
+
+        env["torch threads"] = str(torch.get_num_threads())
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "unset")
+    return env
+
+
+SETTING_NAMES = (
+    ("train_lengths", "train lengths"),
+    ("test_lengths", "test lengths"),
+    ("steps", "steps"),
+    ("batch_size", "batch"),
+    ("lr", "lr"),
+    ("model", "model"),
+    ("d_model", "d_model"),
+    ("n_layers", "layers"),
+    ("n_heads", "heads"),
+    ("d_ff", "d_ff"),
+    ("eval_samples", "eval samples"),
+    ("task_options", "task options"),
+)
+
+
+def _show(v: Any, key: str = "") -> str:
+    if isinstance(v, list | tuple):
+        if key == "train_lengths" and len(v) == 2:
+            return str(v[0]) if v[0] == v[1] else f"{v[0]}–{v[1]}"
+        return ", ".join(map(str, v))
+    if v is None:
+        return "default"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in sorted(v.items())) or "—"
+    return str(v)
+
+
+def settings(results: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Per task: the suite, seeds, encodings, parameters and every run setting (values joined by "/" if they vary)."""
+    out = []
+    for task in sorted({r["config"]["task"] for r in results}):
+        runs = [r for r in results if r["config"]["task"] == task]
+        row = {"task": task, "suite": " / ".join(sorted({str(r.get("suite") or "—") for r in runs}))}
+        row["seeds"] = ", ".join(map(str, sorted({r["config"]["seed"] for r in runs})))
+        row["encodings"] = str(len({label_of(r) for r in runs}))
+        for key, name in SETTING_NAMES:
+            row[name] = " / ".join(dict.fromkeys(_show(r["config"].get(key), key) for r in runs))
+        params = [r["parameters"] for r in runs if r.get("parameters")]
+        row["parameters"] = (
+            "—" if not params else f"{min(params):,}" + (f"–{max(params):,}" if max(params) != min(params) else "")
+        )
+        out.append(row)
+    return out
+
+
+def settings_grid(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """:func:`settings` as a table of one row per setting and one column per group of tasks with equal settings."""
+    groups: dict[str, list[str]] = {}
+    values: dict[str, dict[str, str]] = {}
+    for row in settings(results):
+        rest = {k: v for k, v in row.items() if k != "task"}
+        key = json.dumps(rest, sort_keys=True)
+        groups.setdefault(key, []).append(row["task"])
+        values[key] = rest
+    if not groups:
+        return [], []
+    head = ["setting", *(", ".join(ts) for ts in groups.values())]
+    names = list(next(iter(values.values())))
+    return head, [[n, *(values[k][n] for k in groups)] for n in names]
+
+
+def tasks_info(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Per task: what it is, its metric and its chance level at each evaluation."""
+    from .api import get_task
+
+    out = []
+    for task in sorted({r["task"] for r in rows}):
+        sub = [r for r in rows if r["task"] == task]
+        try:
+            desc = get_task(task).description
+        except Exception:
+            desc = ""
+        metric = sub[0]["metric"]
+        keys = list(sub[0]["values"])
+        chance = {key: _task_chance(sub, key) for key in keys}
+        known = {key: c for key, c in chance.items() if c is not None}
+        if not known:
+            text = "unknown"
+        elif max(known.values()) - min(known.values()) < 1e-9:
+            text = _fmt(next(iter(known.values())), metric) + (" %" if _pct(metric) else "")
+        else:
+            text = ", ".join(f"{key}: {_fmt(c, metric)}" for key, c in known.items()) + (" (%)" if _pct(metric) else "")
+        better = "higher" if sub[0]["higher_is_better"] else "lower"
+        out.append(
+            {
+                "task": task,
+                "description": desc or "(no description)",
+                "metric": f"{metric}{' %' if _pct(metric) else ''}, {better} is better",
+                "chance": text,
+            }
+        )
+    return out
+
+
+def problems(rows: list[dict[str, Any]], failures: list[dict[str, Any]] | None) -> dict[str, list[dict[str, str]]]:
+    """What went wrong: runs that raised, rows that did not learn in distribution, lengths not reached."""
+    failed = [
+        {
+            "run": f"{f['config']['task']}/{f.get('label') or f['config']['encoding']}/seed{f['config']['seed']}",
+            "error": f["error"].strip(),
+        }
+        for f in failures or []
+    ]
+    weak = []
+    for r in rows:
+        ok, c = _learned(r)
+        pct = " %" if _pct(r["metric"]) else ""
+        if ok is False:
+            weak.append(
+                {
+                    "run": f"{r['task']}/{r['label']} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})",
+                    "error": f"in distribution {_fmt(r['in_distribution'], r['metric'])}{pct}, "
+                    f"chance {_fmt(c, r['metric'])}{pct}",
+                }
+            )
+    unreached = [{"run": f"{r['task']}/{r['label']}", "error": e} for r in rows for e in r["errors"]]
+    return {"failed": failed, "not learned": weak, "not reached": unreached}
+
+
+PROBLEM_TEXT = {
+    "failed": "Runs that failed (not in the tables; fix the cause and run the same command again to retry them)",
+    "not learned": (
+        "Did not learn the task in distribution: the mean at the training lengths closes less than "
+        f"{LEARNED_SHARE:.0%} of the gap between chance and a perfect score (their extrapolation means little)"
+    ),
+    "not reached": "Lengths an encoding could not evaluate (n/a in the tables)",
+}
 
 
 # ---------------------------------------------------------------------------- files
@@ -293,10 +708,147 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     out = []
     for r in rows:
-        d = {k: num(v) for k, v in r.items() if k != "values"}
+        d = {k: num(v) for k, v in r.items() if k not in ("values", "chance")}
         d["values"] = {k: None if v is None else {"mean": num(v[0]), "std": num(v[1])} for k, v in r["values"].items()}
+        d["chance"] = {k: num(v) for k, v in r["chance"].items()}
         out.append(d)
     return out
+
+
+def _md_table(head: list[str], body: list[list[str]]) -> list[str]:
+    esc = [[c.replace("|", "\\|").replace("\n", " ") for c in row] for row in [head, *body]]
+    return ["| " + " | ".join(esc[0]) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in esc[1:])]
+
+
+def _html_table(head: list[str], body: list[list[str]], cls: str = "") -> str:
+    """A table of already escaped cells."""
+    out = [f"<table{f' class={cls}' if cls else ''}>"]
+    if any(head):
+        out.append("<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>")
+    out += ["<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body]
+    return "\n".join(out) + "\n</table>"
+
+
+def _summary(results: list[dict[str, Any]], rows: list[dict[str, Any]], failures: list[dict[str, Any]] | None) -> str:
+    suites = sorted({str(r.get("suite")) for r in results if r.get("suite")})
+    seeds = sorted({r["config"]["seed"] for r in results})
+    n_fail = len(failures or [])
+    return (
+        f"{len(results)} finished run{'s' if len(results) != 1 else ''}"
+        + (f" of suite {', '.join(suites)}" if suites else "")
+        + f": {len({r['label'] for r in rows})} encodings × {len({r['task'] for r in rows})} tasks × "
+        f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+        + (f"; {n_fail} run{'s' if n_fail != 1 else ''} failed" if n_fail else "")
+    )
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:1.5em auto;
+padding:0 1em;color:#222;line-height:1.4}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em} h3{margin-bottom:.3em}
+.meta{color:#555} nav a{margin-right:1em}
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:90%}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;vertical-align:top}
+th{background:#f3f3f3} td:nth-child(2),th:nth-child(2){text-align:left}
+table.left td,table.left th{text-align:left}
+tr.chance td{color:#777;font-style:italic;background:#fafafa}
+td.best{font-weight:bold} td.low{color:#999}
+.sw{font-size:110%} img{max-width:100%}
+pre{white-space:pre-wrap;font-size:85%;background:#f7f7f7;padding:.4em;margin:.2em 0}
+.note{color:#555;font-size:90%}
+"""
+
+
+def _results_html(rows: list[dict[str, Any]], styles: dict[str, dict[str, Any]]) -> list[str]:
+    body = []
+    for task in sorted({r["task"] for r in rows}):
+        sub = [r for r in rows if r["task"] == task]
+        labels = list(sub[0]["values"])
+        metric, tm = sub[0]["metric"], sub[0]["train_max"]
+        higher = sub[0]["higher_is_better"]
+        summary = _summary_name(sub)
+        unit = f"{metric} %" if _pct(metric) else metric
+        lengths = any(n.isdigit() for n in labels)
+        body.append(f"<h3>{html.escape(task)}</h3>")
+        body.append(
+            f"<p class=note>{html.escape(unit)} ({'higher' if higher else 'lower'} is better), mean ± std over seeds"
+            + (f"; trained on lengths ≤ {tm}" if lengths else "")
+            + "; best value of each column in bold, values not above chance in grey.</p>"
+        )
+        head = ["#", "encoding", *[html.escape(_label(n, tm)) for n in labels], summary, "seeds", "s/run"]
+        best = {}
+        for n in labels:
+            vals = [r["values"][n][0] for r in sub if r["values"].get(n) is not None]
+            if vals:
+                best[n] = max(vals) if higher else min(vals)
+        table = []
+        for i, r in enumerate(sub, 1):
+            cells = [str(i), _swatch(styles.get(r["label"])) + html.escape(r["label"])]
+            for n in labels:
+                v = r["values"].get(n)
+                c = r["chance"].get(n)
+                cls = ""
+                if v is not None and n in best and v[0] == best[n]:
+                    cls = "best"
+                elif v is not None and c is not None and (v[0] <= c if higher else v[0] >= c):
+                    cls = "low"
+                cells.append(f"<span class={cls}>{_cell(v, metric)}</span>" if cls else _cell(v, metric))
+            value = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
+            cells += [_fmt(value, metric), str(r["seeds"]), f"{r['seconds']:.1f}"]
+            table.append(cells)
+        chance_cells = [_fmt(c, metric) if (c := _task_chance(sub, n)) is not None else "?" for n in labels]
+        table.append(["", "chance", *chance_cells, "", "", ""])
+        text = _html_table(head, table)
+        # classes on cells: a span cannot style the cell, so move them onto the <td>
+        text = text.replace("<td><span class=best>", "<td class=best><span>").replace(
+            "<td><span class=low>", "<td class=low><span>"
+        )
+        text = text.replace("<tr><td></td><td>chance</td>", "<tr class=chance><td></td><td>chance</td>")
+        body.append(text)
+    return body
+
+
+def _markdown_page(
+    title: str,
+    description: str,
+    summary: str,
+    env: dict[str, str],
+    rows: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    pub: str,
+    probs: dict[str, list[dict[str, str]]],
+    files: list[str],
+) -> str:
+    out = [f"# {title}", "", f"_{summary}. Written {env['date']} by posenc {env['posenc']}._", ""]
+    if description:
+        out += [description, ""]
+    out += ["## Tasks", ""]
+    info = tasks_info(rows)
+    out += _md_table(
+        ["task", "what it is", "metric", "chance"],
+        [[d["task"], d["description"], d["metric"], d["chance"]] for d in info],
+    )
+    out += ["", "## Results", "", markdown_table(rows)]
+    if files:
+        out += ["Plots: " + ", ".join(f"`{f}`" for f in files) + " (embedded in `report.html`).", ""]
+    if pub:
+        out += ["## Beside the published numbers", "", pub]
+    out += ["## Failures", ""]
+    if not any(probs.values()):
+        out += ["None: every run finished, reached every length and learned its task in distribution.", ""]
+    for kind, items in probs.items():
+        if items:
+            out += [f"**{PROBLEM_TEXT[kind]}**", ""]
+            out += [f"- {p['run']}: {p['error'].splitlines()[-1] if p['error'] else ''}" for p in items]
+            out += [""]
+    head, grid = settings_grid(results)
+    if grid:
+        out += ["## Settings", ""]
+        out += _md_table(head, grid)
+        out += [""]
+    out += ["## Environment", "", "Of the process that wrote this report (runs may have run elsewhere).", ""]
+    out += _md_table(["", ""], [[k, v] for k, v in env.items()])
+    return "\n".join(out) + "\n"
 
 
 def write_report(
@@ -310,21 +862,21 @@ def write_report(
 ) -> dict[str, Path]:
     """Write ``results.json``, ``leaderboard.md``, ``leaderboard.json``, plots and ``report.html``.
 
-    ``published`` (a suite's ``published`` section) adds the paper's table beside ours;
-    ``failures`` (runs that raised) are listed at the end.
+    ``report.html`` is one self-contained page (plots embedded as PNG, CSS inline, no
+    external reference): the tasks and their chance levels, the results, the plots, the
+    published numbers beside ours (``published``: a suite's ``published`` section), the
+    failures (``failures``: runs that raised; rows that did not learn in distribution;
+    lengths not reached), the settings and the environment. ``leaderboard.md`` has the
+    same sections, without the plots.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = leaderboard(results)
-    table = markdown_table(rows)
+    styles = encoding_styles(r["label"] for r in rows)
+    env = environment()
+    summary = _summary(results, rows, failures)
+    probs = problems(rows, failures)
     pub = published_table(published or {}, rows)
-    fail_md = ""
-    if failures:
-        fail_md = "\n**Failed runs** (not in the table; run the suite again to retry them)\n\n" + "\n".join(
-            f"- {f['config']['task']}/{f.get('label') or f['config']['encoding']}/seed{f['config']['seed']}: "
-            f"{f['error'].strip().splitlines()[0] if f['error'].strip() else ''}"
-            for f in failures
-        )
     files = {
         "results": out_dir / "results.json",
         "leaderboard": out_dir / "leaderboard.md",
@@ -332,55 +884,103 @@ def write_report(
     }
     files["results"].write_text(json.dumps({"leaderboard": _jsonable(rows), "runs": results}, indent=1))
     files["leaderboard_json"].write_text(json.dumps({"title": title, "rows": _jsonable(rows)}, indent=1))
-    md = f"# {title}\n\n" + (f"{description}\n\n" if description else "") + table
-    md += ("\n" + pub if pub else "") + (fail_md + "\n" if fail_md else "")
-    files["leaderboard"].write_text(md + "\n")
-    png = plot(results, out_dir / "accuracy_vs_length.png")
+    png = plot(results, out_dir / "accuracy_vs_length.png", styles=styles)
     if png is not None:
         files["plot"] = png
-    curves = plot_curves(results, out_dir / "training_curves.png")
+    curves = plot_curves(results, out_dir / "training_curves.png", styles=styles)
     if curves is not None:
         files["curves"] = curves
+    pictures = [files[k].name for k in ("plot", "curves") if k in files]
+    files["leaderboard"].write_text(
+        _markdown_page(title, description, summary, env, rows, results, pub, probs, pictures)
+    )
 
+    sections = [("tasks", "Tasks"), ("results", "Results"), ("plots", "Plots")]
+    if published:
+        sections.append(("published", "Published"))
+    sections += [("failures", "Failures"), ("settings", "Settings"), ("environment", "Environment")]
     body = [f"<h1>{html.escape(title)}</h1>"]
+    body.append(
+        f"<p class=meta>{html.escape(summary)}. Written {html.escape(env['date'])} "
+        f"by posenc {html.escape(env['posenc'])}.</p>"
+    )
     if description:
         body.append(f"<p>{html.escape(description)}</p>")
-    for task in sorted({r["task"] for r in rows}):
-        sub = [r for r in rows if r["task"] == task]
-        labels = list(sub[0]["values"])
-        metric = sub[0]["metric"]
-        tm = sub[0]["train_max"]
-        summary = _summary_name(sub)
-        better = "higher" if sub[0]["higher_is_better"] else "lower"
-        body.append(f"<h2>{html.escape(task)} — {html.escape(metric)} ({better} is better)</h2>")
-        body.append("<table border=1 cellpadding=4><tr><th>#</th><th>encoding</th>")
-        body += [f"<th>{html.escape(_label(n, tm))}</th>" for n in labels] + [f"<th>{summary}</th><th>seeds</th></tr>"]
-        for i, r in enumerate(sub, 1):
-            body.append(f"<tr><td>{i}</td><td>{html.escape(r['label'])}</td>")
-            body += [f"<td>{_cell(r['values'].get(n), metric)}</td>" for n in labels]
-            value = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
-            body.append(f"<td>{_fmt(value, metric)}</td><td>{r['seeds']}</td></tr>")
-        body.append("</table>")
-        errs = sorted({e for r in sub for e in r["errors"]})
-        if errs:
-            body.append("<p>Lengths an encoding could not reach: " + html.escape("; ".join(errs[:5])) + "</p>")
-    body.append(_published_html(published or {}, rows))
-    for key, alt in (("plot", "metric against test length"), ("curves", "training curves")):
-        if key in files:
-            data = base64.b64encode(files[key].read_bytes()).decode()
-            body.append(f'<h2>{alt.capitalize()}</h2><p><img src="data:image/png;base64,{data}" alt="{alt}"></p>')
-    if failures:
-        body.append("<h2>Failed runs</h2><ul>")
-        body += [
-            f"<li>{html.escape(f['config']['task'])}/{html.escape(f.get('label') or f['config']['encoding'])}"
-            f"/seed{f['config']['seed']}: <pre>{html.escape(f['error'])}</pre></li>"
-            for f in failures
-        ]
+    body.append("<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t in sections) + "</nav>")
+
+    body.append('<h2 id="tasks">Tasks</h2>')
+    info = tasks_info(rows)
+    body.append(
+        _html_table(
+            ["task", "what it is", "metric", "chance"],
+            [[html.escape(d[k]) for k in ("task", "description", "metric", "chance")] for d in info],
+            "left",
+        )
+    )
+    body.append(
+        "<p class=note>Chance: what a model that learned nothing scores (the best answer that ignores the "
+        "input: the majority class, or for perplexity a uniform guess over the vocabulary), "
+        "as the task declares it (<code>Task.chance</code>); drawn as a grey band in the plots.</p>"
+    )
+
+    body.append('<h2 id="results">Results</h2>')
+    body += _results_html(rows, styles)
+
+    body.append('<h2 id="plots">Plots</h2>')
+    if pictures:
+        for key, alt in (("plot", "metric against test length"), ("curves", "training curves")):
+            if key in files:
+                data = base64.b64encode(files[key].read_bytes()).decode()
+                body.append(f'<h3>{alt.capitalize()}</h3><p><img src="data:image/png;base64,{data}" alt="{alt}"></p>')
+        body.append(
+            "<p class=note>One colour and marker per encoding in every panel; grey band: chance; shaded: "
+            "lengths longer than training; error bars: ± std over seeds, cut at the metric's range.</p>"
+        )
+    else:
+        body.append("<p>No plots: matplotlib is not installed (<code>pip install 'posenc[plots]'</code>).</p>")
+
+    if published:
+        body.append('<h2 id="published">Beside the published numbers</h2>')
+        body.append(_published_html(published, rows))
+
+    body.append('<h2 id="failures">Failures</h2>')
+    if not any(probs.values()):
+        body.append("<p>None: every run finished, reached every length and learned its task in distribution.</p>")
+    for kind, items in probs.items():
+        if not items:
+            continue
+        body.append(f"<h3>{html.escape(PROBLEM_TEXT[kind])}</h3><ul>")
+        for p in items:
+            err = html.escape(p["error"])
+            body.append(
+                f"<li>{html.escape(p['run'])}: <pre>{err}</pre></li>"
+                if kind == "failed"
+                else f"<li>{html.escape(p['run'])}: {err}</li>"
+            )
         body.append("</ul>")
+
+    body.append('<h2 id="settings">Settings</h2>')
+    head, grid = settings_grid(results)
+    if grid:
+        body.append(_html_table([html.escape(h) for h in head], [[html.escape(c) for c in r] for r in grid], "left"))
+    else:
+        body.append("<p>No finished runs.</p>")
+
+    body.append('<h2 id="environment">Environment</h2>')
+    body.append(
+        "<p class=note>Of the process that wrote this report "
+        "(the runs may have run in other processes or on other machines).</p>"
+    )
+    body.append(_html_table(["", ""], [[html.escape(k), html.escape(v)] for k, v in env.items()], "left"))
+    body.append(
+        "<p class=note>Files beside this page: "
+        + ", ".join(html.escape(p.name) for p in files.values())
+        + ", report.html.</p>"
+    )
+
     files["report"] = out_dir / "report.html"
     files["report"].write_text(
-        f"<!doctype html><meta charset=utf-8><title>{html.escape(title)}</title>\n"
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto} td,th{text-align:right}</style>\n"
-        + "\n".join(body)
+        f"<!doctype html>\n<html lang=en><head><meta charset=utf-8><title>{html.escape(title)}</title>\n"
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
     return files

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import Counter
 from typing import Any, ClassVar
 
 import torch
@@ -134,6 +135,31 @@ class SeqTask(Task):
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         self.validate(cfg)
         return train_seq(self, cfg, self.options(cfg), on_step)
+
+    def eval_options(self, cfg: RunConfig) -> dict[str, Any]:
+        """The options the evaluation examples are drawn with (those :meth:`run` trains with)."""
+        return self.options(cfg)
+
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        """The score of the best constant answer on the evaluation examples of ``label``.
+
+        ``"<n>"``: the share of the most frequent whole output; ``"<n>_token"``: the share of
+        scored output tokens equal to the most frequent token at their output position.
+        """
+        n_text, _, kind = label.partition("_")
+        if not n_text.isdigit() or kind not in ("", "token"):
+            return None
+        n = int(n_text)
+        examples = self.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), self.eval_options(cfg))
+        if not kind:
+            return max(Counter(tuple(out) for _, out in examples).values()) / len(examples)
+        at: dict[int, Counter[int]] = {}
+        for _, out in examples:
+            for i, (t, keep) in enumerate(zip(out, self.scored(out))):
+                if keep:
+                    at.setdefault(i, Counter())[t] += 1
+        total = sum(c.total() for c in at.values())
+        return sum(max(c.values()) for c in at.values()) / total if total else None
 
 
 # ---- batches ------------------------------------------------------------------------------------

@@ -70,9 +70,12 @@ class AdditionTask(SeqTask):
 
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         self.validate(cfg)
+        return train_seq(self, cfg, self.eval_options(cfg), on_step)
+
+    def eval_options(self, cfg: RunConfig) -> dict[str, Any]:
         opts = self.options(cfg)
         opts["hints"] = hints_for(cfg, opts)
-        return train_seq(self, cfg, opts, on_step)
+        return opts
 
     def scored(self, output: list[int]) -> list[bool]:
         """Per-token accuracy counts the answer digits only: the hints are copied, not computed."""

@@ -132,6 +132,9 @@ class BinaryLabelTask(StringTask):
     def max_total(self, n: int, opts: dict[str, Any]) -> int:
         return n + 2
 
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        return 0.5  # both answers are equally likely
+
 
 A_TOK, B_TOK, NO, YES = FIRST, FIRST + 1, FIRST + 2, FIRST + 3
 MASK = FIRST + 2

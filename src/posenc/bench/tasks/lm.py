@@ -78,6 +78,13 @@ class LMTask(Task):
         require(0 <= opts["dropout"] < 1, f"task_options dropout must be in [0, 1), got {opts['dropout']}")
         return opts
 
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        """A uniform guess over the vocabulary: perplexity = its size (``None`` if the corpus is not installed)."""
+        try:
+            return float(encoded_lm(self.dataset)[0])
+        except Exception:
+            return None
+
     def validate(self, cfg: RunConfig) -> None:
         if cfg.model != "decoder":
             raise ConfigError(

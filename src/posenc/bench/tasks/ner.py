@@ -103,6 +103,9 @@ class MSRANERTask(Task):
     def validate(self, cfg: RunConfig) -> None:
         self.options(cfg)
 
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        return 0.0  # the majority tag (O) finds no entity
+
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         opts = self.options(cfg)
         vocab_size, tags, (train_x, train_y), (test_x, test_y) = encoded_msra(

@@ -119,6 +119,9 @@ class OrderTask(Task):
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         return train_classifier(cfg, _as_tuple(order_task), VOCAB, 2, on_step)
 
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        return 0.5  # balanced labels
+
 
 @register_task
 class AdjacentTask(OrderTask):

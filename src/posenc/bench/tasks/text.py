@@ -36,6 +36,7 @@ see ``docs/data.md``.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from typing import Any
 
 import torch
@@ -63,6 +64,12 @@ def encoded_classification(
         ids = tuple(tuple(vocab.encode(toks[:max_tokens])) for toks, _ in examples)
         splits[split] = (ids, tuple(y for _, y in examples), tuple(len(t) for t, _ in examples))
     return len(vocab), len(data.labels), splits
+
+
+def longest_tenth(lengths: tuple[int, ...]) -> list[bool]:
+    """Which sentences are in the longest tenth (ties at the cut all included), by length before cutting."""
+    cut = sorted(lengths, reverse=True)[max(0, len(lengths) // 10 - 1)]
+    return [n >= cut for n in lengths]
 
 
 @torch.no_grad()
@@ -103,6 +110,19 @@ class TextClassificationTask(Task):
     def validate(self, cfg: RunConfig) -> None:
         self.options(cfg)
 
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        """The majority class's share of the split (``None`` if the data set is not installed)."""
+        opts = self.options(cfg)
+        try:
+            _, _, splits = encoded_classification(self.dataset, opts["min_freq"], opts["max_tokens"], opts.get("fold"))
+        except Exception:
+            return None
+        _, labels, lengths = splits.get("test" if label == "test_long" else label, ((), (), ()))
+        if label == "test_long" and labels:
+            long = longest_tenth(lengths)
+            labels = tuple(y for y, keep in zip(labels, long) if keep)
+        return max(Counter(labels).values()) / len(labels) if labels else None
+
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         opts = self.options(cfg)
         vocab_size, n_classes, splits = encoded_classification(
@@ -142,9 +162,7 @@ class TextClassificationTask(Task):
             correct = pred == torch.tensor(labels)
             metrics[split] = int(correct.sum()) / len(labels)
             if split == "test":
-                # the longest tenth (ties at the cut all included), by length before cutting
-                cut = sorted(lengths, reverse=True)[max(0, len(lengths) // 10 - 1)]
-                long = torch.tensor(lengths) >= cut
+                long = torch.tensor(longest_tenth(lengths))
                 metrics["test_long"] = int(correct[long].sum()) / int(long.sum())
         return {**out, "metrics": metrics, "parameters": count_parameters(model)}
 

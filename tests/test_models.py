@@ -190,3 +190,23 @@ def test_encoder_decoder_show_the_transformer_arguments(make, causal):
 def test_encoder_decoder_reject_causal_clearly(make, other, value):
     with pytest.raises(posenc.ConfigError, match=f"takes no causal=.*posenc.{other}"):
         make(11, d_model=16, n_heads=2, causal=value)
+
+
+def test_a_hand_built_encoding_of_other_sizes_fails_at_construction():
+    """The attention and the models compare an encoding's sizes with theirs when they are built, naming both."""
+    rope = posenc.get("rope", head_dim=32)
+    with pytest.raises(ConfigError, match=r"'rope' was built for head_dim=32 but is used with head_dim=64"):
+        posenc.MultiHeadAttention(256, 4, rope)
+    with pytest.raises(ConfigError, match=r"build it with head_dim=16 \(e.g. posenc.get\('rope', ..., head_dim=16\)\)"):
+        posenc.LanguageModel(30, encoding=rope, d_model=64, n_heads=4)
+    with pytest.raises(ConfigError, match="'sinusoidal' was built for d_model=32 but is used with d_model=64"):
+        posenc.Encoder(30, encoding=posenc.get("sinusoidal", d_model=32), d_model=64, n_heads=4)
+    with pytest.raises(ConfigError, match="'learned' was built for d_model=32 but is used with d_model=64"):
+        posenc.Encoder(30, encoding="learned", encoding_options={"d_model": 32}, d_model=64, n_heads=4)
+    with pytest.raises(ConfigError, match="built for vocab_size=10 but is used with vocab_size=30"):
+        posenc.Encoder(30, encoding=posenc.get("complex-order", d_model=16, vocab_size=10), d_model=16, n_heads=2)
+    with pytest.raises(ConfigError, match="randomized-rope: encoding 'rope' was built for head_dim=8"):
+        posenc.Decoder(30, encoding=posenc.get("randomized-rope", head_dim=8), d_model=64, n_heads=4)
+    # the right sizes build; dynamic-bias takes any model width (its d_model only sizes its MLP)
+    posenc.MultiHeadAttention(128, 4, posenc.get("rope", head_dim=32))
+    posenc.Encoder(30, encoding=posenc.get("dynamic-bias", n_heads=4, d_model=8), d_model=64, n_heads=4)

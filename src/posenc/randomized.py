@@ -136,7 +136,10 @@ class Randomized(PositionalEncoding):
         return self.inner.hooks() | {"positions"}
 
     def check_sizes(self, **sizes: int | None) -> None:
-        self.inner.check_sizes(**sizes)  # the inner encoding is the one built for sizes
+        try:
+            self.inner.check_sizes(**sizes)  # the inner encoding is the one built for sizes
+        except ConfigError as e:
+            raise ConfigError(f"{self.info.name}: {e}") from None
 
     # ------------------------------------------------------------ sampling
     def sample(self, positions: Tensor, generator: torch.Generator | None = None) -> Tensor:

@@ -23,6 +23,7 @@ classification task runs under ``torchrun`` unchanged (see :mod:`posenc.bench.dd
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -147,13 +148,18 @@ def parent_sys_path() -> list[str]:
 
 
 class Executor:
-    """Runs jobs: :meth:`submit` (at most :attr:`capacity` in flight), :meth:`wait` for finished ones."""
+    """Runs jobs: :meth:`submit` (at most :attr:`capacity` in flight), :meth:`wait` for finished ones.
+
+    :attr:`interruptible` wraps the waiting and the training only: a Ctrl-C that arrives while a
+    finished run is handed over is held back until the caller has stored it (see ``run_suite``).
+    """
 
     reports_steps = False
     capacity = 1
 
     def __init__(self) -> None:
         self._queue: list[tuple[Job, OnStep | None]] = []
+        self.interruptible: Callable[[], Any] = contextlib.nullcontext
 
     def submit(self, job: Job, on_step: OnStep | None = None) -> None:
         self._queue.append((job, on_step))
@@ -199,9 +205,11 @@ class LocalExecutor(Executor):
                 on_step(job, step, loss)
 
         try:
-            return job, runner.run_one(job.config, tick), None
+            with self.interruptible():
+                rec = runner.run_one(job.config, tick)
         except Exception as exc:  # noqa: BLE001 -- recorded as a failed run
             return job, None, describe_error(exc)
+        return job, rec, None
 
 
 def threads_per_worker(workers: int) -> int:
@@ -348,7 +356,8 @@ class ProcessExecutor(Executor):
         for w in busy:
             handles[w.conn] = w
             handles[w.proc.sentinel] = w
-        ready = mp_wait(list(handles), timeout)
+        with self.interruptible():
+            ready = mp_wait(list(handles), timeout)
         out: list[Event] = []
         for w in dict.fromkeys(handles[r] for r in ready):
             job = w.job
@@ -407,10 +416,14 @@ class ProcessExecutor(Executor):
 
 
 def _ray_error(address: str, exc: BaseException) -> ConfigError:
+    what = (
+        f"no Ray cluster was found at --ray-address {address}"
+        if isinstance(exc, ConnectionError) or "could not find any running ray" in str(exc).lower()
+        else f"could not join the Ray cluster at --ray-address {address} ({str(exc).strip().splitlines()[0]})"
+    )
     return ConfigError(
-        f"no Ray cluster was found at --ray-address {address} ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-        "start one with `ray start --head` (then --ray-address auto), omit --ray-address to start a local one, "
-        "or use --workers N for processes on this machine"
+        f"{what}: start one with `ray start --head` (then --ray-address auto), omit --ray-address to start "
+        "a local one, or use --workers N for processes on this machine"
     )
 
 
@@ -453,7 +466,8 @@ class RayExecutor(Executor):
     def wait(self, timeout: float | None = None) -> list[Event]:
         if not self.pending:
             return []
-        ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=timeout)
+        with self.interruptible():
+            ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=timeout)
         out: list[Event] = []
         for ref in ready:
             job = self.pending.pop(ref)
@@ -487,7 +501,8 @@ class DDPExecutor(Executor):
         self.imports = list(imports)
 
     def _run(self, job: Job, on_step: OnStep | None) -> Event:
-        rec, err = run_ddp(job.config, self.nproc, imports=self.imports)
+        with self.interruptible():
+            rec, err = run_ddp(job.config, self.nproc, imports=self.imports)
         return job, rec, err
 
 

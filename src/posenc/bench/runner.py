@@ -389,6 +389,57 @@ class _Scheduler:
         return out
 
 
+class _HeldInterrupts:
+    """SIGINT raises KeyboardInterrupt only inside :meth:`allow` (waiting, training); elsewhere (a finished
+    run on its way to the store) it is held and raised at the next :meth:`check`. Only in the main thread."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.held = False
+        self.previous: Any = None
+
+    def __enter__(self) -> _HeldInterrupts:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is (
+            signal.default_int_handler
+        ):
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.open:
+            raise KeyboardInterrupt
+        self.held = True
+
+    def allow(self) -> Any:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def cm() -> Any:
+            if self.held:
+                raise KeyboardInterrupt
+            self.open = True
+            try:
+                yield
+            finally:
+                self.open = False
+
+        return cm()
+
+    def check(self) -> None:
+        if self.held:
+            raise KeyboardInterrupt
+
+
 def _owners(others: dict[str, tuple[Job, dict[str, Any]]]) -> str:
     who = sorted({f"pid {i.get('pid', '?')} on {i.get('host', '?')}" for _, i in others.values()})
     return ", ".join(who)
@@ -475,6 +526,8 @@ def run_suite(
         workers=getattr(ex, "workers", 1),  # runs in parallel (1 for local, torchrun and Ray: gaps measure rate)
         fresh=not resume,
     )
+    intr = _HeldInterrupts()
+    ex.interruptible = intr.allow
     failures: list[dict[str, Any]] = []
     waited_note = 0.0
     left_to_others: dict[str, tuple[Job, dict[str, Any]]] = {}
@@ -490,7 +543,9 @@ def run_suite(
             )
 
     try:
+        intr.__enter__()
         while True:
+            intr.check()
             writer.flush()
             while ex.busy < ex.capacity and (job := sched.next()) is not None:
                 ex.submit(job, board.on_step)
@@ -515,7 +570,8 @@ def run_suite(
                         f"({_owners(sched.others)}): {titles}{more}"
                     )
                 due = writer.next_due()
-                time.sleep(poll if due is None else max(0.01, min(poll, due - time.monotonic())))
+                with intr.allow():
+                    time.sleep(poll if due is None else max(0.01, min(poll, due - time.monotonic())))
                 continue
             for job, record, error in ex.wait(timeout=poll):
                 if error is None:
@@ -530,10 +586,13 @@ def run_suite(
         deadline = time.monotonic() + st.timeout
         while writer.queue and time.monotonic() < deadline:
             due = writer.next_due() or time.monotonic()
-            time.sleep(max(0.0, min(due, deadline) - time.monotonic()))
+            with intr.allow():
+                time.sleep(max(0.0, min(due, deadline) - time.monotonic()))
             writer.flush(force=time.monotonic() >= deadline)
+        intr.check()
         interrupted = False
     finally:
+        intr.__exit__()
         board.close()
         ex.close(kill=interrupted)
         if interrupted:

@@ -281,6 +281,10 @@ class Claims:
             self._thread.join(timeout=5)
             self._thread = None
         self.release_all(keep)
+        try:
+            self.dir.rmdir()  # when empty
+        except OSError:
+            pass
 
 
 class SQLiteStore:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(steps=1, batch_size=8, d_model=16, n_layers=1, n_heads=2, eval_samples=8)
 TINY_LEN = dict(train_lengths=(4, 8), test_lengths=(8,))
 
-PID_TASK = '''
+PID_TASK = """
 import os
 from posenc.bench.api import Task, register_task
 
@@ -41,7 +41,7 @@ class PidTask(Task):
 
     def run(self, cfg, on_step=None):
         return {{"metrics": {{"8": 1.0}}, "curve": [[1, 0.5]], "extra": {{"pid": os.getpid()}}}}
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +152,11 @@ def test_import_flag_loads_tasks_in_every_worker_and_the_cli(tmp_path):
     from posenc.bench import results
 
     runs = results(out)  # the quick suite's encodings x seeds 0 1
-    assert len(runs) >= 2 and {r["config"]["seed"] for r in runs} == {0, 1} and all(rec["config"]["task_version"].startswith("src-") for rec in runs)
+    assert (
+        len(runs) >= 2
+        and {r["config"]["seed"] for r in runs} == {0, 1}
+        and all(rec["config"]["task_version"].startswith("src-") for rec in runs)
+    )
     pids = {rec["extra"]["pid"] for rec in runs}
     assert r.returncode == 0 and len(pids) >= 1 and all(p != os.getpid() for p in pids)
     # --list-tasks sees it too; a module name works from the current folder
@@ -183,7 +187,9 @@ def test_entry_point_group_registers_an_installed_packages_tasks(tmp_path):
 def test_ddp_ranks_import_the_task_module(tmp_path):
     path = _write_task(tmp_path, "ddp_tasks", "t-ddp")
     load_tasks(path)
-    res = run_suite([RunConfig(task="t-ddp", encoding="none", **TINY, **TINY_LEN)], tmp_path / "o", ddp=2, progress=False)
+    res = run_suite(
+        [RunConfig(task="t-ddp", encoding="none", **TINY, **TINY_LEN)], tmp_path / "o", ddp=2, progress=False
+    )
     assert res.failures == [] and len(res) == 1 and res[0]["extra"]["pid"] != os.getpid()
 
 

@@ -21,6 +21,7 @@ from posenc import ConfigError, MultiHeadAttention, PositionError
 from posenc.base import HOOKS, AttentionContext, PositionalEncoding
 from posenc.bias.randomized_registry import REGISTERED
 from posenc.randomized import Randomized, randomized
+from posenc.registry import example_options
 
 
 class Recorder(PositionalEncoding):
@@ -146,9 +147,12 @@ def _inner_names() -> list[str]:
 @pytest.mark.parametrize("name", _inner_names())
 def test_eval_equals_the_plain_encoding_with_the_same_weights(name: str) -> None:
     kw = dict(d_model=16, n_heads=2, n_layers=2, max_len=32)
+    dims = dict(kw, head_dim=8, vocab_size=10)
     torch.manual_seed(0)
-    plain = posenc.LanguageModel(10, encoding=name, **kw).eval()
-    wrapped = posenc.LanguageModel(10, encoding=f"randomized-{name}", **kw).eval()
+    options = example_options(name, dims) or None  # the settings the encoding declares, if it needs any
+    plain = posenc.LanguageModel(10, encoding=name, encoding_options=options, **kw).eval()
+    wrapped_options = example_options(f"randomized-{name}", dims) or None  # the same, as inner_options
+    wrapped = posenc.LanguageModel(10, encoding=f"randomized-{name}", encoding_options=wrapped_options, **kw).eval()
     rename = (("trunk.encoding.", "trunk.encoding.inner."), (".attn.encoding.", ".attn.encoding.inner."))
     state = {}
     for key, value in plain.state_dict().items():

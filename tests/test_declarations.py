@@ -8,6 +8,8 @@ up without any list being edited.
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
@@ -132,6 +134,13 @@ def test_bench_all_runs_it_with_its_example_options(throwaway, capsys):
     names = [e if isinstance(e, str) else e["name"] for e in entries]
     assert sorted(names) == sorted(posenc.available())  # nothing left out
     assert "leaving out" not in capsys.readouterr().err
+    # through the command line's grid: every encoding, each with its declared options (and --encoding-option on top)
+    from posenc.bench.cli import _suite
+
+    args = argparse.Namespace(suite=None, encoding_option=[], encodings=["all"], tasks=None, seeds=None)
+    specs = {e.name: e.options for e in _suite(args)[0].grids[0].encodings}
+    assert specs["throwaway-bias"] == {"slope": 0.5} and specs["rope"] == {}
+    assert specs["rope-yarn"]["factor"] == 2.0 and set(specs) == set(posenc.available())
 
 
 def test_encoding_generic_tests_discover_it(throwaway):

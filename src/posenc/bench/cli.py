@@ -133,9 +133,10 @@ def _suite(args: argparse.Namespace):
         else:
             names, declared = args.encodings, {}
         g.encodings = [
-            _encoding("--encodings", {"name": n, "options": {**declared.get(n, {}), **options}})
-            if options or n in declared
-            else n
+            _encoding(
+                "--encodings",
+                {"name": n, "options": {**declared.get(n, {}), **options}} if options or n in declared else n,
+            )
             for n in names
         ]
     elif options:

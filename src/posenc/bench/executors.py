@@ -383,12 +383,17 @@ class ProcessExecutor(Executor):
             if len(deaths) <= self.retries:
                 self.submit(job)
             else:
+                why = (
+                    "out of memory, or killed from outside"
+                    if all(d.startswith("killed") for d in deaths)
+                    else "it exited before returning a result: see its output above"
+                )
                 out.append(
                     (
                         job,
                         None,
                         f"worker process failed: the worker running it died {len(deaths)} times "
-                        f"({', '.join(deaths)}); out of memory, or killed from outside",
+                        f"({', '.join(deaths)}); {why}",
                     )
                 )
         return out

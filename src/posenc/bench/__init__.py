@@ -24,7 +24,9 @@ _LAZY: dict[str, str] = {
     "Task": "api",
     "available_tasks": "api",
     "get_task": "api",
+    "load_tasks": "api",
     "register_task": "api",
+    "task_version": "api",
     "leaderboard": "report",
     "markdown_table": "report",
     "write_report": "report",
@@ -45,7 +47,7 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from .api import Task, available_tasks, get_task, register_task
+    from .api import Task, available_tasks, get_task, load_tasks, register_task, task_version
     from .report import leaderboard, markdown_table, write_report
     from .runner import Job, ResultStore, RunConfig, RunFailedError, run_one, run_suite
     from .store import SQLiteStore, StoreCorruptError, StoreError, StoreLockedError, open_store
@@ -96,6 +98,7 @@ __all__ = [
     "get_task",
     "leaderboard",
     "load_suite",
+    "load_tasks",
     "markdown_table",
     "open_store",
     "quick_suite",
@@ -103,5 +106,6 @@ __all__ = [
     "results",
     "run_one",
     "run_suite",
+    "task_version",
     "write_report",
 ]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -131,11 +132,105 @@ def _capture_params(cls: type) -> None:
             extra = params.pop("kwargs", None)
             if isinstance(extra, dict):
                 params.update(extra)
+            check_options(type(self), sig, params)
             object.__setattr__(self, "_params", params)
         init(self, *args, **kwargs)
 
     wrapped._posenc_wrapped = True  # type: ignore[attr-defined]
     cls.__init__ = wrapped  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------ options
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _at_least_one(v: Any) -> bool:
+    return v >= 1
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+# limits on settings by name, for every encoding that takes a setting of that name (``None`` always passes):
+# name -> (test, what is right). A class adds or overrides entries with ``option_limits``.
+OPTION_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{
+        k: (_at_least_one, "a positive integer >= 1")
+        for k in (
+            "d_model", "n_heads", "head_dim", "vocab_size", "n_layers", "max_len", "num_buckets", "max_distance",
+            "npos_max", "grid_width", "grid_height", "hidden", "depth", "length", "original_max_len",
+            "random_max_len", "rotary_dim", "clamp_len",
+        )
+    },  # fmt: skip
+    "max_relative_position": (_non_negative, "an integer >= 0 (0: every offset shares one table row)"),
+    "base": (lambda v: v > 1, "> 1 (e.g. 10000)"),
+    **{
+        k: (_positive, "> 0")
+        for k in ("layer_norm_eps", "scale_base", "attention_factor", "factor",
+                  "beta_fast", "beta_slow", "r1", "r2", "short_factor", "long_factor")
+    },  # fmt: skip
+    **{
+        k: (_non_negative, ">= 0")
+        for k in ("init_std", "embedding_std", "gamma", "mscale", "mscale_all_dim", "low_freq_factor",
+                  "high_freq_factor")
+    },  # fmt: skip
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+}
+
+
+def _annotation_kinds(annotation: Any) -> set[str]:
+    """The plain types a signature's (string) annotation names: ``"int | None"`` -> ``{"int", "None"}``."""
+    if not isinstance(annotation, str):
+        annotation = getattr(annotation, "__name__", str(annotation))
+    return {part.strip() for part in annotation.split("|")}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_options(cls: type, sig: inspect.Signature, params: Mapping[str, Any]) -> None:
+    """Raise :class:`~posenc.ConfigError` for a setting an encoding cannot take, before it is built.
+
+    Every encoding gets these checks from its ``__init__`` signature, with nothing to write: a setting annotated
+    ``int`` must be an integer, ``float`` a real number, ``bool`` a bool and ``str`` a string; no number
+    (nor any number in a list of them) may be NaN or infinite; and the limits of :data:`OPTION_LIMITS` for the
+    setting's name (``base > 1``, sizes ``>= 1``, ``eps > 0`` ...) plus the class's own ``option_limits`` hold.
+    The error names the encoding, the setting, the value and what would be right.
+    """
+    info = getattr(cls, "info", None)
+    name = info.name if info is not None else cls.__name__
+    limits = {**OPTION_LIMITS, **getattr(cls, "option_limits", {})}
+
+    def bad(key: str, value: Any, right: str) -> ConfigError:
+        p = sig.parameters.get(key)
+        default = "" if p is None or p.default is p.empty else f" (the default is {p.default!r})"
+        return ConfigError(f"encoding {name!r}: {key} must be {right}, got {value!r}{default}")
+
+    for key, value in params.items():
+        if value is None:
+            continue
+        p = sig.parameters.get(key)
+        kinds = _annotation_kinds(p.annotation) if p is not None and p.annotation is not p.empty else set()
+        kinds.discard("None")
+        if kinds == {"int"} and (isinstance(value, bool) or not isinstance(value, int)):
+            raise bad(key, value, "an integer")
+        if kinds == {"float"} and not _is_number(value):
+            raise bad(key, value, "a number")
+        if kinds == {"bool"} and not isinstance(value, bool):
+            raise bad(key, value, "True or False")
+        if kinds == {"str"} and not isinstance(value, str):
+            raise bad(key, value, "a string")
+        numbers = [value] if _is_number(value) else []
+        if isinstance(value, (list, tuple)) and all(_is_number(v) for v in value):
+            numbers = list(value)
+        if any(not math.isfinite(v) for v in numbers):
+            raise bad(key, value, "finite (not NaN or infinity)")
+        limit = limits.get(key)
+        if limit is not None and numbers and not all(limit[0](v) for v in numbers):
+            raise bad(key, value, limit[1])
 
 
 class PositionalEncoding(nn.Module):
@@ -180,6 +275,20 @@ class PositionalEncoding(nn.Module):
     * :meth:`check_sizes`: the model sizes this instance was built for (``d_model``, ``n_heads``,
       ``head_dim``, ``vocab_size`` among its settings) are compared with the attention's and the model's
       when they are built; override it for sizes the settings do not name.
+    * ``option_limits``: ``{setting: (test, what is right)}`` beyond the generic ones every encoding gets from
+      :func:`check_options` (types from the ``__init__`` annotations, no NaN or infinity, the limits of
+      :data:`OPTION_LIMITS` by setting name: ``base > 1``, sizes ``>= 1``, ``eps > 0`` ...), checked before
+      ``__init__`` runs; a bad setting is a :class:`~posenc.ConfigError` naming it, its value and what is right.
+
+    What every encoding is given, checked once by its callers (:class:`posenc.MultiHeadAttention` and the models),
+    so that no hook needs to check it again:
+
+    * positions are finite (integers for the encodings that index tables) and ``>= 0``;
+    * **empty input is refused, the same way for every encoding**: a sequence of length 0 (or a batch of 0
+      sequences) is a :class:`~posenc.ConfigError` at the attention or model call (``"... has no tokens"``), never
+      an empty output. A model has nothing to compute for it (a classifier would pool nothing into logits), and
+      several encodings' tables have no entry for it. ``tests/test_bad_input.py`` checks this for every
+      registered encoding.
     """
 
     info: ClassVar[Card]
@@ -191,6 +300,7 @@ class PositionalEncoding(nn.Module):
     example_options: ClassVar[Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] = MappingProxyType({})
     claims: ClassVar[Mapping[str, bool | None]] = MappingProxyType({})
     randomized_variant: ClassVar[bool] = False
+    option_limits: ClassVar[Mapping[str, tuple[Callable[[Any], bool], str]]] = MappingProxyType({})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

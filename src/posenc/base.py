@@ -155,27 +155,16 @@ def _non_negative(v: Any) -> bool:
 
 # limits on settings by name, for every encoding that takes a setting of that name (``None`` always passes):
 # name -> (test, what is right). A class adds or overrides entries with ``option_limits``.
+_SIZES = "d_model n_heads head_dim vocab_size n_layers max_len num_buckets max_distance npos_max grid_width grid_height"
+_COUNTS = "hidden depth length original_max_len random_max_len rotary_dim clamp_len"
+_POSITIVE = "layer_norm_eps scale_base attention_factor factor beta_fast beta_slow r1 r2 short_factor long_factor"
+_NON_NEGATIVE = "init_std embedding_std gamma mscale mscale_all_dim low_freq_factor high_freq_factor"
 OPTION_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    **{
-        k: (_at_least_one, "a positive integer >= 1")
-        for k in (
-            "d_model", "n_heads", "head_dim", "vocab_size", "n_layers", "max_len", "num_buckets", "max_distance",
-            "npos_max", "grid_width", "grid_height", "hidden", "depth", "length", "original_max_len",
-            "random_max_len", "rotary_dim", "clamp_len",
-        )
-    },  # fmt: skip
+    **{k: (_at_least_one, "a positive integer >= 1") for k in (_SIZES + " " + _COUNTS).split()},
+    **{k: (_positive, "> 0") for k in _POSITIVE.split()},
+    **{k: (_non_negative, ">= 0") for k in _NON_NEGATIVE.split()},
     "max_relative_position": (_non_negative, "an integer >= 0 (0: every offset shares one table row)"),
     "base": (lambda v: v > 1, "> 1 (e.g. 10000)"),
-    **{
-        k: (_positive, "> 0")
-        for k in ("layer_norm_eps", "scale_base", "attention_factor", "factor",
-                  "beta_fast", "beta_slow", "r1", "r2", "short_factor", "long_factor")
-    },  # fmt: skip
-    **{
-        k: (_non_negative, ">= 0")
-        for k in ("init_std", "embedding_std", "gamma", "mscale", "mscale_all_dim", "low_freq_factor",
-                  "high_freq_factor")
-    },  # fmt: skip
     "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
 

@@ -125,6 +125,20 @@ class _BiasedSDPA(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None
 
 
+def check_int(name: str, value: Any, minimum: int = 1, *, optional: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is an integer ``>= minimum`` (or ``None`` where ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_probability(name: str, value: Any) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a number in ``[0, 1)`` (a dropout probability)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
 def _upper(n: int, device: torch.device) -> Tensor:
     """``[n, n]``, ``True`` above the diagonal (the keys a causal row may not see)."""
     return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
@@ -154,6 +168,9 @@ class KVCache:
     """
 
     layers: dict[int, tuple[Tensor, Tensor, Tensor, Tensor | None]] = field(default_factory=dict)
+    # layer -> id() of the attention module that filled it: a cache is one model's, and another model reading it
+    # (even of the same sizes) is refused instead of attending to foreign keys
+    owners: dict[int, int] = field(default_factory=dict, repr=False)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
@@ -201,21 +218,43 @@ def build_mask(
         j = torch.arange(lk, device=device)[None, :]
         _and((j <= i + (lk - lq))[None, None])
     if attention_mask is not None:
+        if not isinstance(attention_mask, Tensor):
+            raise ConfigError(f"attention_mask must be a tensor [batch, keys], got {type(attention_mask).__name__}")
         if attention_mask.shape != (batch, lk):
             raise ConfigError(
                 f"attention_mask must have shape [batch, keys] = [{batch}, {lk}], got {tuple(attention_mask.shape)}"
             )
+        if (
+            attention_mask.dtype != torch.bool
+            and not torch.compiler.is_compiling()
+            and not bool(((attention_mask == 0) | (attention_mask == 1)).all())
+        ):
+            odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)].flatten()[0].item()
+            raise ConfigError(
+                f"attention_mask must hold 1/True for real tokens and 0/False for padding, got a value {odd}; "
+                "an additive mask (0 / -inf) is its opposite: pass (additive == 0) instead"
+            )
         _and(attention_mask.bool()[:, None, None, :])
     if document_ids is not None:
+        if not isinstance(document_ids, Tensor) or document_ids.is_floating_point():
+            what = document_ids.dtype if isinstance(document_ids, Tensor) else type(document_ids).__name__
+            raise ConfigError(f"document_ids must be an integer tensor [batch, keys], got {what}")
         if document_ids.shape != (batch, lk):
             raise ConfigError(f"document_ids must have shape [{batch}, {lk}], got {tuple(document_ids.shape)}")
         qd = document_ids[:, lk - lq :] if q_document_ids is None else q_document_ids
         _and((qd[:, :, None] == document_ids[:, None, :])[:, None])
     if mask is not None:
-        if mask.dtype != torch.bool:
-            raise ConfigError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise ConfigError(f"mask must be a boolean tensor (True = may attend), got {what}")
+        shape = tuple(mask.shape)
         while mask.dim() < 4:
             mask = mask.unsqueeze(0) if mask.dim() < 3 else mask.unsqueeze(1)
+        if mask.dim() != 4 or any(m not in (1, n) for m, n in zip(mask.shape, (batch, mask.shape[1], lq, lk))):
+            raise ConfigError(
+                f"mask must be broadcastable to [batch, heads, queries, keys] = [{batch}, heads, {lq}, {lk}] "
+                f"([queries, keys], [batch|1, queries, keys] or [batch|1, heads|1, queries, keys]), got {shape}"
+            )
         _and(mask)
     return out
 
@@ -335,8 +374,15 @@ class AttentionCore(nn.Module):
         super().__init__()
         if path not in PATHS:
             raise ConfigError(f"path must be one of {PATHS}, got {path!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {dropout}")
+        check_int("n_heads", n_heads)
+        check_int("head_dim", head_dim)
+        check_int("layer", layer, 0)
+        check_probability("dropout", dropout)
+        if encoding is not None and not isinstance(encoding, PositionalEncoding):
+            raise ConfigError(
+                f"encoding must be a posenc.PositionalEncoding (e.g. posenc.get('rope', head_dim={head_dim})) or "
+                f"None, got {type(encoding).__name__}"
+            )
         self.n_heads, self.head_dim = n_heads, head_dim
         self.dropout = dropout
         self.path = path
@@ -515,8 +561,9 @@ class MultiHeadAttention(AttentionCore):
         path: str = "auto",
         layer: int = 0,
     ):
-        if d_model <= 0 or n_heads <= 0:
-            raise ConfigError(f"d_model and n_heads must be positive, got {d_model} and {n_heads}")
+        check_int("d_model", d_model)
+        check_int("n_heads", n_heads)
+        check_int("head_dim", head_dim, optional=True)
         if head_dim is None:
             if d_model % n_heads:
                 raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
@@ -597,8 +644,34 @@ class MultiHeadAttention(AttentionCore):
         if kv_cache is None:
             return k, v
         past = kv_cache.get(self.layer)
+        owner = kv_cache.owners.get(self.layer)
+        if past is not None and owner is not None and owner != id(self):
+            raise ConfigError(
+                f"this KVCache's layer {self.layer} was filled by another attention module (another model?); "
+                "a cache belongs to the model that filled it: start a new posenc.KVCache() for this one"
+            )
         if past is not None:
             pk, pv, ppos, pseg = past
+            if pk.shape[0] != k.shape[0] or pk.shape[1] != k.shape[1] or pk.shape[3] != k.shape[3]:
+                raise ConfigError(
+                    f"the KVCache holds keys of batch={pk.shape[0]}, heads={pk.shape[1]}, head_dim={pk.shape[3]} "
+                    f"but this call has batch={k.shape[0]}, heads={k.shape[1]}, head_dim={k.shape[3]}; a cache "
+                    "serves one batch of sequences of one model: start a new posenc.KVCache()"
+                )
+            if pk.dtype != k.dtype or pk.device != k.device:
+                raise ConfigError(
+                    f"the KVCache holds {pk.dtype} keys on {pk.device} but this call makes {k.dtype} on {k.device}; "
+                    "start a new posenc.KVCache() after changing the model's dtype or device"
+                )
+            if ppos.numel() and ctx.k_pos.numel() and not torch.compiler.is_compiling():
+                last = ppos.amax(dim=1, keepdim=True)
+                first = ctx.k_pos.amin(dim=1, keepdim=True)
+                if bool((first <= last).any()):
+                    raise PositionError(
+                        f"the new tokens' positions (from {first.min().item()}) overlap the {ppos.shape[1]} the "
+                        f"KVCache holds (up to {last.max().item()}); positions must continue after the cached "
+                        "ones (the default does): pass positions > the cached ones, or start a new posenc.KVCache()"
+                    )
             k = torch.cat([pk, k], dim=2)
             v = torch.cat([pv, v], dim=2)
             new_k_pos = ctx.k_pos
@@ -609,6 +682,7 @@ class MultiHeadAttention(AttentionCore):
             if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
                 ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
         kv_cache.update(self.layer, k, v, ctx.k_pos, ctx.k_segments)
+        kv_cache.owners[self.layer] = id(self)
         return k, v
 
     def _prepare(
@@ -629,17 +703,22 @@ class MultiHeadAttention(AttentionCore):
         cache: dict | None = None,
     ) -> _Call:
         """Steps 1-4: positions, projections and rotation, cache, mask."""
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ConfigError(f"x must be [batch, length, {self.d_model}], got {tuple(x.shape)}")
+        self._check_input(x, "x")
         b, lq, _ = x.shape
         cache = {} if cache is None else cache
         src = x if key_value is None else key_value
+        if key_value is not None:
+            self._check_input(key_value, "key_value", batch=b)
+        if kv_cache is not None and not isinstance(kv_cache, KVCache):
+            raise ConfigError(f"kv_cache must be a posenc.KVCache, got {type(kv_cache).__name__}")
         if memory is not None:
-            if memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != self.d_model:
+            if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[0] != b:
+                shape = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
                 raise ConfigError(
-                    f"memory must be [batch={b}, M, d_model={self.d_model}], got {tuple(memory.shape)}; "
+                    f"memory must be [batch={b}, M, d_model={self.d_model}], got {shape}; "
                     "it must come from a model with the same width"
                 )
+            self._check_input(memory, "memory", batch=b, empty_ok=True)
             src = torch.cat([memory, src], dim=1)
         past = kv_cache.get(self.layer) if kv_cache is not None else None
         n_past = 0 if past is None else past[0].shape[-2]
@@ -673,6 +752,11 @@ class MultiHeadAttention(AttentionCore):
             document_ids=document_ids,
             mask=mask,
         )
+        if allowed is not None and allowed.shape[1] not in (1, self.n_heads):
+            raise ConfigError(
+                f"mask has {allowed.shape[1]} heads but this attention has n_heads={self.n_heads}; "
+                "give it 1 or n_heads entries in that dimension"
+            )
         ctx.mask = allowed
         padding = attention_mask is not None or document_ids is not None or mask is not None
         return _Call(
@@ -686,13 +770,36 @@ class MultiHeadAttention(AttentionCore):
             any_padding=padding,
         )
 
+    def _check_input(self, t: Any, what: str, batch: int | None = None, empty_ok: bool = False) -> None:
+        """A hidden-state input: a ``[batch, length, d_model]`` float tensor of the module's dtype and device."""
+        if not isinstance(t, Tensor):
+            raise ConfigError(f"{what} must be a tensor [batch, length, {self.d_model}], got {type(t).__name__}")
+        if t.dim() != 3 or t.shape[-1] != self.d_model or (batch is not None and t.shape[0] != batch):
+            b = "batch" if batch is None else f"batch={batch}"
+            raise ConfigError(f"{what} must be [{b}, length, {self.d_model}] (d_model), got {tuple(t.shape)}")
+        if not empty_ok and (t.shape[0] == 0 or t.shape[1] == 0):
+            raise ConfigError(
+                f"{what} has no tokens (shape {tuple(t.shape)}): posenc refuses empty input for every encoding; "
+                "pass at least one sequence of at least one token"
+            )
+        weight = self.q_proj.weight
+        if t.dtype != weight.dtype:
+            raise ConfigError(
+                f"{what} has dtype {t.dtype} but this attention's weights are {weight.dtype}; pass "
+                f"{what}.to({weight.dtype}) or convert the module with .to({t.dtype})"
+            )
+        if t.device != weight.device:
+            raise ConfigError(
+                f"{what} is on {t.device} but this attention is on {weight.device}; move one of them (.to(device))"
+            )
+
     # ---------------------------------------------------------------- public
     def plan(self, x: Tensor, *, return_weights: bool = False, **kwargs: Any) -> Plan:
         """The kernel that ``self(x, **kwargs)`` would take, and why (nothing is computed under autograd, and a
         ``kv_cache`` passed here is left unchanged)."""
         kv_cache = kwargs.pop("kv_cache", None)
         if kv_cache is not None:
-            kv_cache = KVCache(dict(kv_cache.layers))
+            kv_cache = KVCache(dict(kv_cache.layers), dict(kv_cache.owners))
         grad = torch.is_grad_enabled()
         with torch.no_grad():
             call = self._prepare(x, kv_cache=kv_cache, **kwargs)

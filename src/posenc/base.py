@@ -459,9 +459,14 @@ def check_positions(
             f"{what} must be integers (a torch.long tensor), got dtype {positions.dtype}; "
             "use positions.round().long() if they are whole numbers"
         )
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise PositionError(f"{what} must be integers (a torch.long tensor), got dtype {positions.dtype}")
     if torch.compiler.is_compiling() or positions.numel() == 0:
         return
-    lo = int(positions.min())
+    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
+        bad = positions[~torch.isfinite(positions)].flatten()[0].item()
+        raise PositionError(f"{what} must be finite numbers, got {bad}; pass a position >= 0 for every token")
+    lo = positions.min().item()
     if lo < 0:
         raise PositionError(f"{what} must be >= 0, got a position of {lo}")
     if max_position is not None:

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention
-from .base import PositionalEncoding, as_position_rows, mark_arange
-from .errors import ConfigError
+from .attention import KVCache, MultiHeadAttention, check_int, check_probability
+from .base import PositionalEncoding, as_position_rows, check_positions, mark_arange
+from .errors import ConfigError, PositionError
 from .registry import build, resolve
 
 NORMS = ("pre", "post")
@@ -120,8 +120,16 @@ class Transformer(nn.Module):
         path: str = "auto",
     ):
         super().__init__()
-        if vocab_size < 1 or n_layers < 1:
-            raise ConfigError(f"vocab_size and n_layers must be positive, got {vocab_size} and {n_layers}")
+        for name, value in dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads).items():
+            check_int(name, value)
+        check_int("d_ff", d_ff, optional=True)
+        check_int("embedding_size", embedding_size, optional=True)
+        check_int("max_len", max_len)
+        check_probability("dropout", dropout)
+        if not isinstance(causal, bool):
+            raise ConfigError(f"causal must be True or False, got {causal!r}")
+        if norm not in NORMS:
+            raise ConfigError(f"norm must be one of {NORMS}, got {norm!r}")
         if d_model % n_heads:
             raise ConfigError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
@@ -178,6 +186,72 @@ class Transformer(nn.Module):
             x = self.encoding.embed(x, positions, tokens=tokens)
         return self.drop(x)
 
+    def _check_tokens(self, tokens: Any) -> None:
+        """Token ids: a ``[batch, length]`` integer tensor, not empty, in ``[0, vocab_size)``, on the model's device."""
+        vocab = self.vocab_size
+        if not isinstance(tokens, Tensor):
+            raise ConfigError(f"tokens must be a tensor of token ids [batch, length], got {type(tokens).__name__}")
+        if tokens.dim() != 2:
+            raise ConfigError(
+                f"tokens must be [batch, length], got shape {tuple(tokens.shape)}; a single sequence is tokens[None, :]"
+            )
+        if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+            raise ConfigError(
+                f"tokens must hold integer token ids (torch.long), got dtype {tokens.dtype}; "
+                "pass tokens.long() if they are whole numbers"
+            )
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise ConfigError(
+                f"tokens has no tokens (shape {tuple(tokens.shape)}): posenc refuses empty input for every encoding; "
+                "pass at least one sequence of at least one token"
+            )
+        if tokens.device != self.tok.weight.device:
+            raise ConfigError(
+                f"tokens are on {tokens.device} but the model is on {self.tok.weight.device}; move one of them"
+            )
+        if not torch.compiler.is_compiling():
+            low, high = int(tokens.min()), int(tokens.max())
+            if low < 0 or high >= vocab:
+                bad = low if low < 0 else high
+                raise ConfigError(
+                    f"token id {bad} is out of range: ids must be in [0, vocab_size={vocab}) (ids here go from "
+                    f"{low} to {high}); build the model with a larger vocab_size or map the ids"
+                )
+
+    def _check_positions(self, positions: Any, n: int, b: int, what: str) -> Tensor:
+        """Explicit positions ``[n]`` or ``[1|b, n]``: finite and ``>= 0`` (the encoding checks its own limits)."""
+        if not isinstance(positions, Tensor):
+            raise PositionError(f"{what} must be a tensor [length] or [batch, length], got {type(positions).__name__}")
+        rows = as_position_rows(positions, n)
+        if rows.shape[0] not in (1, b):
+            raise PositionError(f"{what} must have batch size 1 or {b}, got shape {tuple(positions.shape)}")
+        if rows.device != self.tok.weight.device:
+            raise PositionError(f"{what} are on {rows.device} but the model is on {self.tok.weight.device}")
+        check_positions(rows, what=what, integer=False)
+        return rows
+
+    def _check_cache(self, kv_cache: Any) -> int:
+        """The number of cached positions of a :class:`KVCache` this model filled (0 if empty or ``None``)."""
+        if kv_cache is None:
+            return 0
+        if not isinstance(kv_cache, KVCache):
+            raise ConfigError(f"kv_cache must be a posenc.KVCache, got {type(kv_cache).__name__}")
+        if not kv_cache.layers:
+            return 0
+        layers = sorted(kv_cache.layers)
+        if layers != list(range(self.n_layers)):
+            raise ConfigError(
+                f"the KVCache holds layers {layers} but this model has {self.n_layers} layers "
+                f"(0..{self.n_layers - 1}); it was filled by another model: start a new posenc.KVCache()"
+            )
+        lengths = {kv_cache.layers[i][0].shape[-2] for i in layers}
+        if len(lengths) != 1:
+            raise ConfigError(
+                f"the KVCache's layers hold different numbers of positions ({sorted(lengths)}): a forward failed "
+                "part way through it; start a new posenc.KVCache()"
+            )
+        return lengths.pop()
+
     def forward(
         self,
         tokens: Tensor,
@@ -207,13 +281,21 @@ class Transformer(nn.Module):
             kv_cache: a :class:`~posenc.attention.KVCache` for incremental decoding.
             return_memory: also return each layer's input, detached, to use as the next memory.
         """
-        if tokens.dim() != 2:
-            raise ConfigError(f"tokens must be [batch, length], got shape {tuple(tokens.shape)}")
+        self._check_tokens(tokens)
         b, n = tokens.shape
-        if memory is not None and len(memory) != self.n_layers:
-            raise ConfigError(f"memory must hold one tensor per layer ({self.n_layers}), got {len(memory)}")
+        if memory is not None:
+            if not isinstance(memory, (list, tuple)) or not all(isinstance(t, Tensor) for t in memory):
+                raise ConfigError(f"memory must be a list of tensors, one per layer ({self.n_layers}), got {memory!r}")
+            if len(memory) != self.n_layers:
+                raise ConfigError(f"memory must hold one tensor per layer ({self.n_layers}), got {len(memory)}")
+            lengths = {t.shape[1] if t.dim() == 3 else None for t in memory}
+            if len(lengths) != 1 or None in lengths:
+                raise ConfigError(
+                    f"memory must be {self.n_layers} tensors [batch={b}, M, {self.d_model}] of one length M, got "
+                    f"shapes {[tuple(t.shape) for t in memory]}"
+                )
         m = memory[0].shape[1] if memory is not None else 0
-        past = kv_cache.length() if kv_cache is not None else 0
+        past = self._check_cache(kv_cache)
         # shared by every layer of this forward: per-forward tables, and what the positions are (the attention
         # decides once whether they are start + arange per row, which the skew / Toeplitz / blocked forms need;
         # positions made here are marked so, and need no check)
@@ -221,13 +303,15 @@ class Transformer(nn.Module):
         if positions is None:
             q_pos = mark_arange(cache, torch.arange(past + m, past + m + n, device=tokens.device)[None, :])
         else:
-            q_pos = as_position_rows(positions, n)
+            q_pos = self._check_positions(positions, n, b, "positions")
         key_positions = None
+        if memory is None and memory_positions is not None:
+            raise ConfigError("memory_positions were given without memory; pass memory= too, or leave them out")
         if memory is not None:
             mem_pos = (
                 torch.arange(past, past + m, device=tokens.device)[None, :]
                 if memory_positions is None
-                else as_position_rows(memory_positions, m)
+                else self._check_positions(memory_positions, m, b, "memory_positions")
             )
             if mem_pos.shape[0] != q_pos.shape[0]:
                 nb = max(mem_pos.shape[0], q_pos.shape[0])
@@ -324,6 +408,7 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         if pooling not in POOLINGS:
             raise ConfigError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        check_int("n_classes", n_classes)
         self.trunk = Transformer(vocab_size, **trunk)
         self.pooling = pooling
         self.head = nn.Linear(self.trunk.d_model, n_classes)
@@ -353,6 +438,7 @@ class TokenTagger(nn.Module):
 
     def __init__(self, vocab_size: int, n_tags: int, **trunk: Any):
         super().__init__()
+        check_int("n_tags", n_tags)
         self.trunk = Transformer(vocab_size, **trunk)
         self.head = nn.Linear(self.trunk.d_model, n_tags)
 

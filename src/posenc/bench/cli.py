@@ -179,12 +179,27 @@ def _all_buildable(suite: Any) -> list[str | dict[str, Any]]:
     return entries
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The command line's numeric options, before anything runs (``--workers 0`` used to run as if it were 1)."""
+    least = {"--workers": (args.workers, 1), "--ddp": (args.ddp, 0), "--steps": (args.steps, 1)}
+    least["--train-max"] = (args.train_max, 1)
+    for flag, (value, low) in least.items():
+        if value is not None and value < low:
+            raise ConfigError(f"{flag} must be an integer >= {low}, got {value}")
+    for flag, values in (("--test-lengths", args.test_lengths), ("--seeds", args.seeds)):
+        low = 1 if flag == "--test-lengths" else 0
+        bad = [v for v in values or () if v < low]
+        if bad:
+            raise ConfigError(f"{flag} must be integers >= {low}, got {bad[0]}")
+
+
 def run(args: argparse.Namespace) -> int:
     from .report import leaderboard, markdown_table, write_report
     from .runner import run_suite
     from .store import open_store
     from .suites import describe_suites
 
+    _check_numbers(args)
     if args.imports:
         from .api import load_tasks
 

@@ -83,6 +83,12 @@ class NormalizedPosition(AdditiveAbsolute):
     the same offset means different distances at different lengths (0.5 at
     N = 3, 0.33 at N = 4), so nothing learned about "the next word" transfers
     across lengths.
+
+    Padding: ``N`` counts every position of the row, padding included, so a sequence right-padded beside a longer
+    one (default positions ``0 .. L-1``) gets other codes than alone; this encoding is length-dependent by
+    definition, and the only one that changes so (tests/test_bad_input.py tries every encoding). To get the
+    unpadded codes, give the padding position 0 (``positions=torch.arange(L) * attention_mask``), or fix
+    ``length``.
     """
 
     info = Card(

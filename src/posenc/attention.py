@@ -139,6 +139,14 @@ def check_probability(name: str, value: Any) -> None:
         raise ConfigError(f"{name} must be a number in [0, 1), got {value!r}")
 
 
+def _check_encoding(encoding: Any, head_dim: int) -> None:
+    if encoding is not None and not isinstance(encoding, PositionalEncoding):
+        raise ConfigError(
+            f"encoding must be a posenc.PositionalEncoding (e.g. posenc.get('rope', head_dim={head_dim})) or "
+            f"None, got {type(encoding).__name__} {encoding!r}"
+        )
+
+
 def _upper(n: int, device: torch.device) -> Tensor:
     """``[n, n]``, ``True`` above the diagonal (the keys a causal row may not see)."""
     return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
@@ -378,11 +386,7 @@ class AttentionCore(nn.Module):
         check_int("head_dim", head_dim)
         check_int("layer", layer, 0)
         check_probability("dropout", dropout)
-        if encoding is not None and not isinstance(encoding, PositionalEncoding):
-            raise ConfigError(
-                f"encoding must be a posenc.PositionalEncoding (e.g. posenc.get('rope', head_dim={head_dim})) or "
-                f"None, got {type(encoding).__name__}"
-            )
+        _check_encoding(encoding, head_dim)
         self.n_heads, self.head_dim = n_heads, head_dim
         self.dropout = dropout
         self.path = path
@@ -568,6 +572,7 @@ class MultiHeadAttention(AttentionCore):
             if d_model % n_heads:
                 raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
             head_dim = d_model // n_heads
+        _check_encoding(encoding, head_dim)
         if encoding is not None:  # all three sizes in the message (the core checks n_heads and head_dim again)
             encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=head_dim)
         super().__init__(n_heads, head_dim, encoding, dropout=dropout, path=path, layer=layer)

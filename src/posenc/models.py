@@ -239,6 +239,11 @@ class Transformer(nn.Module):
         if not kv_cache.layers:
             return 0
         layers = sorted(kv_cache.layers)
+        if layers != list(range(self.n_layers)) and set(layers) < set(range(self.n_layers)):
+            raise ConfigError(
+                f"the KVCache holds only layers {layers} of this model's {self.n_layers}: a forward failed part way "
+                "through it (or another model filled it); start a new posenc.KVCache()"
+            )
         if layers != list(range(self.n_layers)):
             raise ConfigError(
                 f"the KVCache holds layers {layers} but this model has {self.n_layers} layers "

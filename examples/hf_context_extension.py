@@ -13,7 +13,7 @@ The defaults run in a few minutes on 2 CPU cores; ``--quick`` is a smoke test of
     python examples/hf_context_extension.py --out hf-extension
     python examples/hf_context_extension.py --quick --out /tmp/hf-quick
 
-Needs ``transformers`` (``pip install -e '.[peers]'``) and the Shakespeare data set (``bash
+Needs ``transformers`` and matplotlib (``pip install -c constraints.txt -e '.[hf,plots]'``) and the Shakespeare data set (``bash
 scripts/install_data.sh``).
 """
 
@@ -153,15 +153,16 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, args.out / "perplexity.png", args.train_len)
+    plot(results, args.out / "perplexity.png", args.train_len, ft_len)
     print(f"wrote {args.out / 'results.json'} and {args.out / 'perplexity.png'}")
 
 
-def plot(results: dict, path: Path, train_len: int) -> None:
+def plot(results: dict, path: Path, train_len: int, ft_len: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     names = ["rope", *SCALINGS]
@@ -174,12 +175,15 @@ def plot(results: dict, path: Path, train_len: int) -> None:
             xs = [int(k) for k in row["perplexity"]]
             ax.plot(xs, list(row["perplexity"].values()), marker=markers[row["method"]],
                     color=colours[row["method"]], label=row["method"])
-        ax.axvline(train_len, color="0.6", ls=":", lw=1)
-        ax.text(train_len, 0.98, " trained length", transform=ax.get_xaxis_transform(), va="top", fontsize=8,
-                color="0.4")
+        for at, what in [(train_len, "trained"), *([(ft_len, "fine-tuned")] if tuned else [])]:
+            ax.axvline(at, color="0.6", ls=":", lw=1)
+            ax.text(at, 0.98, f" {what}", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="0.4")
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 4, 6)))
+        ax.yaxis.set_minor_locator(LogLocator(subs=()))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("evaluation length (characters)")
         ax.set_title("fine-tuned briefly at the longer length" if tuned else "as trained (no fine-tuning)")
         ax.grid(alpha=0.3)

@@ -374,3 +374,47 @@ def test_the_context_extension_example_runs(tmp_path):
     assert all(math.isfinite(p) and p > 1 for r in results["rows"] for p in r["perplexity"].values())
     assert (tmp_path / "perplexity.png").stat().st_size > 10_000
     assert "rope-yarn" in done.stdout
+
+
+# ------------------------------------------------------------------------------------------ every encoding
+# what cannot act in a Llama, and why (the test checks the patch says so)
+CANNOT = {
+    "tener": "K = H",  # keys without a projection
+    # they project with the attention's own q_proj/k_proj, which grouped keys (this Llama's 2 for 4 heads) lack
+    "deberta": "q_proj",
+    "contextual-2": "q_proj",
+}
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_every_encoding_patches_a_llama_and_its_cache_is_exact(name):
+    from posenc.registry import example_options
+
+    model = llama()
+    options = example_options(name, {"d_model": 64, "n_heads": 4, "head_dim": 16, "max_len": 32})
+    if name in CANNOT:
+        with pytest.raises(ConfigError, match=CANNOT[name]):
+            hf.patch(model, name, **options)
+        return
+    hf.patch(model, name, **options)
+    x = tokens(b=2, n=12)
+    with torch.no_grad():
+        full = logits(model, x)
+        assert torch.isfinite(full).all()
+        first = model(x[:, :-1], use_cache=True)
+        step = model(x[:, -1:], past_key_values=first.past_key_values, use_cache=True).logits[:, -1]
+    problem = hf.patched(model).encoding.cache_problem(11, 12)
+    if problem is None:  # a KV cache changes nothing: the step's logits are the full forward's
+        torch.testing.assert_close(step, full[:, -1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("make", [lambda: llama(num_key_value_heads=4), bert], ids=["llama-mha", "bert"])
+@pytest.mark.parametrize("name", ["deberta", "contextual-2"])
+def test_encodings_that_project_with_the_attentions_matrices_borrow_them(make, name):
+    model = make()
+    hf.patch(model, name)
+    x = tokens(n=10)
+    out = logits(model, x)
+    assert torch.isfinite(out).all()
+    hf.patch(model, "nope")
+    assert (logits(model, x) - out).abs().max() > 1e-4

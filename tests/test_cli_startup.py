@@ -6,6 +6,7 @@ stderr, and ``sys.modules`` at exit), not a timing, which would flake on a share
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -42,8 +43,8 @@ def _torch_lines(importtime_stderr: str) -> list[str]:
     ]
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+def _run(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("argv", HELPS, ids=" ".join)
@@ -56,14 +57,53 @@ def test_help_does_not_import_torch(argv):
     assert "TORCH-MODULES: []" in probe.stdout and "EXIT: 0" in probe.stdout, probe.stdout + probe.stderr
 
 
-def test_the_probes_do_see_torch_when_it_is_imported():
-    # the same two checks on a command that needs torch (the registry): they must notice it
-    proc = _run([sys.executable, "-X", "importtime", "-m", "posenc.cli", "list", "--family", "bias"])
+def test_the_probes_do_see_torch_when_it_is_imported(tmp_path):
+    # the same two checks on a command that needs torch (the registry, with no cards cached): they must notice it
+    env = dict(os.environ, POSENC_CACHE=str(tmp_path / "a"))
+    proc = _run([sys.executable, "-X", "importtime", "-m", "posenc.cli", "list", "--family", "bias"], env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "alibi" in proc.stdout
     assert any(line.rsplit("|", 1)[-1].strip() == "torch" for line in _torch_lines(proc.stderr))
-    probe = _run([sys.executable, "-c", PROBE, "list", "--family", "bias"])
+    probe = _run([sys.executable, "-c", PROBE, "list", "--family", "bias"], dict(env, POSENC_CACHE=str(tmp_path / "b")))
     assert "'torch'" in probe.stdout.split("TORCH-MODULES:")[1]
+
+
+def test_list_imports_no_torch_once_its_cards_are_cached(tmp_path):
+    env = dict(os.environ, POSENC_CACHE=str(tmp_path))
+    first = _run([sys.executable, "-c", PROBE, "list"], env)
+    assert "'torch'" in first.stdout.split("TORCH-MODULES:")[1]  # built from the registry, then stored
+    again = _run([sys.executable, "-c", PROBE, "list"], env)
+    assert "TORCH-MODULES: []" in again.stdout and "EXIT: 0" in again.stdout, again.stdout + again.stderr
+    listing = again.stdout.split("TORCH-MODULES:")[0]
+    assert listing == first.stdout.split("TORCH-MODULES:")[0]  # the same table from the cache
+    import posenc
+
+    listed = {line.split()[0] for line in listing.splitlines()[1:] if line.strip() and not line.startswith(" ")}
+    assert set(posenc.available()) <= listed
+
+
+def test_the_cards_cache_key_follows_every_source_file(tmp_path, monkeypatch):
+    from posenc import _cards
+
+    pkg = tmp_path / "posenc"
+    (pkg / "bias").mkdir(parents=True)
+    (pkg / "base.py").write_text("x = 1\n")
+    monkeypatch.setattr(_cards, "_PACKAGE", pkg)
+    first = _cards.source_key()
+    (pkg / "bias" / "new_encoding.py").write_text("y = 2\n")  # adding an encoding file
+    second = _cards.source_key()
+    (pkg / "base.py").write_text("x = 10\n")  # editing one
+    assert len({first, second, _cards.source_key()}) == 3
+
+
+def test_a_broken_cards_cache_is_rebuilt(tmp_path, monkeypatch):
+    from posenc import _cards
+
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path))
+    want = _cards.cards()
+    (tmp_path / f"cards-{_cards.source_key()}.json").write_text("{not json")
+    assert _cards.cards() == want
+    assert [c["name"] for c in want] == __import__("posenc").available()
 
 
 def test_import_posenc_is_lazy_but_complete():

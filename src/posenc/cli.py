@@ -26,26 +26,13 @@ examples:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from .registry import available, resolve
+    from ._cards import cards  # from a cache on disk: a listing imports no torch
 
-    names = available()
     rows = []
-    for n in names:
-        info = resolve(n).info
-        if args.family and info.family != args.family:
+    for c in cards():
+        if args.family and c["family"] != args.family:
             continue
-        rows.append(
-            (
-                n,
-                info.family,
-                info.position,
-                "yes" if info.learnable else "no",
-                f"{info.paper} ({info.year})",
-                info.summary,
-                info.reference,
-                ", ".join(info.aliases),
-            )
-        )
+        rows.append((c["name"], c["family"], f"{c['paper']} ({c['year']})", c["summary"]))
     if args.markdown:
         from .readme_table import table
 
@@ -53,9 +40,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
         return 0
     width = max(len(r[0]) for r in rows) if rows else 4
     print(f"{'name':<{width}}  {'family':<8}  {'paper':<60}  summary")
-    for r in rows:
-        paper = r[4] if len(r[4]) <= 60 else r[4][:57] + "..."
-        print(f"{r[0]:<{width}}  {r[1]:<8}  {paper:<60}  {r[5]}")
+    for name, family, paper, summary in rows:
+        paper = paper if len(paper) <= 60 else paper[:57] + "..."
+        print(f"{name:<{width}}  {family:<8}  {paper:<60}  {summary}")
     print(f"\n{len(rows)} encodings. `posenc list --markdown` for a table with references.")
     return 0
 

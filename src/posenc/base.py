@@ -1,8 +1,8 @@
 """The positional-encoding base class, its hooks, and its card.
 
 Every encoding changes self-attention in one or more places. Writing the logit
-between query position i and key position j as a sum of terms (seed 000,
-formula (1); DeBERTa, formula (3)):
+between query position i and key position j as a sum of terms (Wu (2022),
+formula (1); for DeBERTa, its formula (3); see docs/background.md):
 
     A_ij = (a) q_i · k_j                 content · content
          + (b) q_i · r_{i-j}             content · position   (Shaw, Transformer-XL, DeBERTa c2p ...)
@@ -72,7 +72,7 @@ class Card:
     learnable: bool
     summary: str
     reference: str = "the paper's formula"  # what the tests compare it with
-    shortcoming: str = ""  # the weakness the seeds name, if any
+    shortcoming: str = ""  # the weakness the background articles (docs/background.md) name, if any
     aliases: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -164,7 +164,7 @@ OPTION_LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{k: (_positive, "> 0") for k in _POSITIVE.split()},
     **{k: (_non_negative, ">= 0") for k in _NON_NEGATIVE.split()},
     "max_relative_position": (_non_negative, "an integer >= 0 (0: every offset shares one table row)"),
-    "base": (lambda v: v > 1, "> 1 (e.g. 10000)"),
+    "base": (lambda v: v > 1, "> 1"),
     "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
 }
 
@@ -423,9 +423,9 @@ def size_error(
 class NoPositionalEncoding(PositionalEncoding):
     """No positional information at all.
 
-    The model is then permutation-equivariant (seed 002): permuting the input
-    tokens permutes the outputs, so any task in which order decides the answer
-    is at chance. In a causal decoder the causal mask still leaks order (see
+    The model is then permutation-equivariant (Xixiaoyao, "Three positional
+    encoding methods"): permuting the input tokens permutes the outputs, so any
+    task in which order decides the answer is at chance. In a causal decoder the causal mask still leaks order (see
     ``nope``).
     """
 

@@ -1,8 +1,8 @@
-r"""Seed 001's ``RelativePositionEmbedding``: T5-style log buckets of ``i - j`` in three flavours.
+r"""The ``RelativePositionEmbedding`` of anon., "Positional encoding of the Transformer": T5-style log buckets.
 
-Seed 001 buckets the relative position ``i - j`` (query minus key; T5 uses ``j - i``, so
-the two halves of the bucket range are swapped with respect to T5) with T5's
-bidirectional log buckets (:func:`seed_relative_position_bucket`) and offers
+That article (see docs/background.md; "the article" below) buckets the relative position
+``i - j`` (query minus key; T5 uses ``j - i``, so the two halves of the bucket range are
+swapped with respect to T5) with T5's bidirectional log buckets (:func:`seed_relative_position_bucket`) and offers
 
 * ``bias``: a learned scalar per head and bucket, ``A_{ij} \mathrel{+}= b_h[\beta(i-j)]``;
 * ``contextual(1)``: a learned vector ``r`` of the hidden size per bucket, projected by
@@ -10,7 +10,7 @@ bidirectional log buckets (:func:`seed_relative_position_bucket`) and offers
 * ``contextual(2)``: the same ``r`` projected by the attention's own key and query
   projections, ``A_{ij} \mathrel{+}= q_i \cdot (W_k r)_h + k_j \cdot (W_q r)_h``.
 
-where ``β`` is the bucket and ``(·)_h`` the slice of head ``h``. The seed shows
+where ``β`` is the bucket and ``(·)_h`` the slice of head ``h``. The article shows
 ``compute_bias`` but not where its result enters the attention; posenc adds the
 position·position ``bias`` *after* the temperature (as T5 does) and the two
 content·position terms *before* it, with ``q·k`` (as Shaw, Transformer-XL, DeBERTa and HF
@@ -20,7 +20,7 @@ still uses each layer's own ``W_k`` and ``W_q``.
 
 The fast paths of the contextual terms project the ``num_buckets`` table rows once,
 score ``q`` (and ``k``) against them (``[B, H, L, num_buckets]``) and gather by bucket;
-the reference paths materialise ``r_{ij}`` ``[Lq, Lk, d_model]`` exactly as the seed does.
+the reference paths materialise ``r_{ij}`` ``[Lq, Lk, d_model]`` exactly as the article's code does.
 """
 
 from __future__ import annotations
@@ -37,21 +37,24 @@ from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._skew import arange_rows, cached_index, key_table_term, offsets, query_table_term, toeplitz
 
+#: the article these encodings come from (docs/background.md)
+_ARTICLE = 'anon., "Positional encoding of the Transformer"'
+
 
 def seed_relative_position_bucket(relative_position: Tensor, num_buckets: int, max_distance: int = 128) -> Tensor:
-    r"""Seed 001's ``_relative_position_bucket`` (T5's bidirectional log buckets).
+    r"""The article's ``_relative_position_bucket`` (T5's bidirectional log buckets).
 
     With ``n = num_buckets // 2`` and ``e = n // 2``: positive offsets go to the upper half
     (``+n``); ``|x| < e`` keeps its own bucket; larger ``|x|`` fall in
     ``e + ⌊log(|x|/e) / log(max_distance/e) · (n - e)⌋``, capped at ``n - 1``.
-    Computed in float32, as the seed (and T5) do, so the bucket edges are the seed's.
+    Computed in float32, as the article (and T5) do, so the bucket edges are the article's.
     """
     half = num_buckets // 2
     buckets = (relative_position > 0).to(torch.long) * half
     n = relative_position.abs()
     max_exact = half // 2
     is_small = n < max_exact
-    # the seed takes log(0) for n = 0 and discards it with the `where`; clamping leaves n >= max_exact unchanged
+    # the article takes log(0) for n = 0 and discards it with the `where`; clamping leaves n >= max_exact unchanged
     ratio = n.float().clamp(min=max_exact) / max_exact
     large = max_exact + (torch.log(ratio) / math.log(max_distance / max_exact) * (half - max_exact)).to(torch.long)
     large = torch.clamp(large, max=half - 1)
@@ -94,7 +97,7 @@ class _Bucketed(PositionalEncoding):
 
 @register
 class RelativeBias(_Bucketed):
-    r"""Seed 001's ``bias`` flavour: a learned scalar per head and bucket of ``i - j``.
+    r"""The article's ``bias`` flavour: a learned scalar per head and bucket of ``i - j``.
 
     .. math:: A_{ij} = \frac{q_i \cdot k_j}{\sqrt{d}} + b_h[\beta(i - j)]
 
@@ -106,14 +109,14 @@ class RelativeBias(_Bucketed):
 
     info = Card(
         name="relative-bias",
-        title="Bucketed relative bias (seed 001 'bias')",
-        paper="Seed 001 RelativePositionEmbedding('bias'), after Raffel et al. (T5)",
+        title="Bucketed relative bias (the 'bias' flavour)",
+        paper=f"{_ARTICLE}, RelativePositionEmbedding('bias'), after Raffel et al. (T5)",
         year=2020,
         family="relative",
         position="relative",
         learnable=True,
         summary="A learned scalar per head and log-bucket of i-j, added after the temperature.",
-        reference="seed 001's compute_bias re-evaluated independently in the test",
+        reference=f"compute_bias of {_ARTICLE} re-evaluated independently in the test",
         aliases=("seed-relative-bias",),
     )
 
@@ -136,7 +139,7 @@ class RelativeBias(_Bucketed):
 
 @register
 class Contextual1(_Bucketed):
-    r"""Seed 001's ``contextual(1)``: the query dotted with a projected bucket embedding.
+    r"""The article's ``contextual(1)``: the query dotted with a projected bucket embedding.
 
     .. math::
         A_{ij} = \frac{q_i \cdot k_j + q_i \cdot (W_r\, r_{\beta(i-j)})_h}{\sqrt{d_h}}, \qquad
@@ -144,21 +147,21 @@ class Contextual1(_Bucketed):
         W_r \in \mathbb{R}^{(H d_h) \times d_{model}} \text{ (no bias)}
 
     Args:
-        d_model: width of the bucket embeddings ``r`` (the seed's ``hidden_size``).
+        d_model: width of the bucket embeddings ``r`` (the article's ``hidden_size``).
         n_heads, head_dim: the attention's heads; ``W_r`` maps ``d_model -> n_heads · head_dim``.
         num_buckets, max_distance: the bucketing (see :func:`seed_relative_position_bucket`).
     """
 
     info = Card(
         name="contextual-1",
-        title="Contextual relative position (seed 001 'contextual(1)')",
-        paper="Seed 001 RelativePositionEmbedding('contextual(1)')",
+        title="Contextual relative position (the 'contextual(1)' flavour)",
+        paper=f"{_ARTICLE}, RelativePositionEmbedding('contextual(1)')",
         year=2020,
         family="relative",
         position="relative",
         learnable=True,
         summary="q_i · W_r r[bucket(i-j)] added to q_i · k_j before the temperature.",
-        reference="seed 001's compute_bias re-evaluated independently in the test; fast == literal L×L×d form",
+        reference=f"compute_bias of {_ARTICLE} re-evaluated independently in the test; fast == literal L×L×d form",
         aliases=("contextual1",),
     )
 
@@ -180,7 +183,7 @@ class Contextual1(_Bucketed):
             )
         index = self.index(ctx)
         if ctx.reference:
-            r = self.to_r(self.embeddings(index)).to(q.dtype)  # [B|1, Lq, Lk, H*d], as the seed
+            r = self.to_r(self.embeddings(index)).to(q.dtype)  # [B|1, Lq, Lk, H*d], as the article
             r = r.unflatten(-1, (h, d)).expand(q.shape[0], -1, -1, -1, -1)
             return torch.einsum("bhmd,bmnhd->bhmn", q, r)
         table = self.to_r(self.embeddings.weight).unflatten(-1, (h, d))  # [num_buckets, H, d]
@@ -196,34 +199,34 @@ class Contextual1(_Bucketed):
 
 @register
 class Contextual2(_Bucketed):
-    r"""Seed 001's ``contextual(2)``: bucket embeddings projected by the attention's own ``W_k`` and ``W_q``.
+    r"""The article's ``contextual(2)``: bucket embeddings projected by the attention's own ``W_k`` and ``W_q``.
 
     .. math::
         A_{ij} = \frac{q_i \cdot k_j + q_i \cdot (W_k\, r_{\beta(i-j)})_h
                  + k_j \cdot (W_q\, r_{\beta(i-j)})_h}{\sqrt{d_h}}
 
     ``W_k``, ``W_q`` are the calling attention's ``k_proj`` / ``q_proj``
-    (``ctx.attention``), used as the seed uses ``to_k`` / ``to_q``: the whole linear
-    layer, *including its bias* (``projection_bias=True``, the seed's literal form). The
+    (``ctx.attention``), used as the article uses ``to_k`` / ``to_q``: the whole linear
+    layer, *including its bias* (``projection_bias=True``, the article's literal form). The
     bias adds ``q_i · b_k`` (constant over keys: no effect after the softmax) and
     ``k_j · b_q`` (a content-only term); ``projection_bias=False`` drops both.
 
     Args:
         d_model: width of the bucket embeddings (must be the attention's ``d_model``).
         num_buckets, max_distance: the bucketing (see :func:`seed_relative_position_bucket`).
-        projection_bias: apply the projections' biases to ``r`` too (the seed does).
+        projection_bias: apply the projections' biases to ``r`` too (the article does).
     """
 
     info = Card(
         name="contextual-2",
-        title="Contextual relative position (seed 001 'contextual(2)')",
-        paper="Seed 001 RelativePositionEmbedding('contextual(2)')",
+        title="Contextual relative position (the 'contextual(2)' flavour)",
+        paper=f"{_ARTICLE}, RelativePositionEmbedding('contextual(2)')",
         year=2020,
         family="relative",
         position="relative",
         learnable=True,
         summary="q_i · W_k r[bucket(i-j)] + k_j · W_q r[bucket(i-j)], reusing the attention's projections.",
-        reference="seed 001's compute_bias re-evaluated independently in the test; fast == literal L×L×d form",
+        reference=f"compute_bias of {_ARTICLE} re-evaluated independently in the test; fast == literal L×L×d form",
         aliases=("contextual2",),
     )
 
@@ -258,7 +261,7 @@ class Contextual2(_Bucketed):
         h, d = q.shape[1], q.shape[-1]
         index = self.index(ctx)
         if ctx.reference:
-            r = self.embeddings(index)  # [B|1, Lq, Lk, d_model], as the seed
+            r = self.embeddings(index)  # [B|1, Lq, Lk, d_model], as the article
             kr = self._project(r, k_proj).to(q.dtype).unflatten(-1, (h, d)).expand(q.shape[0], -1, -1, -1, -1)
             qr = self._project(r, q_proj).to(q.dtype).unflatten(-1, (h, d)).expand(q.shape[0], -1, -1, -1, -1)
             return torch.einsum("bhmd,bmnhd->bhmn", q, kr) + torch.einsum("bhnd,bmnhd->bhmn", k, qr)

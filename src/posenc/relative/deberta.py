@@ -2,7 +2,7 @@ r"""DeBERTa's disentangled attention (He et al. 2021), as HF ``DebertaV2`` compu
 
 Each token is a content vector ``H_i`` and, relative to every other token, a
 position vector taken from one table ``P`` of ``2k`` relative-position
-embeddings shared by all layers (seed 000, formula (3)):
+embeddings shared by all layers (Wu (2022), formula (3)):
 
 .. math::
     Q_c = H W_{q,c},\; K_c = H W_{k,c},\; V_c = H W_{v,c},\; Q_r = P W_{q,r},\; K_r = P W_{k,r}

@@ -1,7 +1,8 @@
 r"""HF BERT's relative position embeddings: ``position_embedding_type="relative_key"`` / ``"relative_key_query"``.
 
-Seed 003 describes these (Huang et al. 2020, "Improve Transformer Models with Better
-Relative Position Embeddings", method 3/4, as implemented in HF ``BertSelfAttention``):
+These are described in anon., "Revisiting absolute position embedding" (Huang et al. 2020,
+"Improve Transformer Models with Better Relative Position Embeddings", method 3/4, as
+implemented in HF ``BertSelfAttention``):
 one learned vector per signed distance ``i - j`` (query minus key),
 
 .. math::

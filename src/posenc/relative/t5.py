@@ -1,7 +1,7 @@
 r"""T5's bucketed relative position bias (Raffel et al. 2020).
 
 T5 keeps only terms (a) content·content and (d) position·position of the
-decomposed attention logit (seed 000, "T5"): every head h has one learned
+decomposed attention logit (Wu (2022), section "T5"): every head h has one learned
 scalar per *bucket* of the relative distance ``j - i``, the table is shared by
 all layers (HF computes it in the first layer and hands it on), and it is added
 to the logits without any temperature:

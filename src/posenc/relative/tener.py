@@ -1,6 +1,6 @@
 r"""TENER: direction- and distance-aware relative attention without a key projection (Yan et al. 2019).
 
-TENER observes (seed 000, "TENER") that the dot product of two sinusoidal
+TENER observes (Wu (2022), section "TENER") that the dot product of two sinusoidal
 encodings depends on the distance only, ``PE_t·PE_{t+k} = Σ cos(c_j k) =
 PE_{t-k}·PE_t``, so it cannot tell left from right, and that the projections
 ``W_q^T W_k`` between them blur even the distance. Its attention (paper eq. 2):
@@ -94,7 +94,7 @@ class TENER(PositionalEncoding):
         summary="Q K + Q R_{t-j} + u K + v R_{t-j}; direction-aware sinusoid R, no W_k, no 1/sqrt(d_k).",
         reference="the paper's eq. 2 by a naive loop; direction awareness; un-scaled softmax",
     )
-    claims = {"direction_aware": True}  # seed 000: TENER's relative sinusoid keeps the direction
+    claims = {"direction_aware": True}  # Wu (2022): TENER's relative sinusoid keeps the direction
     shared_across_layers = False  # u, v per layer
     key_projection = False  # K = H (the paper); key_projection=True: a learned W_k (fastnlp/TENER's code)
 

@@ -2,7 +2,7 @@ r"""Transformer-XL relative attention (Dai et al. 2019), and the helpers XLNet a
 
 With content ``q_i = W_q h_i``, ``k_j = W_{k,E} h_j`` and the sinusoid ``R_{i-j}``
 of the *signed* distance between query position i and key position j
-(seed 000, "Transformer-XL"; paper eq. in section 3.3):
+(Wu (2022), section "Transformer-XL"; paper eq. in section 3.3):
 
 .. math::
     A_{ij} = \underbrace{q_i^\top k_j}_{(a)}

@@ -2,7 +2,7 @@ r"""XLNet relative attention with relative segment encodings (Yang et al. 2019, 
 
 XLNet keeps Transformer-XL's relative positions (``transformer-xl``) and adds a
 *relative segment* term: whether two tokens come from the same segment, not
-which segment each is in (seed 000, "XLNet"):
+which segment each is in (Wu (2022), section "XLNet"):
 
 .. math::
     s_{ij} = \begin{cases} s_+ & \text{segment}(i) = \text{segment}(j) \\ s_- & \text{otherwise} \end{cases}

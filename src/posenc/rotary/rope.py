@@ -13,8 +13,8 @@ so the content-content term (a) depends on the offset ``n - m`` only.
 Layouts (which dimensions form a pair):
 
 * ``rope`` -- *rotate-half* (GPT-NeoX, Llama): dimension i pairs with i + d/2;
-* ``rope-interleaved`` -- *rotate-every-two* (RoFormer, GPT-J, seed 001's
-  ``forward_rope``): dimension 2i pairs with 2i + 1.
+* ``rope-interleaved`` -- *rotate-every-two* (RoFormer, GPT-J, the ``forward_rope`` of
+  anon., "Positional encoding of the Transformer"): dimension 2i pairs with 2i + 1.
 
 Both accept a partial ``rotary_dim`` (only the first ``rotary_dim`` dimensions
 rotate, as GPT-NeoX's ``rotary_pct``), compute the phases in float32 whatever
@@ -339,7 +339,9 @@ class RoPE(PositionalEncoding):
 
 @register
 class RoPEInterleaved(RoPE):
-    r"""Rotary position embedding, rotate-every-two layout (RoFormer, GPT-J, seed 001).
+    r"""Rotary position embedding, rotate-every-two layout (RoFormer, GPT-J).
+
+    The layout of ``forward_rope`` in anon., "Positional encoding of the Transformer".
 
     .. math::
         \mathrm{RoPE}(x, m)_{2i}   = x_{2i}\cos m\theta_i - x_{2i+1}\sin m\theta_i \\
@@ -355,7 +357,10 @@ class RoPEInterleaved(RoPE):
         position="relative",
         learnable=False,
         summary="Rotate q, k pairs (2i, 2i+1) by m·θ_i, as RoFormer and GPT-J.",
-        reference="HF transformers RoFormer apply_rotary_position_embeddings; seed 001 forward_rope",
+        reference=(
+            "HF transformers RoFormer apply_rotary_position_embeddings; "
+            'forward_rope of anon., "Positional encoding of the Transformer"'
+        ),
         aliases=("rope-every-two", "roformer", "rope-gptj"),
     )
     interleaved = True

@@ -13,8 +13,8 @@ class AdditiveAbsolute(PositionalEncoding):
     """An encoding that adds a code ``PE(t)`` of width ``d_model`` to the token at position ``t``.
 
     Subclasses implement :meth:`table` (positions ``[B, L]`` -> codes ``[B, L, D]``).
-    Calling the module directly, as seed 001's classes do, accepts ``(b, l, d)`` and
-    ``(b, h, l, d)`` inputs.
+    Calling the module directly, as the classes of anon., "Positional encoding of the
+    Transformer" do, accepts ``(b, l, d)`` and ``(b, h, l, d)`` inputs.
     """
 
     max_len: int | None = None  # positions 0..max_len-1 are defined (None: all)

@@ -22,7 +22,8 @@ class LearnedAbsolute(AdditiveAbsolute):
     added to the token embeddings. The table starts at the scale of the token
     embeddings it is added to (``embedding_std``, passed by posenc's models: 1 when
     they scale tokens as Vaswani et al., 0.02 as BERT otherwise; ``init_std``
-    overrides it). Shortcoming (seeds 002, 004): nothing ties
+    overrides it). Shortcoming (Xixiaoyao, "Three positional encoding methods";
+    anon., "Positional Encoding"): nothing ties
     one position to the next, the parameters grow linearly with ``max_len``,
     and positions ``>= max_len`` have no vector at all -- asking for one is an
     error that names the limit.

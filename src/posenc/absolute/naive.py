@@ -1,6 +1,6 @@
-"""The naive position codes of seed 001, each with the shortcoming the seed names.
+"""The naive position codes of anon., "Positional encoding of the Transformer", each with its shortcoming.
 
-Seed 001 walks from the simplest idea to the sinusoid, and each step fixes the
+That article (see docs/background.md) walks from the simplest idea to the sinusoid, and each step fixes the
 previous step's flaw. They are here so that the flaws can be *measured*
 (``posenc inspect``) and seen to matter in training (``posenc bench``).
 """
@@ -14,6 +14,9 @@ from ..base import Card
 from ..errors import ConfigError
 from ..registry import register
 from ._additive import AdditiveAbsolute
+
+#: the article these codes come from (docs/background.md)
+_ARTICLE = 'anon., "Positional encoding of the Transformer"'
 
 
 def _check_dim(d_model: int) -> None:
@@ -36,7 +39,7 @@ def alternating(d_model: int) -> Tensor:
 
 @register
 class IntegerPosition(AdditiveAbsolute):
-    r"""Integer position index (seed 001, section 1).
+    r"""Integer position index (anon., "Positional encoding of the Transformer", section 1).
 
     .. math:: PE_t = (t + s)\,u, \quad u = (+1, -1, +1, \dots)
 
@@ -51,7 +54,7 @@ class IntegerPosition(AdditiveAbsolute):
     info = Card(
         name="integer",
         title="Integer position index",
-        paper="seed 001 (naive baseline)",
+        paper=f"{_ARTICLE} (naive baseline)",
         year=2017,
         family="absolute",
         position="absolute",
@@ -59,7 +62,7 @@ class IntegerPosition(AdditiveAbsolute):
         summary="PE_t = t in every dimension: unique but unbounded.",
         shortcoming="unbounded: |PE_t| grows linearly with t",
     )
-    claims = {"unique": True}  # seed 001: unique but unbounded
+    claims = {"unique": True}  # the article: unique but unbounded
 
     def __init__(self, d_model: int, start: int = 1):
         super().__init__()
@@ -74,7 +77,7 @@ class IntegerPosition(AdditiveAbsolute):
 
 @register
 class NormalizedPosition(AdditiveAbsolute):
-    r"""Position scaled to [0, 1] (seed 001, section 2).
+    r"""Position scaled to [0, 1] (anon., "Positional encoding of the Transformer", section 2).
 
     .. math:: PE_t = \frac{t}{N - 1}\,u, \quad u = (+1, -1, +1, \dots)
 
@@ -94,7 +97,7 @@ class NormalizedPosition(AdditiveAbsolute):
     info = Card(
         name="normalized",
         title="[0,1]-normalised position",
-        paper="seed 001 (naive baseline)",
+        paper=f"{_ARTICLE} (naive baseline)",
         year=2017,
         family="absolute",
         position="absolute",
@@ -102,7 +105,7 @@ class NormalizedPosition(AdditiveAbsolute):
         summary="PE_t = t/(N-1): bounded, but an offset's size depends on the length N.",
         shortcoming="inconsistent across lengths: offset 1 is 1/(N-1)",
     )
-    claims = {"bounded": True, "unique": True}  # seed 001: bounded, inconsistent across lengths
+    claims = {"bounded": True, "unique": True}  # the article: bounded, inconsistent across lengths
 
     def __init__(self, d_model: int, length: int | None = None):
         super().__init__()
@@ -131,7 +134,7 @@ class NormalizedPosition(AdditiveAbsolute):
 
 @register
 class BinaryPosition(AdditiveAbsolute):
-    r"""Binary code of the position (seed 001, section 3).
+    r"""Binary code of the position (anon., "Positional encoding of the Transformer", section 3).
 
     .. math:: PE_t[i] = \left\lfloor t / 2^i \right\rfloor \bmod 2, \quad i = 0 \dots D-1
 
@@ -143,7 +146,7 @@ class BinaryPosition(AdditiveAbsolute):
     info = Card(
         name="binary",
         title="Binary position vector",
-        paper="seed 001 (naive baseline)",
+        paper=f"{_ARTICLE} (naive baseline)",
         year=2017,
         family="absolute",
         position="absolute",
@@ -151,7 +154,7 @@ class BinaryPosition(AdditiveAbsolute):
         summary="Bit i of t in dimension i: bounded and unique, but discontinuous.",
         shortcoming="discontinuous: neighbouring positions can differ in many bits",
     )
-    claims = {"unique": True, "bounded": True}  # seed 001: unique, bounded, discontinuous
+    claims = {"unique": True, "bounded": True}  # the article: unique, bounded, discontinuous
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -168,7 +171,7 @@ class BinaryPosition(AdditiveAbsolute):
 
 @register
 class SinPow2Position(AdditiveAbsolute):
-    r"""Sine codes with frequencies 1/2^i (seed 001, section 4).
+    r"""Sine codes with frequencies 1/2^i (anon., "Positional encoding of the Transformer", section 4).
 
     .. math:: PE_t[i] = \sin\!\left(\frac{t}{2^{i}}\right), \quad i = 0 \dots D-1
 
@@ -181,7 +184,7 @@ class SinPow2Position(AdditiveAbsolute):
     info = Card(
         name="sin-pow2",
         title="Sine with frequencies 1/2^i",
-        paper="seed 001 (naive baseline)",
+        paper=f"{_ARTICLE} (naive baseline)",
         year=2017,
         family="absolute",
         position="absolute",
@@ -203,7 +206,7 @@ class SinPow2Position(AdditiveAbsolute):
 
 @register
 class SinOnlyPosition(AdditiveAbsolute):
-    r"""Sine codes with frequencies 1/10000^(i/(D-1)) (seed 001, section 4).
+    r"""Sine codes with frequencies 1/10000^(i/(D-1)) (anon., "Positional encoding of the Transformer", section 4).
 
     .. math:: PE_t[i] = \sin\!\left(\frac{t}{10000^{i/(D-1)}}\right), \quad i = 0 \dots D-1
 
@@ -215,7 +218,7 @@ class SinOnlyPosition(AdditiveAbsolute):
     info = Card(
         name="sin-only",
         title="Sine with frequencies 1/10000^(i/(d-1))",
-        paper="seed 001 (naive baseline)",
+        paper=f"{_ARTICLE} (naive baseline)",
         year=2017,
         family="absolute",
         position="absolute",

@@ -25,9 +25,9 @@ class Sinusoidal(AdditiveAbsolute):
         PE_{(pos, 2i+1)} = \cos\!\left(pos / 10000^{2i/d_{model}}\right)
 
     Bounded, unique over a very long range, and ``PE_{pos+k} = R_k PE_{pos}``
-    with ``R_k`` a block-diagonal rotation by ``ω_i k`` (seed 002, eq. 9), so
-    ``PE_t · PE_{t+k} = Σ_i cos(ω_i k)`` depends on ``|k|`` only -- it cannot
-    tell before from after (seed 000). ``base`` (10000) is configurable.
+    with ``R_k`` a block-diagonal rotation by ``ω_i k`` (Xixiaoyao, "Three positional
+    encoding methods", eq. 9), so ``PE_t · PE_{t+k} = Σ_i cos(ω_i k)`` depends on ``|k|``
+    only -- it cannot tell before from after (Wu (2022)). ``base`` (10000) is configurable.
     """
 
     info = Card(
@@ -39,11 +39,11 @@ class Sinusoidal(AdditiveAbsolute):
         position="absolute",
         learnable=False,
         summary="PE(pos,2i)=sin(pos/10000^(2i/d)), PE(pos,2i+1)=cos(...).",
-        reference="seed 000's PE(1); PE_{t+k} = R_k PE_t; Σ cos(ω k) dot products",
+        reference="PE(1) as written out in Wu (2022); PE_{t+k} = R_k PE_t; Σ cos(ω k) dot products",
         shortcoming="dot products are symmetric in the offset: no direction",
     )
     randomized_variant = True
-    # seeds 000, 001, 002
+    # Wu (2022); anon., "Positional encoding of the Transformer"; Xixiaoyao, "Three positional encoding methods"
     claims = dict(
         unique=True,
         continuous=True,
@@ -81,7 +81,9 @@ class Sinusoidal(AdditiveAbsolute):
 
 @register
 class SinusoidalConcat(Sinusoidal):
-    r"""Sinusoidal position encoding, concatenated layout (seed 001's ``FixedAbsolutePositionEmbedding``).
+    r"""Sinusoidal position encoding, concatenated layout.
+
+    The layout of ``FixedAbsolutePositionEmbedding`` in anon., "Positional encoding of the Transformer".
 
     .. math::
         PE_{pos} = [\sin(pos\,\omega_0), \dots, \sin(pos\,\omega_{d/2-1}),
@@ -96,13 +98,16 @@ class SinusoidalConcat(Sinusoidal):
     info = Card(
         name="sinusoidal-concat",
         title="Sinusoidal (sin | cos halves)",
-        paper="Vaswani et al., Attention Is All You Need (seed 001 layout)",
+        paper='Vaswani et al., Attention Is All You Need (layout of anon., "Positional encoding of the Transformer")',
         year=2017,
         family="absolute",
         position="absolute",
         learnable=False,
         summary="[sin(pos ω) | cos(pos ω)]: the sinusoid with the halves concatenated.",
-        reference="seed 001's FixedAbsolutePositionEmbedding; a permutation of 'sinusoidal'",
+        reference=(
+            'FixedAbsolutePositionEmbedding of anon., "Positional encoding of the Transformer"; '
+            "a permutation of 'sinusoidal'"
+        ),
         shortcoming="dot products are symmetric in the offset: no direction",
     )
     concat = True

@@ -1,9 +1,9 @@
 """Small Transformers into which any encoding plugs.
 
 * :class:`Transformer` -- the trunk: token embedding (optionally factorised,
-  ``embedding_size -> d_model`` as seed 001's ``Embeddings``), the encoding's
-  ``embed`` hook, and ``n_layers`` blocks (pre-LN or post-LN) whose attention
-  uses the encoding's other hooks. ``causal=False`` is a bidirectional encoder,
+  ``embedding_size -> d_model`` as the ``Embeddings`` of anon., "Positional encoding of
+  the Transformer"), the encoding's ``embed`` hook, and ``n_layers`` blocks (pre-LN or
+  post-LN) whose attention uses the encoding's other hooks. ``causal=False`` is a bidirectional encoder,
   ``causal=True`` a decoder.
 * heads: :class:`SequenceClassifier`, :class:`TokenTagger`, :class:`LanguageModel`.
 

@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "inspect",
         help="measure an encoding's properties and draw its pictures",
         description=(
-            "Measure the properties the seeds argue about (uniqueness, boundedness, consistency across "
+            "Measure the properties a good encoding should have (uniqueness, boundedness, consistency across "
             "lengths, linear offsets, direction, relative-only scores, decay, extrapolation, parameters) "
             "for one encoding, print its property card and write its pictures (PNG and SVG); or, with "
             "--all, write the whole gallery and the side-by-side comparison (index.md, index.html). "

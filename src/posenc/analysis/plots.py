@@ -5,7 +5,7 @@ picture    what it shows                                                       f
 =========  ==================================================================  ========================
 code       the code as a heatmap, position × dimension                        absolute codes, rotary
 dot        ``PE_t·PE_{t+k}`` against ``k``, raw and through two random ``W``   absolute codes
-           (the TENER figure, seed 000)
+           (the TENER figure, Wu (2022))
 scores     the position-induced score per head,                                attention-level
            ``A - scale·q·k`` for a fixed random q, k (the bias for T5, ALiBi,
            KERPLE, FIRE ...)

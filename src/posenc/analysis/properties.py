@@ -1,7 +1,7 @@
 """Measured properties of a positional encoding (``posenc inspect``).
 
-The seeds argue about what makes an encoding good. Each claim becomes a
-measurement here, for any registered encoding:
+The articles posenc started from (docs/background.md) argue about what makes an
+encoding good. Each claim becomes a measurement here, for any registered encoding:
 
 ==================  ===========================================================================
 property            measured as
@@ -29,9 +29,9 @@ measured on the attention scores they induce,
 ``A = scale · (q·k + logits) + bias`` after ``rotate``, with a fixed random
 content vector at every position (so that ``A`` depends on positions only),
 never on an embedding table. Absolute encodings are measured on their codes
-(``PE_t``), and their scores are the raw dot products ``PE_i · PE_j`` that the
-seeds analyse (seed 000, 002), with the dot product through a random ``W``
-(the TENER figure) reported alongside.
+(``PE_t``), and their scores are the raw dot products ``PE_i · PE_j`` that
+Wu (2022) and Xixiaoyao, "Three positional encoding methods" analyse, with the dot
+product through a random ``W`` (the TENER figure) reported alongside.
 
 A property that cannot be measured for an encoding (no table past its
 length, no per-position code, a hook that fails on the probe) is reported as
@@ -85,7 +85,7 @@ def claims_for(card: Card, encoding_class: type[PositionalEncoding] | None = Non
     ``position="relative"`` claims relative-only scores; ``learnable=False`` claims a parameter
     count that does not grow with the length; phrases of the card's ``shortcoming`` (for
     example "unbounded", "undefined past max_len", "no direction") claim the property fails;
-    the class's own ``claims`` (declared in its file: the seeds' and papers' claims) come last.
+    the class's own ``claims`` (declared in its file: the background articles' and papers' claims) come last.
     ``encoding_class`` is the encoding's class (default: the one registered as ``card.name``, if any).
     """
     out: dict[str, bool | None] = {k: None for k in PROPERTY_KEYS}
@@ -382,7 +382,7 @@ class Probe:
         """The scores the properties are measured on: ``[draws|1, H|1, Lq, Lk]`` (float64).
 
         Attention-level encodings: :meth:`attention_scores`. Absolute codes: the raw dot
-        product ``PE_i · PE_j`` (the seeds' object of study).
+        product ``PE_i · PE_j`` (what the background articles study).
         """
         if self.kind == "attention":
             return self.attention_scores(q_pos, k_pos, same_content=same_content)

@@ -6,7 +6,8 @@ right-padded to the longest one and come with an ``attention_mask``.
 
 Both tasks below have labels that a bag-of-words model cannot predict better
 than chance (50%): the multiset of tokens is independent of the label, so a
-position-insensitive model (seed 002) must fail them.
+position-insensitive model (in the sense of Xixiaoyao, "Three positional encoding
+methods") must fail them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Sentence classification on real data, the set-up of the complex-order paper (seed 002; Wang et al. 2020).
+"""Sentence classification on real data, the set-up of the complex-order paper (Wang et al. 2020).
 
-Wang et al. (ICLR 2020, "Encoding word order in complex embeddings") train a
+Wang et al. (ICLR 2020, "Encoding word order in complex embeddings"; summarised in
+Xixiaoyao, "Three positional encoding methods") train a
 1-layer Transformer encoder (d_model 256, 8 heads, d_ff 512) on MR, SUBJ, CR, MPQA,
 SST and TREC and compare position encodings by test accuracy. Three of those data
 sets ship in registry packages (:mod:`posenc.data`): ``mr``, ``trec`` (6 coarse

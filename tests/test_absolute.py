@@ -1,4 +1,4 @@
-"""Absolute encodings against the seeds' formulas, and their shortcomings measured."""
+"""Absolute encodings against the formulas of the background articles (docs/background.md), shortcomings measured."""
 
 import math
 
@@ -16,7 +16,7 @@ def pe(name, d=512, **kw):
 
 
 def test_seed000_pe1_vector():
-    # seed 000: PE(1) = [sin(1/10000^(0/512)), cos(1/10000^(0/512)), sin(1/10000^(2/512)), cos(...), ...]
+    # Wu (2022): PE(1) = [sin(1/10000^(0/512)), cos(1/10000^(0/512)), sin(1/10000^(2/512)), cos(...), ...]
     got = pe("sinusoidal").codes(torch.tensor([1]))[0].double()
     want = []
     for i in range(256):
@@ -28,7 +28,8 @@ def test_seed000_pe1_vector():
 @settings(max_examples=30, deadline=None)
 @given(t=st.integers(0, 5000), k=st.integers(-300, 300))
 def test_sinusoidal_offset_is_a_rotation(t, k):
-    # seed 002 (9): [PE(t+k,2i), PE(t+k,2i+1)] = [[u, v], [-v, u]] [PE(t,2i), PE(t,2i+1)], u=cos(w_i k), v=sin(w_i k)
+    # Xixiaoyao, "Three positional encoding methods", eq. (9):
+    # [PE(t+k,2i), PE(t+k,2i+1)] = [[u, v], [-v, u]] [PE(t,2i), PE(t,2i+1)], u=cos(w_i k), v=sin(w_i k)
     if t + k < 0:
         k = -t
     d = 64
@@ -44,7 +45,7 @@ def test_sinusoidal_offset_is_a_rotation(t, k):
 @settings(max_examples=30, deadline=None)
 @given(t=st.integers(300, 3000), k=st.integers(0, 300))
 def test_sinusoidal_dot_product_depends_on_abs_offset(t, k):
-    # seeds 000/002: PE_t . PE_{t+k} = sum_j cos(c_j k) = PE_t . PE_{t-k}
+    # Wu (2022); Xixiaoyao, "Three positional encoding methods": PE_t . PE_{t+k} = sum_j cos(c_j k) = PE_t . PE_{t-k}
     d = 128
     enc = pe("sinusoidal", d)
     codes = enc.table(torch.tensor([[t - k, t, t + k]])).double()[0]
@@ -58,7 +59,7 @@ def test_concat_layout_is_seed001_and_a_permutation_of_interleaved():
     d, n = 16, 40
     pos = torch.arange(n)
     inter, concat = pe("sinusoidal", d).codes(pos), pe("sinusoidal-concat", d).codes(pos)
-    # seed 001: inv_freq = 1/10000^(arange(0,d,2)/d); cat(sin, cos)
+    # anon., "Positional encoding of the Transformer": inv_freq = 1/10000^(arange(0,d,2)/d); cat(sin, cos)
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2).double() / d))
     ang = pos.double()[:, None] * inv
     assert torch.allclose(concat.double(), torch.cat([ang.sin(), ang.cos()], -1), atol=1e-6)

@@ -1,7 +1,9 @@
-"""posenc.analysis: the seeds' claims, measured, and checked against values computed independently here.
+"""posenc.analysis: the background articles' claims (docs/background.md), measured, and checked
+against values computed independently here.
 
 Independent truths used below (float64 unless stated):
-* sinusoidal dot products: ``PE_t·PE_{t+k} = Σ_i cos(ω_i k)`` (seed 000/002), tolerance 1e-5 (float32 codes);
+* sinusoidal dot products: ``PE_t·PE_{t+k} = Σ_i cos(ω_i k)`` (Wu (2022); Xixiaoyao, "Three positional
+  encoding methods", eq. (10)), tolerance 1e-5 (float32 codes);
 * normalized positions: the code of t at length N is t/(N-1), so the first s codes differ by 1 - (s-1)/(L-1);
 * integer positions: the mean of (t + 1) over the last 10% of positions;
 * binary code: the step t -> t+1 flips popcount(t ^ (t+1)) bits, a distance sqrt(popcount);
@@ -29,13 +31,13 @@ from posenc.cli import main as posenc_main
 SMALL = dict(dim=16, heads=2, length=16)
 
 
-# ------------------------------------------------------------------ seed claims
+# -------------------------------------------------------------- the articles' claims
 def test_sinusoidal_dot_products_match_the_formula_are_symmetric_and_decay():
     dim, length = 32, 64
     probe = Probe("sinusoidal", dim=dim, length=length, heads=2)
     offsets, means = mean_score_by_offset(probe, length)
     omega = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    expected = torch.cos(offsets.double()[:, None] * omega).sum(-1)  # Σ_i cos(ω_i k), seed 000
+    expected = torch.cos(offsets.double()[:, None] * omega).sum(-1)  # Σ_i cos(ω_i k), Wu (2022)
     torch.testing.assert_close(means, expected, atol=1e-5, rtol=1e-5)
     r = measure("sinusoidal", dim=dim, length=length, heads=2, properties=("direction_aware", "decay"))
     assert r["direction_aware"].holds is False  # PE_t·PE_{t+k} == PE_t·PE_{t-k}
@@ -89,7 +91,7 @@ def test_binary_code_is_unique_but_not_continuous():
 
 
 class _TenerLike(PositionalEncoding):
-    """Seed 000's TENER terms u·R_{t-j} + Q_t·R_{t-j}, with R = [sin, cos] of t - j (not registered)."""
+    """TENER's terms u·R_{t-j} + Q_t·R_{t-j} (Wu (2022), formula (2)), R = [sin, cos] of t - j (not registered)."""
 
     info = Card("tener-like", "test", "test", 2019, "relative", "relative", True, "test")
 
@@ -155,7 +157,8 @@ def test_linear_offset_residuals():
     r = measure("sinusoidal", dim=16, length=64, heads=1, properties=("linear_offset",))
     assert r["linear_offset"].holds is True
     assert max(r["linear_offset"].data["residuals"].values()) < 1e-5
-    for name in ("sin-only", "sin-pow2", "binary", "learned"):  # seed 001: sine alone has no linear map
+    # anon., "Positional encoding of the Transformer": sine alone has no linear map
+    for name in ("sin-only", "sin-pow2", "binary", "learned"):
         m = measure(name, dim=16, length=64, heads=1, properties=("linear_offset",))["linear_offset"]
         assert m.holds is False and min(m.data["residuals"].values()) > 0.01, name
 

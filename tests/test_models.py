@@ -26,7 +26,7 @@ def test_causal_decoder_does_not_look_ahead():
 
 
 def test_no_position_encoder_is_permutation_equivariant_and_encodings_break_it():
-    # seed 002: a Transformer without positions is position-insensitive
+    # Xixiaoyao, "Three positional encoding methods": a Transformer without positions is position-insensitive
     tokens = torch.randint(0, 30, (2, 9))
     perm = torch.randperm(9)
     # "integer" and "normalized" write their scalar code along a zero-mean direction: a pre-LN model sees it

@@ -1,9 +1,10 @@
-"""Seed 001's RelativePositionEmbedding: "relative-bias", "contextual-1", "contextual-2".
+"""The RelativePositionEmbedding of anon., "Positional encoding of the Transformer" ("the article",
+docs/background.md): "relative-bias", "contextual-1", "contextual-2".
 
-Truth: the seed's formulas re-evaluated here independently -- the bucket function as a
-scalar loop in numpy float32 (the seed's own float32 log), the bias / contextual terms as
+Truth: the article's formulas re-evaluated here independently -- the bucket function as a
+scalar loop in numpy float32 (the article's own float32 log), the bias / contextual terms as
 loops over (b, h, m, n) -- float64, tol 1e-10; and the buckets against HF transformers 5.x
-T5Attention._relative_position_bucket (the seed's function is T5's bidirectional one).
+T5Attention._relative_position_bucket (the article's function is T5's bidirectional one).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def one_thread():
 
 
 def bucket_loop(x: int, num_buckets: int, max_distance: int) -> int:
-    """Seed 001's _relative_position_bucket for one integer, in numpy float32 scalars."""
+    """The article's _relative_position_bucket for one integer, in numpy float32 scalars."""
     half = num_buckets // 2
     out = half if x > 0 else 0
     n = abs(x)
@@ -61,7 +62,7 @@ def test_buckets_match_a_scalar_loop_and_hf_t5():
         assert torch.equal(seed_relative_position_bucket(x, nb, md), hf)
 
 
-# ------------------------------------------------------ the seed, looped
+# --------------------------------------------------- the article, looped
 def make(name, seed=0, d_model=8, n_heads=2, nb=8, md=6, **kw):
     torch.manual_seed(seed)
     dims = {"relative-bias": dict(n_heads=n_heads), "contextual-1": dict(d_model=d_model, n_heads=n_heads,
@@ -71,8 +72,8 @@ def make(name, seed=0, d_model=8, n_heads=2, nb=8, md=6, **kw):
 
 
 @torch.no_grad()
-def seed_terms(att: MultiHeadAttention, q, k, q_pos, k_pos, projection_bias=True):
-    """compute_bias of seed 001 by loops: returns (term before the temperature, term after it)."""
+def article_terms(att: MultiHeadAttention, q, k, q_pos, k_pos, projection_bias=True):
+    """The article's compute_bias by loops: returns (term before the temperature, term after it)."""
     enc = att.encoding
     b, h, lq, d = q.shape
     lk = k.shape[2]
@@ -102,7 +103,7 @@ def seed_terms(att: MultiHeadAttention, q, k, q_pos, k_pos, projection_bias=True
     "name,projection_bias",
     [("relative-bias", True), ("contextual-1", True), ("contextual-2", True), ("contextual-2", False)],
 )
-def test_hooks_match_seed_loop(name, projection_bias):
+def test_hooks_match_article_loop(name, projection_bias):
     kw = {"projection_bias": projection_bias} if name == "contextual-2" else {}
     att = make(name, nb=8, md=6, **kw)
     with torch.no_grad():
@@ -111,7 +112,7 @@ def test_hooks_match_seed_loop(name, projection_bias):
     enc = att.encoding
     q, k = torch.randn(2, 2, 5, 4, dtype=DT), torch.randn(2, 2, 9, 4, dtype=DT)
     q_pos, k_pos = torch.tensor([[4, 5, 6, 7, 8], [10, 20, 30, 31, 32]]), torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 8]])
-    before, after = seed_terms(att, q, k, q_pos, k_pos, projection_bias)
+    before, after = article_terms(att, q, k, q_pos, k_pos, projection_bias)
     for reference in (False, True):
         ctx = AttentionContext(q_pos=q_pos, k_pos=k_pos, n_heads=2, head_dim=4, reference=reference, attention=att)
         if before is not None:
@@ -121,14 +122,14 @@ def test_hooks_match_seed_loop(name, projection_bias):
 
 
 @torch.no_grad()
-def seed_attention(att: MultiHeadAttention, x, pos):
-    """softmax((q·k + contextual) / sqrt(d) + bias) v, then W_O, with the seed's terms from the loop."""
+def article_attention(att: MultiHeadAttention, x, pos):
+    """softmax((q·k + contextual) / sqrt(d) + bias) v, then W_O, with the article's terms from the loop."""
     b, n, _ = x.shape
     h, d = att.n_heads, att.head_dim
     q = att.q_proj(x).view(b, n, h, d).transpose(1, 2)
     k = att.k_proj(x).view(b, n, h, d).transpose(1, 2)
     v = att.v_proj(x).view(b, n, h, d).transpose(1, 2)
-    before, after = seed_terms(att, q, k, pos, pos)
+    before, after = article_terms(att, q, k, pos, pos)
     s = q @ k.transpose(-1, -2)
     s = (s + before if before is not None else s) / math.sqrt(d)
     s = s + after if after is not None else s
@@ -136,11 +137,11 @@ def seed_attention(att: MultiHeadAttention, x, pos):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_attention_matches_seed_loop(name):
+def test_attention_matches_article_loop(name):
     att = make(name, seed=1, nb=8, md=6)
     x = torch.randn(2, 9, 8, dtype=DT)
     pos = torch.arange(9)[None]
-    want = seed_attention(att, x, pos)
+    want = article_attention(att, x, pos)
     for path in ("fast", "reference"):
         att.path = path
         torch.testing.assert_close(att(x), want, atol=TOL, rtol=0)

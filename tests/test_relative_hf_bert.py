@@ -2,7 +2,8 @@
 
 Truth: HF transformers 4.57 BertSelfAttention given the same weights, through the fixture of
 scripts/fixtures_hf457_bert_nezha.py (the module was removed in transformers 5), float64,
-tol 1e-10; and seed 003's formula evaluated by a naive loop here (float64, tol 1e-10).
+tol 1e-10; and the formula of anon., "Revisiting absolute position embedding" evaluated by a
+naive loop here (float64, tol 1e-10).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """TENER relative attention ("tener").
 
-Truth used here: the paper's eq. 2 (Yan et al. 2019; seed 000) computed by an independent
+Truth used here: the paper's eq. 2 (Yan et al. 2019; Wu (2022), formula (2)) computed by an independent
 naive loop -- ``Q = H W_q``, ``K = H``, ``V = H W_v``, interleaved ``sin, cos`` of ``t - j``
 from ``math.sin``/``math.cos``, ``A = QK + QR + uK + vR``, softmax *without* ``1/sqrt(d_k)``
 -- in float64 at atol 1e-10; fast == reference (float64, 1e-10); direction awareness; the
@@ -151,7 +151,7 @@ def test_scores_tell_left_from_right(reference):
     )
     s = enc.logits(q, k, ctx)[0, 0, 0].detach()
     assert abs(float(s[0] - s[1])) > 1e-3
-    # whereas the plain sinusoid dot product PE_t·PE_{t+k} cannot tell them apart (seed 000)
+    # whereas the plain sinusoid dot product PE_t·PE_{t+k} cannot tell them apart (Wu (2022))
     pe = torch.stack([torch.tensor(paper_R(float(p), 8)) for p in (7, 10, 13)])
     torch.testing.assert_close(pe[1] @ pe[0], pe[1] @ pe[2])
 

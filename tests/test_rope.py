@@ -55,7 +55,8 @@ def test_rotate_every_two_equals_hf_roformer_and_seed001():
     assert torch.allclose(got_q, want_q, atol=1e-5)
     assert torch.allclose(got_k, want_k, atol=1e-5)
 
-    # seed 001's forward_rope: emb = cat(sin, cos) of pos*inv_freq; sin, cos repeated '(d 2)'; rotate_every_two
+    # forward_rope of anon., "Positional encoding of the Transformer":
+    # emb = cat(sin, cos) of pos*inv_freq; sin, cos repeated '(d 2)'; rotate_every_two
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     ang = torch.arange(n).float()[:, None] * inv
     sin, cos = ang.sin().repeat_interleave(2, -1), ang.cos().repeat_interleave(2, -1)

@@ -418,3 +418,16 @@ def test_encodings_that_project_with_the_attentions_matrices_borrow_them(make, n
     assert torch.isfinite(out).all()
     hf.patch(model, "nope")
     assert (logits(model, x) - out).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5"])
+def test_bert_padding_mask_a_right_padded_row_gives_the_row_alone(name):
+    model = bert()
+    hf.patch(model, name)
+    row = tokens(b=1, n=6)
+    alone = logits(model, row)[0]
+    batch = torch.cat([torch.cat([row, torch.zeros(1, 4, dtype=torch.long)], 1), tokens(b=1, n=10, seed=4)])
+    mask = torch.ones_like(batch)
+    mask[0, 6:] = 0
+    got = logits(model, batch, attention_mask=mask)[0, :6]
+    torch.testing.assert_close(got, alone, atol=1e-4, rtol=1e-4)

@@ -162,8 +162,13 @@ class RunFailedError(PosencError):
 
 
 def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
-    """Train and evaluate one configuration with its task; return a JSON-able result."""
+    """Train and evaluate one configuration with its task; return a JSON-able result.
+
+    ``env`` is the environment of this process (:func:`posenc.bench.runenv.run_environment`:
+    versions, git commit, kernel path, CPU, threads), so every stored run says where it ran.
+    """
     from .api import get_task, task_version
+    from .runenv import run_environment
 
     task = get_task(cfg.task)
     now = task_version(cfg.task)
@@ -186,6 +191,8 @@ def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None)
         "train_seconds": out.get("train_seconds", round(time.perf_counter() - t0, 2)),
         "parameters": out.get("parameters"),
         "final_loss": curve[-1][1] if curve else None,
+        # the process that trained the run (a worker, a Ray task, torchrun's rank 0), not the parent
+        "env": run_environment(),
         **({"extra": out["extra"]} if "extra" in out else {}),
     }
 

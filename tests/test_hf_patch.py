@@ -431,3 +431,16 @@ def test_bert_padding_mask_a_right_padded_row_gives_the_row_alone(name):
     mask[0, 6:] = 0
     got = logits(model, batch, attention_mask=mask)[0, :6]
     torch.testing.assert_close(got, alone, atol=1e-4, rtol=1e-4)
+
+
+def test_output_attentions_gives_the_probabilities():
+    model = llama()
+    hf.patch(model, "alibi")
+    x = tokens(n=8)
+    out = model(x, output_attentions=True)
+    assert len(out.attentions) == 2
+    for a in out.attentions:
+        assert a.shape == (2, 4, 8, 8)
+        torch.testing.assert_close(a.sum(-1), torch.ones(2, 4, 8))
+        assert a.triu(1).abs().max() == 0  # causal
+    torch.testing.assert_close(out.logits, logits(model, x), atol=1e-5, rtol=0)

@@ -560,7 +560,9 @@ def posenc_attention(
     )
     core.dropout = float(dropout)
     own_scale = type(enc).scale is not PositionalEncoding.scale
-    out, weights = core.attend(call, scale=None if own_scale or scaling is None else float(scaling))
+    # output_attentions=True: the probabilities, from the kernel that makes them (materialised)
+    want = bool(kwargs.get("output_attentions", getattr(getattr(module, "config", None), "output_attentions", False)))
+    out, weights = core.attend(call, want, scale=None if own_scale or scaling is None else float(scaling))
     return out.transpose(1, 2).contiguous(), weights
 
 

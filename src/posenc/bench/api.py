@@ -89,6 +89,23 @@ class Task:
         """
         return None
 
+    def training_lengths(self, cfg: RunConfig) -> tuple[int, int] | None:
+        """The lengths the model is trained on, ``(shortest, longest)``, as the report states them.
+
+        ``None``: the task does not use ``cfg.train_lengths`` (real data, whose sentences fix the
+        lengths), and the report claims no training lengths for it.
+        """
+        return (cfg.train_lengths[0], cfg.train_lengths[1])
+
+    def ranking_labels(self, cfg: RunConfig) -> tuple[str, ...] | None:
+        """The evaluation labels whose mean ranks the encodings in the report (e.g. ``("test",)``).
+
+        ``None`` (the default): the report's rule -- by the mean beyond the training length, then
+        in distribution; for a task evaluated on splits, ``"test"`` where there is one, else every
+        label. The other labels (``"valid"`` ...) are still shown as columns.
+        """
+        return None
+
 
 _TASKS: dict[str, Task] = {}
 _VERSIONS: dict[str, str | None] = {}

@@ -93,12 +93,16 @@ class LiveBoard:
             )
 
     def _score(self, rec: dict[str, Any]) -> float | None:
-        """Mean of the metric over lengths beyond training (else all lengths) of one run."""
+        """Mean of the metric over lengths beyond training (else all lengths) of one run; a task's ranking
+        labels only where it has some (text classification: "test", not "valid"), as the report ranks."""
+        from .report import ranking_labels
+
         cfg = rec["config"]
         train_max = cfg["train_lengths"][1]
         vals = {k: v for k, v in rec["metrics"].items() if not k.endswith("_error")}
+        ranked = ranking_labels(cfg, vals)
         beyond = [v for k, v in vals.items() if k.isdigit() and int(k) > train_max]
-        pool = beyond or [v for v in vals.values() if v is not None]
+        pool = [vals[k] for k in ranked] if ranked else beyond or [v for v in vals.values() if v is not None]
         hib = rec.get("higher_is_better", True)
         if not pool:
             return None

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .runenv import differences
 from .runner import label_of
 
 PCT_METRICS = ("accuracy", "f1", "sequence_accuracy", "entity_f1", "exact_match")
@@ -40,7 +41,11 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Rows are ranked within a task by the mean metric on lengths longer than
     training (out of distribution; a length an encoding could not reach counts as
-    the worst value), then in distribution.
+    the worst value), then in distribution. A task evaluated on splits, or one that
+    names its ranking labels (``Task.ranking_labels``), ranks by the mean of those
+    labels only (``ranked_by``; text classification: ``"test"``, not ``"valid"``).
+    ``trained`` is the task's training lengths (``Task.training_lengths``) or None
+    where it has none to claim (real data).
     """
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
@@ -64,7 +69,11 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         worst = 0.0 if higher else float("inf")
         ind = [per_len[str(n)][0] for n in lengths if n <= train_max and per_len[str(n)] is not None]
         ood = [per_len[str(n)][0] if per_len[str(n)] is not None else worst for n in lengths if n > train_max]
-        if not ind and not ood:  # metrics under other labels (e.g. "test")
+        ranked_by = ranking_labels(cfg, labels)
+        if ranked_by:  # the task's ranking labels, or a split task's "test": the other labels do not count
+            ind = [per_len[k][0] if per_len[k] is not None else worst for k in ranked_by]  # type: ignore[index]
+            ood = []
+        elif not ind and not ood:  # metrics under other labels, none of them "test"
             ind = [v[0] for v in per_len.values() if v is not None]
         rows.append(
             {
@@ -79,14 +88,68 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "in_distribution": statistics.fmean(ind) if ind else float("nan"),
                 "extrapolation": statistics.fmean(ood) if ood else float("nan"),
                 "train_max": train_max,
+                "trained": trained_lengths(cfg) if lengths else None,
+                "ranked_by": ranked_by,
                 "seconds": statistics.fmean(r["train_seconds"] for r in runs),
                 "errors": sorted({v for r in runs for k, v in r["metrics"].items() if k.endswith("_error")}),
                 "chance": chance,
+                # the environments the runs were trained in (None: stored before posenc recorded them)
+                "envs": _distinct([r.get("env") for r in runs]),
             }
         )
         rows[-1]["learned"] = _learned(rows[-1])[0]
     rows.sort(key=lambda r: (r["task"], _rank(r["extrapolation"], r), _rank(r["in_distribution"], r)))
     return rows
+
+
+@functools.lru_cache(maxsize=1024)
+def _task_says(task: str, config_json: str, what: str) -> Any:
+    """``Task.<what>(cfg)`` for a run's config; ``"unknown"`` for a task no longer registered or an old config."""
+    from .api import get_task
+    from .runner import RunConfig
+
+    try:
+        return getattr(get_task(task), what)(RunConfig.from_dict(json.loads(config_json)))
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _config_json(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def ranking_labels(config: dict[str, Any], labels: Iterable[str]) -> list[str] | None:
+    """The evaluation labels whose mean ranks a task's rows, or None: by lengths (beyond training first).
+
+    The task's own (``Task.ranking_labels``) where it names some that were reported; else, for a
+    task evaluated on splits (no length among ``labels``), ``"test"`` where it is reported. A
+    validation split is shown, never averaged into the ranking.
+    """
+    labels = [k for k in labels if not k.endswith("_error")]
+    said = _task_says(config["task"], _config_json(config), "ranking_labels")
+    if said not in (None, "unknown"):
+        keys = [k for k in said if k in labels]
+        if keys:
+            return keys
+    if not any(k.isdigit() for k in labels) and "test" in labels:
+        return ["test"]
+    return None
+
+
+def trained_lengths(config: dict[str, Any]) -> tuple[int, int] | None:
+    """The lengths a run was trained on (``Task.training_lengths``); None where the task uses none (real data)."""
+    said = _task_says(config["task"], _config_json(config), "training_lengths")
+    if said == "unknown":  # not registered here: the config's lengths, as runs of length tasks have them
+        return tuple(config["train_lengths"])  # type: ignore[return-value]
+    return None if said is None else (int(said[0]), int(said[1]))
+
+
+def _trained_text(row: dict[str, Any]) -> str:
+    """The text "trained on lengths ≤ 16" / "trained on length 64", or "" where the task claims none."""
+    tr = row.get("trained")
+    if not tr:
+        return ""
+    return f"trained on length {tr[1]}" if tr[0] == tr[1] else f"trained on lengths ≤ {tr[1]}"
 
 
 def _rank(x: float, row: dict[str, Any]) -> float:
@@ -122,6 +185,8 @@ def _label(n: str, train_max: int) -> str:
 
 
 def _summary_name(rows: list[dict[str, Any]]) -> str:
+    if rows[0].get("ranked_by"):
+        return "ranked by " + ", ".join(rows[0]["ranked_by"])
     tm = rows[0]["train_max"]
     has_ood = any(k.isdigit() and int(k) > tm for r in rows for k in r["values"])
     return "mean > train" if has_ood else "mean"
@@ -129,6 +194,7 @@ def _summary_name(rows: list[dict[str, Any]]) -> str:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     out = []
+    mixed = mixed_environments(rows)
     for task in sorted({r["task"] for r in rows}):
         sub = [r for r in rows if r["task"] == task]
         labels = list(sub[0]["values"])
@@ -138,8 +204,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         summary = _summary_name(sub)
         head = ["#", "encoding", *[_label(n, tm) for n in labels], summary, "s/run"]
         better = "higher" if sub[0]["higher_is_better"] else "lower"
-        trained = f", trained on lengths ≤ {tm}" if any(n.isdigit() for n in labels) else ""
+        trained = f", {_trained_text(sub[0])}" if _trained_text(sub[0]) else ""
         out.append(f"**{task}** — {unit} ({better} is better; mean ± std over seeds){trained}\n")
+        if task in mixed:
+            out.append(f"> **Warning:** {mixed[task]}.\n")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for i, r in enumerate(sub, 1):
@@ -172,7 +240,8 @@ def published_table(published: dict[str, Any], rows: list[dict[str, Any]] | None
         sub = [r for r in rows if task is None or r["task"] == task]
         ours = {r["label"]: (i, r) for i, r in enumerate(sub, 1)}
     if prow:
-        head = ["encoding", *(cols or ["value"]), "our rank", "ours (mean > train)"]
+        summary = _summary_name(sub) if sub else "mean > train"
+        head = ["encoding", *(cols or ["value"]), "our rank", f"ours ({summary})"]
         out += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for lab, vals in prow.items():
             vals = vals if isinstance(vals, list) else [vals]
@@ -180,7 +249,7 @@ def published_table(published: dict[str, Any], rows: list[dict[str, Any]] | None
             if lab in ours:
                 i, r = ours[lab]
                 rank = str(i)
-                v = r["extrapolation"] if r["extrapolation"] == r["extrapolation"] else r["in_distribution"]
+                v = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
                 ourv = _fmt(v, r["metric"])
             out.append("| " + " | ".join([lab, *map(str, vals), rank, ourv]) + " |")
     if published.get("text"):
@@ -276,7 +345,10 @@ def _gap_closed(value: float, chance: float | None, metric: str, higher: bool) -
 
 
 def _ind_keys(row: dict[str, Any]) -> list[str]:
-    """The evaluation keys of the in-distribution mean (lengths <= the training length; else every key)."""
+    """The evaluation keys of the in-distribution mean (the ranking labels; lengths <= the training length;
+    else every key)."""
+    if row.get("ranked_by"):
+        return [k for k in row["ranked_by"] if row["values"].get(k) is not None]
     keys = [k for k, v in row["values"].items() if v is not None and k.isdigit() and int(k) <= row["train_max"]]
     if not keys and not any(k.isdigit() and int(k) > row["train_max"] for k in row["values"]):
         keys = [k for k, v in row["values"].items() if v is not None]
@@ -408,7 +480,7 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
             start = math.sqrt(max(tm, lo) * longer[0]) if tm >= lengths[0] else lo
             ax.axvspan(start, hi, color="#eef2f7", zorder=0, label="longer than training")
         ax.set_xlabel("test length")
-        ax.set_title(f"{task} (trained on lengths ≤ {tm})", fontsize=10)
+        ax.set_title(f"{task} ({_trained_text(sub[0])})" if _trained_text(sub[0]) else task, fontsize=10)
     else:  # splits ("test", "valid" ...): one column each
         keys = [key for key, v in sub[0]["values"].items() if v is not None]
         for r in sub[1:]:
@@ -541,6 +613,66 @@ def plot_curves(
 
 
 # ---------------------------------------------------------------------------- context
+def _distinct(envs: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for e in envs:
+        if e not in out:
+            out.append(e)
+    return out
+
+
+def mixed_environments(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Per task whose runs come from different environments (CPU, kernel path or torch): what differs."""
+    out = {}
+    for task in sorted({r["task"] for r in rows}):
+        diff = differences([e for r in rows if r["task"] == task for e in r.get("envs", [])])
+        if diff:
+            out[task] = (
+                "the runs of this table were trained in different environments ("
+                + "; ".join(f"{ENV_COLUMNS.get(k, k)}: {' / '.join(v)}" for k, v in diff.items())
+                + "): their last digits may differ for that reason alone"
+            )
+    return out
+
+
+#: the columns of the runs' environments (``record["env"]``) in the report
+ENV_COLUMNS = {
+    "cpu": "CPU",
+    "kernels": "kernels",
+    "torch": "torch",
+    "threads": "threads",
+    "posenc": "posenc",
+    "python": "Python",
+    "platform": "platform",
+}
+
+
+def run_environments(results: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Per suite, every environment its runs were trained in and how many runs: a table (head, body).
+
+    Runs stored before posenc recorded environments show "not recorded".
+    """
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    envs: dict[str, dict[str, Any] | None] = {}
+    for r in results:
+        env = r.get("env") or None
+        key = json.dumps(env, sort_keys=True, default=str)
+        envs[key] = env
+        counts[(str(r.get("suite") or "—"), key)] += 1
+    body = []
+    for (suite, key), n in sorted(counts.items()):
+        env = envs[key]
+        if env is None:
+            cells = ["not recorded"] * len(ENV_COLUMNS)
+        else:
+            cells = [str(env.get(k, "?")) for k in ENV_COLUMNS]
+            if env.get("git_commit"):
+                i = list(ENV_COLUMNS).index("posenc")
+                cells[i] += f" @ {str(env['git_commit'])[:10]}" + (" (modified)" if env.get("git_dirty") else "")
+        body.append([suite, str(n), *cells])
+    return ["suite", "runs", *ENV_COLUMNS.values()], body
+
+
 def environment() -> dict[str, str]:
     """The versions and machine of the process writing the report, and the date."""
     import os
@@ -609,6 +741,11 @@ def settings(results: list[dict[str, Any]]) -> list[dict[str, str]]:
         row["encodings"] = str(len({label_of(r) for r in runs}))
         for key, name in SETTING_NAMES:
             row[name] = " / ".join(dict.fromkeys(_show(r["config"].get(key), key) for r in runs))
+        # real data: the sentences fix the lengths; the configs' lengths are only part of the run keys
+        if all(trained_lengths(r["config"]) is None for r in runs):
+            row["train lengths"] = "not used"
+            if not any(k.isdigit() for r in runs for k in r["metrics"]):
+                row["test lengths"] = "not used"
         params = [r["parameters"] for r in runs if r.get("parameters")]
         row["parameters"] = (
             "—" if not params else f"{min(params):,}" + (f"–{max(params):,}" if max(params) != min(params) else "")
@@ -755,12 +892,13 @@ tr.chance td{color:#777;font-style:italic;background:#fafafa}
 td.best{font-weight:bold} td.low{color:#999}
 .sw{font-size:110%} img{max-width:100%}
 pre{white-space:pre-wrap;font-size:85%;background:#f7f7f7;padding:.4em;margin:.2em 0}
-.note{color:#555;font-size:90%}
+.note{color:#555;font-size:90%} .warn{color:#8a4b00;background:#fff4e0;padding:.3em .5em}
 """
 
 
 def _results_html(rows: list[dict[str, Any]], styles: dict[str, dict[str, Any]]) -> list[str]:
     body = []
+    mixed = mixed_environments(rows)
     for task in sorted({r["task"] for r in rows}):
         sub = [r for r in rows if r["task"] == task]
         labels = list(sub[0]["values"])
@@ -768,13 +906,14 @@ def _results_html(rows: list[dict[str, Any]], styles: dict[str, dict[str, Any]])
         higher = sub[0]["higher_is_better"]
         summary = _summary_name(sub)
         unit = f"{metric} %" if _pct(metric) else metric
-        lengths = any(n.isdigit() for n in labels)
         body.append(f"<h3>{html.escape(task)}</h3>")
         body.append(
             f"<p class=note>{html.escape(unit)} ({'higher' if higher else 'lower'} is better), mean ± std over seeds"
-            + (f"; trained on lengths ≤ {tm}" if lengths else "")
+            + (f"; {_trained_text(sub[0])}" if _trained_text(sub[0]) else "")
             + "; best value of each column in bold, values not above chance in grey.</p>"
         )
+        if task in mixed:
+            body.append(f"<p class=warn><strong>Warning:</strong> {html.escape(mixed[task])}.</p>")
         head = ["#", "encoding", *[html.escape(_label(n, tm)) for n in labels], summary, "seeds", "s/run"]
         best = {}
         for n in labels:
@@ -846,7 +985,12 @@ def _markdown_page(
         out += ["## Settings", ""]
         out += _md_table(head, grid)
         out += [""]
-    out += ["## Environment", "", "Of the process that wrote this report (runs may have run elsewhere).", ""]
+    out += ["## Environment", "", "Where the runs were trained (each run records its own), per suite:", ""]
+    out += _md_table(*run_environments(results))
+    mixed = mixed_environments(rows)
+    if mixed:
+        out += ["", *(f"- **Warning**, {task}: {text}." for task, text in mixed.items())]
+    out += ["", "Of the process that wrote this report:", ""]
     out += _md_table(["", ""], [[k, v] for k, v in env.items()])
     return "\n".join(out) + "\n"
 
@@ -967,6 +1111,13 @@ def write_report(
         body.append("<p>No finished runs.</p>")
 
     body.append('<h2 id="environment">Environment</h2>')
+    body.append("<h3>Where the runs were trained</h3>")
+    body.append("<p class=note>Each run records the environment of the process that trained it, per suite:</p>")
+    env_head, env_body = run_environments(results)
+    body.append(_html_table(env_head, [[html.escape(c) for c in row] for row in env_body], "left"))
+    for task, text in mixed_environments(rows).items():
+        body.append(f"<p class=warn><strong>Warning</strong>, {html.escape(task)}: {html.escape(text)}.</p>")
+    body.append("<h3>This report</h3>")
     body.append(
         "<p class=note>Of the process that wrote this report "
         "(the runs may have run in other processes or on other machines).</p>"

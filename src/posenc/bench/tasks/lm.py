@@ -85,6 +85,10 @@ class LMTask(Task):
         except Exception:
             return None
 
+    def training_lengths(self, cfg: RunConfig) -> tuple[int, int]:
+        L = cfg.train_lengths[1]
+        return (L, L)  # chunks of exactly L tokens (train_lengths[0] is not used)
+
     def validate(self, cfg: RunConfig) -> None:
         if cfg.model != "decoder":
             raise ConfigError(

@@ -103,6 +103,12 @@ class MSRANERTask(Task):
     def validate(self, cfg: RunConfig) -> None:
         self.options(cfg)
 
+    def training_lengths(self, cfg: RunConfig) -> None:
+        return None  # the sentences fix the lengths; cfg.train_lengths is not used
+
+    def ranking_labels(self, cfg: RunConfig) -> tuple[str, ...]:
+        return ("test",)
+
     def chance(self, cfg: RunConfig, label: str) -> float | None:
         return 0.0  # the majority tag (O) finds no entity
 

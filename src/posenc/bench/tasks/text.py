@@ -111,6 +111,12 @@ class TextClassificationTask(Task):
     def validate(self, cfg: RunConfig) -> None:
         self.options(cfg)
 
+    def training_lengths(self, cfg: RunConfig) -> None:
+        return None  # the sentences fix the lengths; cfg.train_lengths is not used
+
+    def ranking_labels(self, cfg: RunConfig) -> tuple[str, ...]:
+        return ("test",)  # "valid" and "test_long" are shown, not averaged in
+
     def chance(self, cfg: RunConfig, label: str) -> float | None:
         """The majority class's share of the split (``None`` if the data set is not installed)."""
         opts = self.options(cfg)

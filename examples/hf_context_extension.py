@@ -13,8 +13,8 @@ The defaults run in a few minutes on 2 CPU cores; ``--quick`` is a smoke test of
     python examples/hf_context_extension.py --out hf-extension
     python examples/hf_context_extension.py --quick --out /tmp/hf-quick
 
-Needs ``transformers`` and matplotlib (``pip install -c constraints.txt -e '.[hf,plots]'``) and the Shakespeare data set (``bash
-scripts/install_data.sh``).
+Needs ``transformers`` and matplotlib (``pip install -c constraints.txt -e '.[hf,plots]'``) and the Shakespeare
+data set (``bash scripts/install_data.sh``).
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ if ! installed 1; then
   say "installing torch $torch_pin (CPU), posenc and matplotlib into .venv"
   pip_install -e ".[bench]"
   .venv/bin/python -c "import posenc, torch; assert torch.__version__.startswith('$torch_pin'), torch.__version__"
+  .venv/bin/posenc list > /dev/null  # caches the encodings' cards, so that a listing starts without torch
   stamp bench
 fi
 

@@ -17,6 +17,7 @@ import torch
 from posenc.bench.api import get_task
 from posenc.bench.runner import RunConfig, run_one
 from posenc.bench.seq_training import (
+    BOS,
     FIRST,
     OUT,
     PAD,
@@ -260,11 +261,13 @@ def test_batches_put_targets_on_output_tokens():
     assert targets.tolist() == [[-100, -100, -100, -100, 8, 9], [-100, -100, 6, 7, 8, -100]]
     assert mask.tolist() == [[True] * 6, [True] * 5 + [False]]
     tokens, mask, targets = decoder_batch(exs)
-    full = [inp + [SEP] + out for inp, out in exs]
+    # a decoder reads BOS first: NoPE counts positions from it (docs/diagnosis-kazemnejad.md)
+    assert tokens.tolist() == [[BOS, 5, 6, 7, SEP, 8], [BOS, 5, SEP, 6, 7, PAD]]
+    full = [[BOS] + inp + [SEP] + out for inp, out in exs]
     for r, seq in enumerate(full):
         for t in range(tokens.shape[1]):
             if targets[r, t] != -100:
-                assert int(targets[r, t]) == seq[t + 1] and t + 1 > len(exs[r][0])
+                assert int(targets[r, t]) == seq[t + 1] and t + 1 > len(exs[r][0]) + 1
         assert [int(targets[r, t]) for t in range(tokens.shape[1]) if targets[r, t] != -100] == exs[r][1]
 
 
@@ -275,12 +278,12 @@ def test_batched_cached_decoding_equals_a_naive_loop(encoding):
     exs = [([rng.randrange(3, 12) for _ in range(rng.choice([2, 5]))], [3] * rng.choice([1, 4])) for _ in range(10)]
     got = predict(model, "decoder", exs)
     for (inp, out), pred in zip(exs, got):
-        seq = inp + [SEP]
+        seq = [BOS] + inp + [SEP]
         with torch.no_grad():
             for _ in out:
                 seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
-        assert pred == seq[len(inp) + 1 :]
-    prompts = torch.tensor([e[0] + [SEP] for e in exs if len(e[0]) == 5])
+        assert pred == seq[len(inp) + 2 :]
+    prompts = torch.tensor([[BOS] + e[0] + [SEP] for e in exs if len(e[0]) == 5])
     assert torch.equal(_greedy(model, prompts, 6, cache=True), _greedy(model, prompts, 6, cache=False))
 
 

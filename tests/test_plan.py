@@ -368,3 +368,79 @@ def test_far_distances_build_no_sinusoid_table():
         base = model(TOKENS[:, :3], positions=torch.arange(3))
         shifted = model(TOKENS[:, :3], positions=torch.arange(3) + (1 << 30))
     torch.testing.assert_close(base, shifted, rtol=1e-9, atol=1e-9)  # relative: the same logits
+
+
+# ---------------------------------------------------------------- decoding at the models' own thresholds
+@pytest.mark.parametrize("name", names())
+def test_kv_cache_decoding_at_default_thresholds_matches_the_full_forward(name):
+    """One token at a time with the encodings' own ``fused_min_pairs`` (the path a real decoding step takes: the
+    logits / bias hooks at ``Lq = 1``, not the blocked kernel), against the reference model's full forward."""
+    if name in LENGTH_DEPENDENT or name in NEEDS_SEGMENTS:
+        pytest.skip(f"{name}: its output at a position depends on the whole length (or needs segments)")
+    fast, ref = pair(name)
+    for m in fast.modules():
+        if isinstance(m, PositionalEncoding):
+            m.fused_min_pairs = type(m).fused_min_pairs
+    fast.eval(), ref.eval()
+    with torch.no_grad():
+        full = ref(TOKENS)
+        cache = posenc.KVCache()
+        steps = [fast(TOKENS[:, :4], kv_cache=cache)]
+        for t in range(4, 14):
+            steps.append(fast(TOKENS[:, t : t + 1], kv_cache=cache))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-10)
+
+
+# ---------------------------------------------------------------- the KV cache's storage
+def test_kv_cache_grows_in_place_and_hands_out_views():
+    model = lm("rope").eval()
+    cache = posenc.KVCache()
+    with torch.no_grad():
+        model(TOKENS[:, :4], kv_cache=cache)
+        model(TOKENS[:, 4:5], kv_cache=cache)
+        k0 = cache.layers[0][0]
+        for t in range(5, 14):
+            model(TOKENS[:, t : t + 1], kv_cache=cache)
+    k, v, pos, _ = cache.layers[0]
+    assert k.shape[2] == v.shape[2] == pos.shape[1] == cache.length() == 14
+    assert k.data_ptr() == k0.data_ptr()  # the same storage: no copy of the cached keys per step
+    torch.testing.assert_close(pos, torch.arange(14)[None])
+
+
+def test_forked_kv_caches_do_not_overwrite_each_other():
+    """Continuations of one prefix (a copy of the cache's entries, with or without its storage) share the prefix's
+    storage; each must keep its own later keys."""
+    import dataclasses
+
+    model = lm("alibi").eval()
+    other = TOKENS.flip(1)
+    with torch.no_grad():
+        cache = posenc.KVCache()
+        model(TOKENS[:, :6], kv_cache=cache)
+        model(TOKENS[:, 6:7], kv_cache=cache)  # the storage now has room to spare
+        forks = [
+            dataclasses.replace(cache, layers=dict(cache.layers), owners=dict(cache.owners)),  # storage shared
+            posenc.KVCache(dict(cache.layers), dict(cache.owners)),
+        ]
+        forks = [(cache, TOKENS), (forks[0], other), (forks[1], TOKENS.roll(3, 1))]
+        got = {id(c): [] for c, _ in forks}
+        for t in range(7, 12):  # interleaved: each fork writes the slot the others also write
+            for c, toks in forks:
+                got[id(c)].append(model(toks[:, t : t + 1], kv_cache=c))
+        for c, toks in forks:
+            full = model(torch.cat([TOKENS[:, :7], toks[:, 7:12]], dim=1))[:, 7:]
+            torch.testing.assert_close(torch.cat(got[id(c)], dim=1), full, rtol=1e-9, atol=1e-10)
+
+
+def test_kv_cache_with_autograd_keeps_gradients():
+    """With autograd through the keys the cache concatenates (an in-place write would break the backward)."""
+    fast, ref = pair("t5")
+
+    def run(m):
+        cache = posenc.KVCache()
+        out = [m(TOKENS[:, :5], kv_cache=cache)]
+        for t in range(5, 9):
+            out.append(m(TOKENS[:, t : t + 1], kv_cache=cache))
+        return weighted(torch.cat(out, dim=1))
+
+    assert_same(fast, ref, run)

@@ -166,6 +166,40 @@ def _use_biased_sdpa(q: Tensor, mask: Tensor | None, p_drop: float, is_causal: b
     )
 
 
+class _KVBuffer:
+    """Storage for one layer of a :class:`KVCache`: ``[B, H, capacity, Dh]`` keys and values, ``[B', capacity]``
+    positions, of which the first ``filled`` slots are in use."""
+
+    __slots__ = ("k", "v", "pos", "filled")
+
+    def __init__(self, pk: Tensor, pv: Tensor, ppos: Tensor, capacity: int):
+        n = pk.shape[2]
+        self.k = pk.new_empty(pk.shape[0], pk.shape[1], capacity, pk.shape[3])
+        self.v = pv.new_empty(pv.shape[0], pv.shape[1], capacity, pv.shape[3])
+        self.pos = ppos.new_empty(ppos.shape[0], capacity)
+        self.k[:, :, :n] = pk
+        self.v[:, :, :n] = pv
+        self.pos[:, :n] = ppos
+        self.filled = n
+
+    def holds(self, pk: Tensor, pv: Tensor, ppos: Tensor, needed: int) -> bool:
+        """Whether ``pk, pv, ppos`` are the views this buffer last handed out and ``needed`` slots fit."""
+        n = self.filled
+        views = ((pk, self.k[:, :, :n]), (pv, self.v[:, :, :n]), (ppos, self.pos[:, :n]))
+        return needed <= self.k.shape[2] and all(
+            t.shape == b.shape and t.stride() == b.stride() and t.data_ptr() == b.data_ptr() and t.dtype == b.dtype
+            for t, b in views
+        )
+
+    def write(self, k: Tensor, v: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        n, m = self.filled, k.shape[2]
+        self.k[:, :, n : n + m] = k
+        self.v[:, :, n : n + m] = v
+        self.pos[:, n : n + m] = k_pos
+        self.filled = n + m
+        return self.k[:, :, : n + m], self.v[:, :, : n + m], self.pos[:, : n + m]
+
+
 @dataclass
 class KVCache:
     """Keys, values and key positions of earlier steps, one entry per layer.
@@ -179,9 +213,41 @@ class KVCache:
     # layer -> id() of the attention module that filled it: a cache is one model's, and another model reading it
     # (even of the same sizes) is refused instead of attending to foreign keys
     owners: dict[int, int] = field(default_factory=dict, repr=False)
+    # layer -> the preallocated storage behind that layer's entry (see :meth:`_append`)
+    _buffers: dict[int, _KVBuffer] = field(default_factory=dict, repr=False, compare=False)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
+
+    def _append(
+        self, layer: int, past: tuple[Tensor, Tensor, Tensor, Tensor | None], k: Tensor, v: Tensor, k_pos: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The cached keys, values and positions followed by the new ones (not stored: :meth:`update` does).
+
+        They are views of a per-layer buffer whose capacity doubles when full, so a step copies only its new
+        keys (amortised), not all of them as ``torch.cat`` does. The buffer is written in place only where that
+        is safe: no autograd through the keys, not while tracing, and only while ``past`` is exactly what the
+        buffer last handed out (a cache forked by copying its entries, e.g. :meth:`MultiHeadAttention.plan`'s, or
+        one rebuilt by hand gets a buffer of its own instead of overwriting the other's later slots).
+        """
+        pk, pv, ppos, _ = past
+        if ppos.shape[0] != k_pos.shape[0]:
+            nb = max(ppos.shape[0], k_pos.shape[0])
+            ppos, k_pos = ppos.expand(nb, -1), k_pos.expand(nb, -1)
+        n, m = pk.shape[2], k.shape[2]
+        if (
+            (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or pk.requires_grad or pv.requires_grad))
+            or torch.compiler.is_compiling()
+            or ppos.dtype != k_pos.dtype
+            or pv.shape[2] != n
+            or ppos.shape[1] != n
+        ):
+            return torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), torch.cat([ppos, k_pos], dim=1)
+        buf = self._buffers.get(layer)
+        if buf is None or not buf.holds(pk, pv, ppos, n + m):
+            buf = _KVBuffer(pk, pv, ppos, max(n + m + 64, 3 * (n + m) // 2))  # grows by half: amortised O(m)
+            self._buffers[layer] = buf
+        return buf.write(k, v, k_pos)
 
     def update(self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None = None) -> None:
         """Store all keys so far (rotated), their values, positions and segment ids (if any)."""
@@ -677,13 +743,7 @@ class MultiHeadAttention(AttentionCore):
                         f"KVCache holds (up to {last.max().item()}); positions must continue after the cached "
                         "ones (the default does): pass positions > the cached ones, or start a new posenc.KVCache()"
                     )
-            k = torch.cat([pk, k], dim=2)
-            v = torch.cat([pv, v], dim=2)
-            new_k_pos = ctx.k_pos
-            if ppos.shape[0] != new_k_pos.shape[0]:
-                nb = max(ppos.shape[0], new_k_pos.shape[0])
-                ppos, new_k_pos = ppos.expand(nb, -1), new_k_pos.expand(nb, -1)
-            ctx.k_pos = torch.cat([ppos, new_k_pos], dim=1)
+            k, v, ctx.k_pos = kv_cache._append(self.layer, past, k, v, ctx.k_pos)
             if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
                 ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
         kv_cache.update(self.layer, k, v, ctx.k_pos, ctx.k_segments)

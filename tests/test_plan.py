@@ -444,3 +444,50 @@ def test_kv_cache_with_autograd_keeps_gradients():
         return weighted(torch.cat(out, dim=1))
 
     assert_same(fast, ref, run)
+
+
+@pytest.mark.parametrize("heads_in_table", [False, True])
+def test_key_rows_dot_matches_the_gathered_formula(heads_in_table):
+    """The decoding form of a key term: runs of one row at either end (clipped / last-bucket distances) as
+    matrix-vector products, the rows between gathered; any index, monotone or not."""
+    from posenc.relative._skew import key_rows_dot
+
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(2, 3, 40, 5, generator=g, dtype=F64)[:, :, :37]  # a view, as a KV cache hands out
+    table = torch.randn(11, 3, 5, generator=g, dtype=F64) if heads_in_table else torch.randn(11, 5, dtype=F64)
+    clipped = (torch.arange(36, -1, -1) - 13).clamp(0, 10)  # 10 ... 10, 9 ... 1, 0 ... 0
+    cases = [clipped, torch.randint(0, 11, (37,), generator=g), torch.full((37,), 4), torch.arange(37) % 11]
+    for index in cases:
+        rows = table[index]
+        want = (
+            torch.einsum("bhjd,jhd->bhj", k, rows) if heads_in_table else torch.einsum("bhjd,jd->bhj", k, rows)
+        )
+        torch.testing.assert_close(key_rows_dot(k, table, index), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["transformer-xl", "xlnet"])
+def test_decoding_memo_of_projected_distances_follows_the_weights(name):
+    """``W_{k,R} R_d`` kept between decoding steps: rebuilt when the weights change in place or a distance falls
+    outside it, never used with autograd."""
+    fast, ref = pair(name)
+    for m in fast.modules():
+        if isinstance(m, PositionalEncoding):
+            m.fused_min_pairs = type(m).fused_min_pairs
+    fast.eval(), ref.eval()
+    kw = {"segment_ids": torch.zeros(2, 14, dtype=torch.long)} if name in NEEDS_SEGMENTS else {}
+
+    def decode(model):
+        cache, out = posenc.KVCache(), []
+        for t in range(14):
+            seg = {k: v[:, t : t + 1] for k, v in kw.items()}
+            out.append(model(TOKENS[:, t : t + 1], kv_cache=cache, **seg))
+        return torch.cat(out, dim=1)
+
+    with torch.no_grad():
+        torch.testing.assert_close(decode(fast), ref(TOKENS, **kw), rtol=1e-9, atol=1e-10)
+        for model in (fast, ref):
+            for m in model.modules():
+                if isinstance(m, PositionalEncoding):
+                    m.W_kR.weight.mul_(1.5)
+        torch.testing.assert_close(decode(fast), ref(TOKENS, **kw), rtol=1e-9, atol=1e-10)
+    assert any("_projected_memo" in m.__dict__ for m in fast.modules())

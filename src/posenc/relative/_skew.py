@@ -118,6 +118,8 @@ def key_table_term(k: Tensor, table: Tensor, index: Tensor) -> Tensor:
     lo, hi = used_rows(index, table.shape[0])
     lq, lk = index.shape[-2], index.shape[-1]
     heads = k.shape[1] if table.dim() == 3 else 1
+    if lq == 1 and index.shape[0] == 1 and 8 <= min(lk, hi - lo) and not torch.compiler.is_compiling():
+        return key_rows_dot(k, table.to(k.dtype), index[0, 0])[:, :, None]
     if (
         8 * lq <= min(lk, hi - lo)  # a few queries against many keys (never an L × L × d tensor)
         and index.shape[0] * lq * lk * heads * k.shape[-1] <= DIRECT_KEY_TERM_ELEMENTS
@@ -130,6 +132,45 @@ def key_table_term(k: Tensor, table: Tensor, index: Tensor) -> Tensor:
     t = table[lo:hi].to(k.dtype)
     scores = torch.einsum("bhjd,rd->bhjr", k, t) if t.dim() == 2 else torch.einsum("bhjd,rhd->bhjr", k, t)
     return gather_key_scores(scores, index - lo if lo else index)
+
+
+def _run_length(index: Tensor, value: int) -> int:
+    """How many leading entries of the 1-D ``index`` equal ``value``."""
+    other = index != value
+    return int(other.to(torch.uint8).argmax()) if bool(other.any()) else index.numel()
+
+
+def key_rows_dot(k: Tensor, table: Tensor, index: Tensor) -> Tensor:
+    """``out[b, h, j] = Σ_d k[b,h,j,d] · table[index[j], (h,) d]`` for one query: ``[B, H, Lk]``.
+
+    ``table`` is ``[R, Dh]`` or ``[R, H, Dh]``, ``index`` ``[Lk]`` and monotone (a decoding step's distances). The
+    runs of one row at either end (the distances a clip or the last bucket maps to one row) are one matrix-vector
+    product each; the rows between are gathered and multiplied element-wise (not a batched product of ``Lk``
+    one-by-one matrices, which einsum makes of it).
+    """
+    lk = index.shape[0]
+    first, last = (int(v) for v in index[[0, -1]].tolist())
+    a = _run_length(index, first)
+    z = lk - a if a == lk else _run_length(index.flip(0), last)
+    out = k.new_empty(k.shape[:3])
+
+    def ends(sl: slice, row: int) -> None:
+        r = table[row]  # [Dh] or [H, Dh]
+        if r.dim() == 1:
+            out[:, :, sl] = torch.matmul(k[:, :, sl], r)
+        else:
+            out[:, :, sl] = torch.einsum("bhjd,hd->bhj", k[:, :, sl], r)
+
+    if a:
+        ends(slice(0, a), first)
+    if z:
+        ends(slice(lk - z, lk), last)
+    if a + z < lk:
+        rows = table[index[a : lk - z]]  # [M, Dh] or [M, H, Dh]
+        if rows.dim() == 3:
+            rows = rows.transpose(0, 1)
+        out[:, :, a : lk - z] = (k[:, :, a : lk - z] * rows).sum(-1)
+    return out
 
 
 def value_table_term(probs: Tensor, table: Tensor, index: Tensor) -> Tensor:

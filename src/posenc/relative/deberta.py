@@ -65,7 +65,7 @@ from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows,
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
-from ._skew import DIRECT_KEY_TERM_ELEMENTS, arange_rows, offsets
+from ._skew import DIRECT_KEY_TERM_ELEMENTS, arange_rows, key_rows_dot, offsets
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
 P2C_OFFSETS = ("hf", "paper")
@@ -378,7 +378,10 @@ class DeBERTa(PositionalEncoding):
         if "p2c" in self.terms:
             assert q_r is not None
             few = 8 * lq <= min(lk, 2 * self.span)  # a few queries against many keys (never an L × L × d tensor)
-            if few and p2c_idx.shape[0] * lq * lk * h * self.head_dim <= DIRECT_KEY_TERM_ELEMENTS:
+            if few and lq == 1 and p2c_idx.shape[0] == 1:
+                # decoding: the far keys' bucket is one row (a matrix-vector product), the near ones gathered
+                add(key_rows_dot(k, q_r.to(k.dtype).transpose(0, 1), p2c_idx[0, 0])[:, :, None])
+            elif few and p2c_idx.shape[0] * lq * lk * h * self.head_dim <= DIRECT_KEY_TERM_ELEMENTS:
                 # a few queries (decoding): each pair's row of Q_r (Lq·Lk products, not Lk·2k)
                 rows = q_r.to(k.dtype)[:, p2c_idx].transpose(0, 1)  # [Bp, H, Lq, Lk, Dh]
                 add(torch.einsum("bhjd,bhijd->bhij", k, rows.expand(b, -1, -1, -1, -1)))

@@ -347,6 +347,27 @@ class TransformerXL(PositionalEncoding):
         """``W_{k,R} R_d``: ``[..., n_heads, head_dim]``."""
         return self.W_kR(self.R_rows(distances, dtype)).unflatten(-1, (self.n_heads, self.head_dim))
 
+    def _projected_span(self, lo: int, hi: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+        """``W_{k,R} R_d`` for the distances ``d = lo .. hi`` as ``[H, hi - lo + 1, Dh]``: a view of a table this
+        module keeps between calls without autograd (decoding), rebuilt (a half larger) when a distance falls
+        outside it or ``W_{k,R}`` changed (its version counter); ``None`` with autograd, in training or with
+        ``clamp_len`` (the caller then projects per call)."""
+        if torch.is_grad_enabled() or self.training or self.clamp_len is not None:
+            return None
+        w = self.W_kR.weight
+        key = (id(w), w._version, dtype, device)
+        memo = self.__dict__.get("_projected_memo")
+        if memo is None or memo[0] != key or lo < memo[1] or hi >= memo[1] + memo[2].shape[1]:
+            pad = max(64, (hi - lo + 1) // 2)
+            new_lo, new_hi = (lo if lo >= 0 else lo - pad), hi + pad
+            if memo is not None and memo[0] == key:
+                new_lo, new_hi = min(new_lo, memo[1]), max(new_hi, memo[1] + memo[2].shape[1] - 1)
+            d = torch.arange(new_lo, new_hi + 1, device=device)
+            table = self.projected_R(d, dtype).permute(1, 0, 2).contiguous()  # [H, N, Dh]
+            memo = (key, new_lo, table, w)  # w kept alive: its id stays its own
+            self.__dict__["_projected_memo"] = memo
+        return memo[2][:, lo - memo[1] : hi - memo[1] + 1]
+
     def position_terms(self, q: Tensor, ctx: AttentionContext) -> Tensor:
         """Terms (b) + (d): ``(q_i + v) · W_{k,R} R_{i-j}``, ``[B, H, Lq, Lk]``.
 
@@ -357,6 +378,11 @@ class TransformerXL(PositionalEncoding):
         qv = q + self.v[:, None, :].to(q.dtype)
         if not ctx.reference and q.shape[2] < self.head_dim:
             terms = RelativeTerms.get(ctx)
+            if terms.mode == "shift" and terms.distances.shape[0] == 1 and not torch.compiler.is_compiling():
+                hi, lo = int(terms.distances[0, 0]), int(terms.distances[0, -1])
+                kept = self._projected_span(lo, hi, q.dtype, q.device)
+                if kept is not None:  # decoding: W_{k,R} R_d kept between steps, Dh products per head and distance
+                    return relative_shift(torch.matmul(qv, kept.transpose(-1, -2)).flip(-1), terms.lk)
             if terms.mode in ("shift", "gather"):
                 w = self.W_kR.weight.to(q.dtype).view(self.n_heads, self.head_dim, self.d_model)
                 qw = torch.einsum("bhid,hdm->bhim", qv, w)  # [B, H, Lq, d_model]

@@ -812,7 +812,7 @@ class MultiHeadAttention(AttentionCore):
             lq=lq,
             lk=lk,
             device=x.device,
-            causal=causal,
+            causal=causal and lq > 1,  # one query (a decoding step) sees every key: an all-True mask is none
             attention_mask=attention_mask,
             document_ids=document_ids,
             mask=mask,

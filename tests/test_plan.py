@@ -459,9 +459,7 @@ def test_key_rows_dot_matches_the_gathered_formula(heads_in_table):
     cases = [clipped, torch.randint(0, 11, (37,), generator=g), torch.full((37,), 4), torch.arange(37) % 11]
     for index in cases:
         rows = table[index]
-        want = (
-            torch.einsum("bhjd,jhd->bhj", k, rows) if heads_in_table else torch.einsum("bhjd,jd->bhj", k, rows)
-        )
+        want = torch.einsum("bhjd,jhd->bhj", k, rows) if heads_in_table else torch.einsum("bhjd,jd->bhj", k, rows)
         torch.testing.assert_close(key_rows_dot(k, table, index), want, rtol=1e-12, atol=1e-12)
 
 
@@ -491,3 +489,21 @@ def test_decoding_memo_of_projected_distances_follows_the_weights(name):
                     m.W_kR.weight.mul_(1.5)
         torch.testing.assert_close(decode(fast), ref(TOKENS, **kw), rtol=1e-9, atol=1e-10)
     assert any("_projected_memo" in m.__dict__ for m in fast.modules())
+
+
+def test_dynamic_bias_decoding_memo_follows_the_weights():
+    fast, ref = pair("dynamic-bias")
+    fast.eval(), ref.eval()
+
+    def decode(model):
+        cache = posenc.KVCache()
+        return torch.cat([model(TOKENS[:, t : t + 1], kv_cache=cache) for t in range(14)], dim=1)
+
+    with torch.no_grad():
+        torch.testing.assert_close(decode(fast), ref(TOKENS), rtol=1e-9, atol=1e-10)
+        for model in (fast, ref):
+            for m in model.modules():
+                if isinstance(m, PositionalEncoding):
+                    m.mlp[0].bias.add_(0.5)
+        torch.testing.assert_close(decode(fast), ref(TOKENS), rtol=1e-9, atol=1e-10)
+    assert any("_distance_memo" in m.__dict__ for m in fast.modules())

@@ -101,11 +101,37 @@ class DynamicPositionBias(PositionalEncoding):
         sizes.pop("d_model", None)  # only sets the MLP's default width: any model width works
         super().check_sizes(**sizes)
 
+    def _kept_span(self, ctx: AttentionContext, p: int) -> Tensor | None:
+        """The MLP at the distances ``i - j`` of a contiguous call, ``[H, P]`` in ``-offsets`` order, from a table
+        this module keeps between calls without autograd (decoding: no ``Lk``-row MLP per layer and step), rebuilt
+        (a half larger) when a distance falls outside it or a weight changed (version counters); ``None`` with
+        autograd, in training, or for a call of many queries (the table would be built for one use)."""
+        if torch.is_grad_enabled() or self.training or ctx.q_pos.shape[-1] > 16 or torch.compiler.is_compiling():
+            return None
+        params = list(self.mlp.parameters())
+        key = tuple((id(t), t._version, t.dtype, t.device) for t in params)
+        top = int(ctx.q_pos[0, -1] - ctx.k_pos[0, 0])  # the largest i - j; then down by one, P of them
+        lo, hi = top - p + 1, top
+        memo = self.__dict__.get("_distance_memo")
+        if memo is None or memo[0] != key or lo < memo[1] or hi >= memo[1] + memo[2].shape[1]:
+            pad = max(64, p // 2)
+            new_lo, new_hi = (lo if lo >= 0 else lo - pad), hi + pad
+            if memo is not None and memo[0] == key:
+                new_lo, new_hi = min(new_lo, memo[1]), max(new_hi, memo[1] + memo[2].shape[1] - 1)
+            d = torch.arange(new_lo, new_hi + 1, device=ctx.q_pos.device)
+            memo = (key, new_lo, self.of_distance(d).t().contiguous(), params)  # [H, N]; params kept: ids stay
+            self.__dict__["_distance_memo"] = memo
+        return memo[2][:, lo - memo[1] : hi - memo[1] + 1].flip(-1)
+
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"dynamic-bias was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
         if not ctx.reference and arange_rows(ctx):  # offset-only: Lq + Lk - 1 MLP rows laid out as a Toeplitz matrix
-            return toeplitz(self.of_distance(-offsets(ctx)).t(), ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+            lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
+            kept = self._kept_span(ctx, lq + lk - 1)
+            if kept is not None:
+                return toeplitz(kept, lq, lk)
+            return toeplitz(self.of_distance(-offsets(ctx)).t(), lq, lk)
         delta = -ctx.relative()  # i - j, [B, Lq, Lk]
         if ctx.reference:
             return self.of_distance(delta).permute(0, 3, 1, 2)

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import inspect
 import json
@@ -146,15 +147,15 @@ def cache_folder() -> Path | None:
     return root / "bench-base"
 
 
-def _source_hash(*objs: Any) -> str:
-    h = hashlib.sha256()
-    for obj in objs:
-        module = sys.modules[obj.__module__] if not inspect.ismodule(obj) else obj
-        try:
-            h.update(inspect.getsource(module).encode())
-        except (OSError, TypeError):  # no source (a notebook): the class's name only
-            h.update(repr(obj).encode())
-    return h.hexdigest()[:16]
+@functools.cache
+def _module_hash(module_name: str) -> str:
+    """A hash of a module's source, read once per process (an edit while a suite runs does not change it)."""
+    module = sys.modules[module_name]
+    try:
+        text = inspect.getsource(module)
+    except (OSError, TypeError):  # no source (a notebook): the module's name only
+        text = module_name
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def base_key(task: Task, cfg: RunConfig, extra: dict[str, Any]) -> str:
@@ -170,7 +171,7 @@ def base_key(task: Task, cfg: RunConfig, extra: dict[str, Any]) -> str:
         **{k: getattr(cfg, k) for k in ("steps", "batch_size", "d_model", "n_layers", "n_heads", "d_ff", "lr")},
         "extra": extra,
         "torch": torch.__version__.split("+")[0],
-        "source": _source_hash(sys.modules[__name__], type(task)),
+        "source": [_module_hash(__name__), _module_hash(type(task).__module__)],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

@@ -157,3 +157,17 @@ def test_lm_extension_task_runs():
     assert set(rec["metrics"]) == {"16", "32"} and all(1 < v < 10 * vocab for v in rec["metrics"].values())
     assert rec["metric"] == "perplexity" and rec["higher_is_better"] is False
     assert ce.ShakespeareExtension().chance(cfg, "16") == float(vocab)
+
+
+def test_the_report_says_a_fine_tuned_run_was_trained_up_to_the_fine_tuning_length():
+    from posenc.bench import RunConfig
+    from posenc.bench.api import get_task
+
+    task = get_task("shakespeare-ctx-ext")
+    plain = RunConfig(task="shakespeare-ctx-ext", encoding="rope-yarn", train_lengths=(64, 64), test_lengths=(64,))
+    tuned = RunConfig(
+        task="shakespeare-ctx-ext", encoding="rope-yarn", train_lengths=(64, 64), test_lengths=(64,),
+        task_options={"finetune_steps": 5, "finetune_factor": 4},
+    )
+    assert task.training_lengths(plain) == (64, 64)
+    assert task.training_lengths(tuned) == (64, 256)

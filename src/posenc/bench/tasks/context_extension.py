@@ -294,6 +294,13 @@ class ExtensionTask(Task):
     def train_length(self, cfg: RunConfig) -> int:
         return cfg.train_lengths[1]
 
+    def training_lengths(self, cfg: RunConfig) -> tuple[int, int] | None:
+        """What the report says the model was trained on: ``L``, or up to ``finetune_factor × L`` when fine-tuned."""
+        L = self.train_length(cfg)
+        opts = self.options(cfg)
+        top = int(round(opts["finetune_factor"] * L)) if opts["finetune_steps"] else L
+        return (cfg.train_lengths[0], top)
+
     def base_extra(self, cfg: RunConfig) -> dict[str, Any]:
         """Task options that change the base model (part of its cache key)."""
         return {}

@@ -111,5 +111,10 @@ for step in range(1, a.steps + 1):
     if step % a.every == 0 or step == a.steps:
         evaluate(step)
 out = dict(args=vars(a), curve=curve, accs=accs, seconds=round(time.perf_counter() - t0, 1))
+# T5's learned bias table (one scalar per head and distance bucket): how far did training move it?
+for name, prm in model.named_parameters():
+    if "relative_attention_bias" in name:
+        out["t5_bias"] = [[round(v, 3) for v in row] for row in prm.detach().t().tolist()]
+        print("t5 bias by head (buckets 0..):", out["t5_bias"])
 json.dump(out, open(os.path.join(os.environ.get("DIAG_OUT", "."), f"{a.tag}.json"), "w"))
 print("done", a.tag, out["seconds"])

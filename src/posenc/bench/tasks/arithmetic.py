@@ -57,6 +57,9 @@ class AdditionTask(SeqTask):
     description = "add two N-digit numbers written with index hints, least significant digit first (Zhou et al. 2024)"
     default_model = "decoder"
     defaults = {"hints": 0, "index_hints": True}
+    # decoder runs read a BOS token first since 2026-11-23 (docs/diagnosis-kazemnejad.md): runs stored before
+    # have other keys and are trained again, not reused
+    version = "bos"
 
     def check_options(self, cfg: RunConfig, opts: dict[str, Any]) -> None:
         longest = max(max(cfg.test_lengths), cfg.train_lengths[1])

@@ -39,6 +39,9 @@ class StringTask(SeqTask):
 
     default_model = "encoder"
     default_symbols: ClassVar[int] = 2
+    # decoder runs read a BOS token first since 2026-11-23 (docs/diagnosis-kazemnejad.md): runs stored before
+    # have other keys and are trained again, not reused
+    version = "bos"
     max_symbols: ClassVar[int] = 64
     #: extra tokens after the symbols (answer or mask tokens)
     extra_tokens: ClassVar[int] = 0

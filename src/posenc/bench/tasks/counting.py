@@ -48,6 +48,9 @@ class CountingTask(SeqTask):
     description = "a program of set/pass/increment statements: the printed variable's value (CoPE's counting task)"
     metric = "accuracy"
     default_model = "decoder"
+    # decoder runs read a BOS token first since 2026-11-23 (docs/diagnosis-kazemnejad.md): runs stored before
+    # have other keys and are trained again, not reused
+    version = "bos"
     multi_token = False
     defaults = {"vars": 3, "max_value": 10, "weights": (1.0, 10.0, 3.0)}
 

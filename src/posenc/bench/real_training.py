@@ -16,7 +16,6 @@ is predicted exactly once (:func:`nonoverlapping_windows`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError
 from .api import OnStep
 from .runner import RunConfig
+from .steps import one_cycle, optimise
 
 # --------------------------------------------------------------------------- options
 
@@ -91,32 +91,11 @@ def train_loop(
     """
     g = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    if cfg.steps >= 20:
-        sched: Any = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-    else:  # OneCycleLR's warm-up has no length (division by zero at 10 steps): a constant rate
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    curve: list[list[float]] = []
-    running = 0.0
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(1, cfg.steps + 1):
-        loss = batch_loss(step, g)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        value = loss.item()
-        if not math.isfinite(value):
-            curve.append([step, value])
-            break
-        running = value if step == 1 else 0.9 * running + 0.1 * value
-        if step % 25 == 0 or step == cfg.steps:
-            curve.append([step, running])
-        if on_step is not None:
-            on_step(step, value)
+    curve, seconds = optimise(
+        model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, lambda step: batch_loss(step, g), on_step=on_step
+    )
     model.eval()
-    return {"curve": curve, "train_seconds": round(time.perf_counter() - t0, 2)}
+    return {"curve": curve, "train_seconds": round(seconds, 2)}
 
 
 class EpochSampler:

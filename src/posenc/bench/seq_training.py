@@ -33,9 +33,7 @@ hints). Every run is a pure function of its configuration.
 
 from __future__ import annotations
 
-import math
 import random
-import time
 from collections import Counter
 from typing import Any, ClassVar
 
@@ -48,6 +46,7 @@ from ..errors import ConfigError
 from ..models import LanguageModel, TokenTagger
 from .api import OnStep, Task
 from .runner import RunConfig
+from .steps import one_cycle, optimise
 
 PAD, SEP, OUT = 0, 1, 2
 #: the decoder's start-of-sequence token: the id of the encoder's output slots, which a decoder never reads
@@ -290,36 +289,13 @@ def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnSt
     model = build_model(cfg, vocab, max_len)
     collate = decoder_batch if cfg.model == "decoder" else encoder_batch
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    # one-cycle schedule (10% warm-up); runs too short for a warm-up step keep the learning rate constant
-    sched = (
-        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-        if cfg.steps >= 20
-        else None
-    )
-    curve: list[list[float]] = []
-    running = 0.0
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(1, cfg.steps + 1):
+
+    def loss_at(step: int) -> Tensor:
         tokens, mask, targets = collate(task.make(cfg.batch_size, cfg.train_lengths, rng, opts))
         logits = model(tokens, attention_mask=mask)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        value = loss.item()
-        if not math.isfinite(value):
-            curve.append([step, value])
-            break
-        running = value if step == 1 else 0.9 * running + 0.1 * value
-        if step % 25 == 0 or step == cfg.steps:
-            curve.append([step, running])
-        if on_step is not None:
-            on_step(step, value)
-    train_s = time.perf_counter() - t0
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+    curve, train_s = optimise(model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, loss_at, on_step=on_step)
     metrics: dict[str, Any] = {}
     for n in cfg.test_lengths:
         examples = task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)

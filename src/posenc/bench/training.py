@@ -7,8 +7,6 @@ is the plain single-process loop.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +18,7 @@ from ..models import SequenceClassifier
 from .api import OnStep
 from .executors import ddp_wrap, mean_over_ranks, shard
 from .runner import RunConfig
+from .steps import one_cycle, optimise
 
 # make(n, (min_len, max_len), generator) -> (tokens [N, L], attention_mask [N, L], labels [N])
 MakeBatch = Callable[[int, tuple[int, int], torch.Generator], tuple[Tensor, Tensor, Tensor]]
@@ -64,31 +63,14 @@ def train_classifier(
     model = classifier_for(cfg, vocab_size, n_classes)
     trained = ddp_wrap(model)  # the model itself unless torch.distributed is initialised
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    if cfg.steps >= 20:
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.steps, pct_start=0.1)
-    else:  # OneCycleLR divides by zero for some short schedules (e.g. 10 steps): a constant rate
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    curve: list[list[float]] = []
-    running = 0.0
-    t0 = time.perf_counter()
-    model.train()
-    for step in range(1, cfg.steps + 1):
+
+    def loss_at(step: int) -> Tensor:
         tokens, mask, labels = shard(*make(cfg.batch_size, cfg.train_lengths, g))
-        loss = F.cross_entropy(trained(tokens, attention_mask=mask), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        value = mean_over_ranks(loss.item())
-        if not math.isfinite(value):
-            break
-        running = value if step == 1 else 0.9 * running + 0.1 * value
-        if step % 25 == 0 or step == cfg.steps:
-            curve.append([step, running])
-        if on_step is not None:
-            on_step(step, value)
-    train_s = time.perf_counter() - t0
+        return F.cross_entropy(trained(tokens, attention_mask=mask), labels)
+
+    curve, train_s = optimise(
+        model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, loss_at, on_step=on_step, reduce=mean_over_ranks
+    )
     metrics: dict[str, Any] = {}
     for n in cfg.test_lengths:
         try:

@@ -71,11 +71,9 @@ import functools
 import hashlib
 import inspect
 import json
-import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +88,7 @@ from ...rotary.scaling import ScaledRoPE
 from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
 from ..runner import RunConfig
+from ..steps import optimise
 from .lm import encoded_lm
 
 #: the RoPE scalings of the suite (any ScaledRoPE works; these are the ones compared)
@@ -243,26 +242,9 @@ def finetune(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warm))
-    curve: list[list[float]] = []
-    t0 = time.perf_counter()
-    model.train()
-    running = 0.0
-    for step in range(1, steps + 1):
-        loss = batch_loss(g)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        value = loss.item()
-        if not math.isfinite(value):
-            curve.append([step, value])
-            break
-        running = value if step == 1 else 0.9 * running + 0.1 * value
-        if step % 10 == 0 or step == steps:
-            curve.append([step, running])
+    curve, seconds = optimise(model, opt, sched, steps, lambda step: batch_loss(g), every=10)
     model.eval()
-    return {"curve": curve, "seconds": round(time.perf_counter() - t0, 2)}
+    return {"curve": curve, "seconds": round(seconds, 2)}
 
 
 class ExtensionTask(Task):

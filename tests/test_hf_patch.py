@@ -313,8 +313,10 @@ def test_sizes_that_do_not_match_the_model_are_refused_before_anything_runs():
     model = llama()
     with pytest.raises(ConfigError, match=r"head_dim=32 does not match .*head_dim=16"):
         hf.patch(model, "rope", head_dim=32)
-    with pytest.raises(ConfigError, match=r"built with n_heads=8.*n_heads=4"):
+    with pytest.raises(ConfigError, match=r"n_heads=8.*n_heads=4"):
         hf.patch(model, posenc.get("alibi", n_heads=8))
+    with pytest.raises(ConfigError, match=r"d_model=32.*d_model=64"):  # an embedding-only encoding too
+        hf.patch(model, posenc.get("sinusoidal", d_model=32))
     assert hf.patched(model) is None
 
 

@@ -170,7 +170,6 @@ class PosencPatch(nn.Module):
         self.rotary_mode = "none"  # "cos-sin": HF rotates with the encoding's phases; "identity": posenc does
         self.previous_attention: str | None = None
         self.handles: list[Any] = []
-        self.core_of: dict[int, AttentionCore] = {}
         self.positions: Tensor | None = None  # of the forward in progress (after the `positions` hook)
         self.forward_cache: dict = {}
         self.embedded = False
@@ -243,14 +242,8 @@ def _build_encoding(
     if isinstance(encoding, PositionalEncoding):
         if options:
             raise ConfigError("pass encoding options only with an encoding name, not with an encoding instance")
-        for key in ("d_model", "n_heads", "head_dim"):
-            value = encoding.params.get(key)
-            if value is not None and value != dims[key]:
-                raise ConfigError(
-                    f"{encoding.info.name} was built with {key}={value}, but this {type(model).__name__} has "
-                    f"{key}={dims[key]}; build it with {key}={dims[key]} (or pass its name and posenc.hf fills "
-                    "the model's sizes in)"
-                )
+        # the check posenc's own attention and models make (and that an embedding-only encoding would not meet)
+        encoding.check_sizes(**{k: dims[k] for k in ("d_model", "n_heads", "head_dim", "vocab_size")})
         return encoding, encoding.info.name, {k: v for k, v in encoding.params.items() if k not in dims}
     cls = resolve(encoding)
     for key in set(options) & set(MODEL_DIMENSIONS):
@@ -322,7 +315,6 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
                 layer=int(getattr(attn, "layer_idx", None) or i),
             )
             state.cores.append(core)
-            state.core_of[id(attn)] = core
     base.add_module("posenc", state)
     try:
         _install(model, base, family, state, rotary, attns, in_attention)
@@ -347,8 +339,8 @@ def _install(model, base, family, state, rotary, attns, in_attention) -> None:
     if rotary is not None:
         state.handles.append(rotary.register_forward_hook(_rotary_output(state), with_kwargs=True))
     if in_attention:
-        for attn in attns:
-            object.__setattr__(attn, "_posenc_core", state.core_of[id(attn)])
+        for attn, core in zip(attns, state.cores, strict=True):
+            object.__setattr__(attn, "_posenc_core", core)
             object.__setattr__(attn, "_posenc_patch", state)
         _register_attention()
         state.previous_attention = model.config._attn_implementation
@@ -547,12 +539,17 @@ def posenc_attention(
         query, key = enc.rotate(query, key, ctx)
     ctx.contiguous = contiguous_positions(q_pos, k_pos, cache)
     causal = bool(getattr(module, "is_causal", False)) and lk >= lq
-    if attention_mask is None:
-        allowed = build_mask(batch=b, lq=lq, lk=lk, device=query.device, causal=causal)
-        padding = False
-    else:
-        allowed = _allowed(attention_mask[..., :lk])
-        padding = True
+    padding = attention_mask is not None
+    # every layer of a forward gets the same mask (the same tensor from transformers): made once per forward
+    mask_key = ("hf-mask", id(attention_mask), b, lq, lk, causal, query.device)
+    allowed = cache.get(mask_key, False)
+    if allowed is False:
+        if attention_mask is None:
+            allowed = build_mask(batch=b, lq=lq, lk=lk, device=query.device, causal=causal)
+        else:
+            allowed = _allowed(attention_mask[..., :lk])
+        cache[mask_key] = allowed
+        cache[("hf-mask-source", id(attention_mask))] = attention_mask  # keeps the id from being reused
     ctx.mask = allowed
     call = _Call(
         query, key, value, ctx, allowed, plain_causal=causal and not padding and lq == lk, causal=causal,

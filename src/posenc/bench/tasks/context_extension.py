@@ -260,8 +260,21 @@ class ExtensionTask(Task):
     DEFAULTS: dict[str, Any] = {"finetune_steps": 0, "finetune_factor": 4, "finetune_lr": 3e-4}
 
     # ---- to override
-    def build(self, cfg: RunConfig, encoding: str, options: dict[str, Any]) -> LanguageModel:
+    def vocab_size(self, cfg: RunConfig) -> int:
         raise NotImplementedError
+
+    def build(self, cfg: RunConfig, encoding: str, options: dict[str, Any]) -> LanguageModel:
+        """The run's causal LM with ``encoding`` (the model sizes of ``cfg``, positions up to the longest test)."""
+        return LanguageModel(
+            self.vocab_size(cfg),
+            encoding=encoding,
+            encoding_options=options or None,
+            d_model=cfg.d_model,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            d_ff=cfg.d_ff,
+            max_len=max(cfg.test_lengths),
+        )
 
     def train_loss(self, model: LanguageModel, cfg: RunConfig, step: int, g: torch.Generator) -> Tensor:
         raise NotImplementedError
@@ -386,17 +399,8 @@ class LMExtensionTask(ExtensionTask):
         except Exception:
             return None
 
-    def build(self, cfg: RunConfig, encoding: str, options: dict[str, Any]) -> LanguageModel:
-        return LanguageModel(
-            encoded_lm(self.dataset)[0],
-            encoding=encoding,
-            encoding_options=options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            max_len=max(cfg.test_lengths),
-        )
+    def vocab_size(self, cfg: RunConfig) -> int:
+        return encoded_lm(self.dataset)[0]
 
     def train_loss(self, model: LanguageModel, cfg: RunConfig, step: int, g: torch.Generator) -> Tensor:
         train = encoded_lm(self.dataset)[1]["train"]

@@ -123,17 +123,8 @@ class Passkey(ExtensionTask):
     def base_extra(self, cfg: RunConfig) -> dict[str, Any]:
         return {"digits": self.options(cfg)["digits"]}
 
-    def build(self, cfg: RunConfig, encoding: str, options: dict[str, Any]) -> LanguageModel:
-        return LanguageModel(
-            len(VOCAB),
-            encoding=encoding,
-            encoding_options=options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            max_len=max(cfg.test_lengths),
-        )
+    def vocab_size(self, cfg: RunConfig) -> int:
+        return len(VOCAB)
 
     def _loss(self, model: LanguageModel, lo: int, hi: int, rows: int, digits: int, g: torch.Generator) -> Tensor:
         n = int(torch.randint(lo, hi + 1, (1,), generator=g))

@@ -446,3 +446,19 @@ def test_output_attentions_gives_the_probabilities():
         torch.testing.assert_close(a.sum(-1), torch.ones(2, 4, 8))
         assert a.triu(1).abs().max() == 0  # causal
     torch.testing.assert_close(out.logits, logits(model, x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "xpos", "transformer-xl"])
+def test_the_fast_kernels_give_the_reference_paths_numbers_and_gradients(name):
+    fast, ref = llama(), llama()
+    hf.patch(fast, name)
+    hf.patch(ref, name, path="reference")
+    ref.load_state_dict(fast.state_dict())
+    x = tokens(n=40)
+    a, b = fast(x, labels=x), ref(x, labels=x)
+    torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    a.loss.backward()
+    b.loss.backward()
+    for (n, p), q in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=n)
+    assert all(core.last_plan.kernel == "materialised" for core in hf.patched(ref).cores)

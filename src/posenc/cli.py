@@ -1,4 +1,4 @@
-"""The ``posenc`` command line: ``list``, ``bench``, ``inspect``, ``info``, ``readme-table``."""
+"""The ``posenc`` command line: ``list``, ``bench``, ``results``, ``inspect``, ``info``, ``readme-table``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ examples:
   posenc list --markdown              the same as a Markdown table
   posenc bench                        the quick suite: train, extrapolate, leaderboard, report
   posenc bench --list-suites          the paper reproductions (alibi, tener, chomsky ...)
+  posenc results --write docs/results.md   the results page of every suite, from the committed data
   posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
   posenc inspect rope                 measured properties and pictures of one encoding
   posenc info                         versions, threads, and whether the compiled CPU kernels are in use
@@ -97,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=readme_table.run)
 
     from .bench import cli as bench_cli
+    from .bench import results_page
 
     bench_cli.add_parser(sub)
+    results_page.add_parser(sub)
 
     try:
         from .analysis import cli as inspect_cli

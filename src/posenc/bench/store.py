@@ -9,6 +9,9 @@
   their own; they do not count as finished and are tried again next time.
 * A ``results.jsonl`` left by an older posenc beside the store is imported once
   (rows already in the store win); the old file is left as it was.
+* :meth:`SQLiteStore.export_jsonl` writes the runs (with the time each finished) and the
+  failures as text, sorted by key, for committing (``docs/results/data``);
+  :meth:`SQLiteStore.import_jsonl` reads that file back.
 
 * Two processes on one store share the work: a process *claims* a run
   (:class:`Claims`: a file ``<store>.claims/<key>.<n>.claim`` naming its owner's
@@ -41,6 +44,9 @@ from typing import Any
 from ..errors import PosencError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+#: the keys :meth:`SQLiteStore.export_jsonl` adds to a line: when a run was stored; that a line is a failure
+FINISHED_AT = "finished_at"
+FAILED = "failed"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     key TEXT PRIMARY KEY,
@@ -492,10 +498,15 @@ class SQLiteStore:
             )
 
     def import_records(self, records: Iterable[dict[str, Any]]) -> int:
-        """Add records not yet stored (one transaction); return how many were new."""
+        """Add records not yet stored (one transaction); return how many were new.
+
+        A record with a ``finished_at`` (as :meth:`export_records` writes them) is stored as finished at
+        that time, and without that key (as it was before the export)."""
         before = len(self)
         with self._write() as conn:
             for rec in records:
+                rec = dict(rec)
+                finished = rec.pop(FINISHED_AT, None)
                 cfg = rec["config"]
                 conn.execute(
                     "INSERT OR IGNORE INTO runs (key, task, encoding, seed, label, finished_at, payload) "
@@ -506,16 +517,43 @@ class SQLiteStore:
                         cfg["encoding"],
                         int(cfg["seed"]),
                         rec.get("label"),
-                        time.time(),
+                        time.time() if finished is None else float(finished),
                         json.dumps(rec),
                     ),
                 )
         return len(self) - before
 
+    def import_failures(self, failures: Iterable[dict[str, Any]]) -> int:
+        """Add failures (as :meth:`failures` gives them) of runs neither stored nor failed yet; return how many."""
+        n = 0
+        with self._write() as conn:
+            for f in failures:
+                cfg = f["config"]
+                if conn.execute("SELECT 1 FROM runs WHERE key = ?", (f["key"],)).fetchone() is not None:
+                    continue
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO failures (key, task, encoding, seed, label, failed_at, error, config) "
+                    "VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        f["key"],
+                        cfg["task"],
+                        cfg["encoding"],
+                        int(cfg["seed"]),
+                        f.get("label"),
+                        float(f.get("failed_at") or time.time()),
+                        str(f["error"]),
+                        json.dumps(cfg),
+                    ),
+                )
+                n += cur.rowcount
+        return n
+
     def import_jsonl(self, path: str | Path) -> int:
-        """Import the finished runs of an old ``results.jsonl`` (a cut-short last line is skipped)."""
+        """Import the finished runs of an old ``results.jsonl``, or of a file :meth:`export_jsonl` wrote
+        (its failures too), and return how many runs were new. A cut-short last line is skipped."""
         path = Path(path)
         records = []
+        failed = []
         lines = path.read_text().splitlines()
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
@@ -530,8 +568,31 @@ class SQLiteStore:
                     f"{path} line {lineno} is corrupt ({exc}); the SQLite store {self.path} was not changed. "
                     f"Fix or move away {path} (its finished runs are imported into the store when it reads cleanly)"
                 ) from None
-            records.append(rec)
-        return self.import_records(records)
+            if rec.get(FAILED) is True:
+                failed.append({k: v for k, v in rec.items() if k != FAILED})
+            else:
+                records.append(rec)
+        n = self.import_records(records)
+        if failed:
+            self.import_failures(failed)
+        return n
+
+    def export_records(self, keys: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The lines of :meth:`export_jsonl`: every finished run (its record with ``finished_at``, the Unix time
+        it was stored), then every failure (``failed: true``, with ``error`` and ``failed_at``), each sorted by
+        key. ``keys``: only these runs and failures."""
+        want = None if keys is None else set(keys)
+        with self._errors():
+            runs = self.connection.execute("SELECT key, finished_at, payload FROM runs ORDER BY key").fetchall()
+        out = [{**json.loads(p), FINISHED_AT: float(t)} for k, t, p in runs if want is None or k in want]
+        fails = sorted(self.failures(), key=lambda f: f["key"])
+        out += [{**f, FAILED: True} for f in fails if want is None or f["key"] in want]
+        return out
+
+    def export_jsonl(self, path: str | Path, keys: Iterable[str] | None = None) -> int:
+        """Write :meth:`export_records` to ``path``, one JSON object a line (the same text for the same store);
+        return how many lines. :meth:`import_jsonl` reads it back, times included."""
+        return write_jsonl(path, self.export_records(keys))
 
     # -- reading ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -588,6 +649,15 @@ class SQLiteStore:
         return [
             {"key": k, "label": lab, "error": e, "config": json.loads(c), "failed_at": t} for k, lab, e, c, t in rows
         ]
+
+
+def write_jsonl(path: str | Path, lines: Iterable[dict[str, Any]]) -> int:
+    """Write ``lines`` to ``path`` (folders made), one JSON object a line, in the order given; return how many."""
+    lines = list(lines)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in lines), encoding="utf-8")
+    return len(lines)
 
 
 def open_store(store: str | Path | SQLiteStore, **kw: Any) -> SQLiteStore:

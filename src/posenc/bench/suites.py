@@ -7,6 +7,7 @@ A suite file (see ``docs/bench.md`` and the built-in ones in ``posenc/bench/suit
     tasks = ["order"]
     seeds = [0, 1, 2]
     encodings = ["rope", {name = "alibi", label = "ALiBi"}, {name = "shaw", options = {max_relative_position = 4}}]
+    measured = "42 min with --workers 2 on 2 shared vCPUs, 2026-11-24"   # optional, free text
 
     [settings]                      # shared RunConfig fields
     steps = 300
@@ -22,6 +23,12 @@ A suite file (see ``docs/bench.md`` and the built-in ones in ``posenc/bench/suit
     source = "..."; metric = "..."; note = "..."; columns = [...]
     rows = {rope = [...], alibi = [...]}
 
+    [[findings]]                    # optional: a verdict per finding of the paper (docs/results.md)
+    finding = "ALiBi stays flat beyond the training length"
+    verdict = "reproduced"          # or "partly", "not reproduced", "inconclusive"
+    evidence = "ptb-lm: 512 within 5 % of 64"
+    written = "2026-11-24"          # the date (UTC) the verdict was written
+
 Every name and setting is checked when the file is loaded: unknown keys, tasks
 and encodings (with close matches), impossible lengths, encoding options that
 the encoding does not take, and an encoding that cannot reach the longest test
@@ -31,6 +38,7 @@ length (e.g. ``learned`` with ``max_len`` below it).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import tomllib
 from dataclasses import dataclass, field
@@ -42,10 +50,26 @@ from ..errors import ConfigError, PosencError, PositionError, UnknownNameError
 from ..registry import resolve
 from .runner import Job, RunConfig, default_label
 
-TOP_KEYS = ("name", "description", "paper", "tasks", "encodings", "seeds", "settings", "grid", "published", "notes")
+TOP_KEYS = (
+    "name",
+    "description",
+    "paper",
+    "tasks",
+    "encodings",
+    "seeds",
+    "settings",
+    "grid",
+    "published",
+    "notes",
+    "measured",
+    "findings",
+)
 GRID_KEYS = ("name", "tasks", "encodings", "seeds", "settings")
 ENCODING_KEYS = ("name", "label", "options")
 PUBLISHED_KEYS = ("source", "metric", "note", "columns", "rows", "text", "task", "higher_is_better")
+FINDING_KEYS = ("finding", "verdict", "evidence", "written")
+#: the verdicts a finding may have (``[[findings]]``), in the order the results page counts them
+VERDICTS = ("reproduced", "partly", "not reproduced", "inconclusive")
 PER_RUN = ("task", "encoding", "seed", "encoding_options", "task_version")
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in PER_RUN)
 
@@ -65,6 +89,68 @@ class EncodingSpec:
     name: str
     label: str
     options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A verdict on one finding of the paper a suite reproduces (``[[findings]]`` in the suite file).
+
+    ``written`` is when the verdict was written: an ISO date (``"2026-11-24"``, a UTC day) or
+    date and time (``"2026-11-24T18:30"``, UTC unless it carries an offset). The results page
+    warns when the suite has runs that finished after it.
+    """
+
+    finding: str
+    verdict: str
+    evidence: str = ""
+    written: str = ""
+
+    def written_before(self, when: datetime.datetime) -> bool:
+        """Whether the verdict was written before ``when`` (an aware datetime): a date counts as its whole
+        UTC day, so only a run of a later day makes a verdict dated by day stale."""
+        w = _written(self.written)
+        if isinstance(w, datetime.datetime):
+            return w < when
+        return w < when.astimezone(datetime.UTC).date()
+
+
+def _written(text: str) -> datetime.date | datetime.datetime:
+    """The date or (aware, UTC by default) datetime of a finding's ``written``; ValueError if it is neither."""
+    if "T" in text or " " in text.strip():
+        dt = datetime.datetime.fromisoformat(text)
+        return dt if dt.tzinfo else dt.replace(tzinfo=datetime.UTC)
+    return datetime.date.fromisoformat(text)
+
+
+def _findings(where: str, raw: Any) -> list[Finding]:
+    if not isinstance(raw, list) or not all(isinstance(f, dict) for f in raw):
+        raise ConfigError(f"{where}: findings must be an array of tables ([[findings]]), got {raw!r}")
+    out = []
+    for i, f in enumerate(raw, 1):
+        at = f"{where} findings {i}"
+        _check_keys(at, f, FINDING_KEYS)
+        for key in ("finding", "verdict", "written"):
+            if key not in f:
+                raise ConfigError(f"{at}: no {key} (a finding needs {', '.join(FINDING_KEYS)})")
+        verdict = f["verdict"]
+        if verdict not in VERDICTS:
+            close = difflib.get_close_matches(str(verdict), VERDICTS, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{at}: verdict {verdict!r} is not one of {', '.join(repr(v) for v in VERDICTS)}.{hint}")
+        for key in ("finding", "evidence"):
+            if not isinstance(f.get(key, ""), str):
+                raise ConfigError(f"{at}: {key} must be a string, got {f[key]!r}")
+        written = f["written"]
+        if isinstance(written, datetime.datetime | datetime.date):  # an unquoted TOML date or date-time
+            written = written.isoformat()
+        try:
+            _written(str(written))
+        except ValueError:
+            raise ConfigError(
+                f"{at}: written must be a date YYYY-MM-DD (or YYYY-MM-DDTHH:MM, UTC), got {written!r}"
+            ) from None
+        out.append(Finding(f["finding"], verdict, f.get("evidence", ""), str(written)))
+    return out
 
 
 @dataclass
@@ -87,6 +173,10 @@ class Suite:
     published: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
     path: Path | None = None
+    #: how long the suite took, as its author measured it (free text, ``measured = "..."``)
+    measured: str = ""
+    #: the verdicts on the paper's findings (``[[findings]]``)
+    findings: list[Finding] = field(default_factory=list)
 
     def jobs(
         self,
@@ -257,6 +347,10 @@ def parse_suite(data: dict[str, Any], *, name: str = "suite", path: Path | None 
             raise ConfigError(f"{where} published: row {row!r} has {len(vals)} values for {len(cols)} columns")
     raw_grids = data.get("grid") or [{}]
     grids = [_grid(f"{where} grid {i}", g, data) for i, g in enumerate(raw_grids, 1)]
+    measured = data.get("measured", "")
+    if not isinstance(measured, str):
+        raise ConfigError(f"{where}: measured must be a string (how long the suite took, and where), got {measured!r}")
+    findings = _findings(where, data.get("findings", []))
     ptask = published.get("task")
     if ptask is not None and ptask not in {t for g in grids for t in g.tasks}:
         raise ConfigError(f"{where} published: task {ptask!r} is not a task of this suite")
@@ -268,6 +362,8 @@ def parse_suite(data: dict[str, Any], *, name: str = "suite", path: Path | None 
         published=published,
         notes=str(data.get("notes", "")),
         path=path,
+        measured=measured,
+        findings=findings,
     )
     suite.validate()
     return suite

@@ -178,7 +178,7 @@ def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None)
             f"{cfg.task_version!r}: its code changed while the suite ran (or a worker imports another file). "
             "Start the suite again to run the new version"
         )
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     out = task.run(cfg, on_step)
     curve = out.get("curve", [])
     return {
@@ -189,6 +189,10 @@ def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None)
         "metrics": out["metrics"],
         "curve": curve,
         "train_seconds": out.get("train_seconds", round(time.perf_counter() - t0, 2)),
+        # when the run started (Unix time) and its wall seconds, evaluation included: a suite's wall time is the span
+        # from its first start to its last finish (docs/results.md)
+        "started_at": round(started, 3),
+        "run_seconds": round(time.perf_counter() - t0, 2),
         "parameters": out.get("parameters"),
         "final_loss": curve[-1][1] if curve else None,
         # the process that trained the run (a worker, a Ray task, torchrun's rank 0), not the parent

@@ -65,10 +65,22 @@ def quick_suite(
     seeds: tuple[int, ...] | list[int] = (0, 1),
     **overrides: object,
 ) -> list[RunConfig]:
-    """The default suite as configs: every (task, encoding, seed), trained on lengths 4..16, tested to 64."""
-    from .runner import RunConfig
+    """The default suite as configs: every (task, encoding, seed), trained on lengths 4..16, tested to 64.
 
-    return [RunConfig(task=t, encoding=e, seed=s, **overrides) for t in tasks for e in encodings for s in seeds]  # type: ignore[arg-type]
+    Each task has the settings of its grid in the quick suite's file (``adjacent`` has its own, see
+    ``suites/quick.toml``); a task the suite does not name gets those of its first grid; ``overrides`` on top.
+    """
+    from .runner import RunConfig
+    from .suites import load_suite
+
+    grids = load_suite("quick").grids
+    per_task = {t: g.settings for g in reversed(grids) for t in g.tasks}
+    return [
+        RunConfig(task=t, encoding=e, seed=s, **{**per_task.get(t, grids[0].settings), **overrides})  # type: ignore[arg-type]
+        for t in tasks
+        for e in encodings
+        for s in seeds
+    ]
 
 
 def results(store: str | Path | SQLiteStore, **filters: Any) -> list[dict[str, Any]]:

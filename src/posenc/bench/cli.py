@@ -123,7 +123,8 @@ def _suite(args: argparse.Namespace):
         encodings = args.encodings
         return suite, dict(tasks=args.tasks, encodings=encodings, seeds=args.seeds)
     suite = load_suite("quick")
-    g: Grid = suite.grids[0]
+    # the quick suite has a grid per task (adjacent has settings of its own); the lists replace those of every grid
+    grids: list[Grid] = suite.grids
     options = dict(_parse_option(o) for o in args.encoding_option)
     if args.encodings:
         if args.encodings == ["all"]:  # each with the settings it declares (example_options), then --encoding-option
@@ -132,23 +133,30 @@ def _suite(args: argparse.Namespace):
             declared = {e["name"]: e["options"] for e in entries if isinstance(e, dict)}
         else:
             names, declared = args.encodings, {}
-        g.encodings = [
-            _encoding(
-                "--encodings",
-                {"name": n, "options": {**declared.get(n, {}), **options}} if options or n in declared else n,
-            )
-            for n in names
-        ]
+        for g in grids:
+            g.encodings = [
+                _encoding(
+                    "--encodings",
+                    {"name": n, "options": {**declared.get(n, {}), **options}} if options or n in declared else n,
+                )
+                for n in names
+            ]
     elif options:
-        g.encodings = [_encoding("--encodings", {"name": e.name, "options": options}) for e in g.encodings]
+        for g in grids:
+            g.encodings = [_encoding("--encodings", {"name": e.name, "options": options}) for e in g.encodings]
     if args.tasks:
         from .api import get_task
 
         for t in args.tasks:
             get_task(t)
-        g.tasks = list(args.tasks)
+        # a quick-suite task keeps its grid's settings; any other task gets the first grid's
+        placed = {t for g in grids for t in g.tasks}
+        for i, g in enumerate(grids):
+            g.tasks = [t for t in args.tasks if t in g.tasks or (i == 0 and t not in placed)]
+        suite.grids = [g for g in grids if g.tasks]
     if args.seeds:
-        g.seeds = list(args.seeds)
+        for g in grids:
+            g.seeds = list(args.seeds)
     if args.tasks or args.encodings or args.seeds or options:
         suite.name, suite.description = "runs", ""
     return suite, {}

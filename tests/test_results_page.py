@@ -22,7 +22,14 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from posenc.bench import load_suite, run_suite  # noqa: E402
-from posenc.bench.results_page import build_page, check_page, read_jsonl, write_page  # noqa: E402
+from posenc.bench.results_page import (  # noqa: E402
+    build_page,
+    check_page,
+    duration,
+    measured_time,
+    read_jsonl,
+    write_page,
+)
 from posenc.bench.store import SQLiteStore  # noqa: E402
 from posenc.bench.suites import Finding, parse_suite  # noqa: E402
 from posenc.cli import main  # noqa: E402
@@ -64,6 +71,11 @@ finding = "rope beats no encoding on order"
 verdict = "reproduced"
 evidence = "order, L=8: rope above none"
 written = "2000-01-01"
+
+[[comparisons]]
+name = "rope minus none beyond the training lengths"
+pairs = [["rope", "none"]]
+lengths = "beyond"
 """
 )
 
@@ -198,8 +210,9 @@ def test_the_page_gives_the_machine_seeds_dates_and_commands(built):
     times = [t for _, t in stored]
     first, last = (datetime.datetime.fromtimestamp(t, datetime.UTC) for t in (min(times), max(times)))
     assert f"first run {first:%Y-%m-%d %H:%M} UTC, last run {last:%Y-%m-%d %H:%M} UTC" in sec
-    seconds = sum(r["train_seconds"] for r, _ in stored)
-    assert "summed over the 4 runs" in sec and "not a wall time" in sec and seconds > 0
+    # every run records when it started: the wall time is the first start to the last finish
+    wall = max(times) - min(r["started_at"] for r, _ in stored)
+    assert f"**Time, from the records:** {duration(wall)} wall time, from the first run's start" in sec
     assert "**Time, as measured (suite file):** about 9 s in-process on a shared 2-vCPU machine (test)" in sec
     assert f"`posenc bench --suite {built['suites'][0]} --workers 2`" in sec
     assert "`posenc results --stores posenc-results --write docs/results.md`" in sec
@@ -229,9 +242,56 @@ def test_verdicts_are_a_table_and_a_stale_one_is_flagged(built):
         "1 reproduced (written before the latest runs)",
     ]
     assert rows["[tiny-b](#tiny-b)"][2] == "3 of 4, 1 failed"
-    assert rows["[tiny-b](#tiny-b)"][3].endswith("summed over runs")
+    assert rows["[tiny-b](#tiny-b)"][3].endswith(" wall")
     assert rows["[tiny-b](#tiny-b)"][4] == "1 partly, 1 inconclusive"
     assert rows["[tiny-c](#tiny-c)"][2:] == ["not run yet", "—", "none yet"]
+
+
+def test_a_comparison_is_the_per_seed_difference_recomputed_from_the_store(built):
+    sec = _section(built["page"].read_text(), "tiny-a")
+    acc = {
+        (rec["label"], rec["config"]["seed"]): rec["metrics"]["16"]
+        for rec, _ in _stored(built["stores"] / "tiny-a" / "results.sqlite")
+    }
+    diffs = [100 * (acc[("rope", seed)] - acc[("none", seed)]) for seed in (0, 1)]
+    mean = sum(diffs) / 2
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs))  # n - 1 = 1
+    head, body = _table(sec, "| task | rope − none |")
+    assert body[0][0] == "order"
+    shown, rest = body[0][1].split("±")
+    assert abs(float(shown) - mean) <= 0.05 + 1e-9
+    assert abs(float(rest.split("(")[0]) - std) <= 0.05 + 1e-9 and rest.strip().endswith("(2)")
+    assert f"**{mean:+.1f} points**" in sec
+
+
+@pytest.mark.parametrize(
+    ("comparison", "says"),
+    [
+        ('pairs = [["rope", "nope"]]', "'nope' is not the label of an encoding of this suite"),
+        ('pairs = [["rope"]]', "pairs must be a list of [a, b] label pairs"),
+        ('pairs = [["rope", "none"]]\nlengths = "longer"', "lengths must be one of beyond, train, all"),
+    ],
+)
+def test_a_bad_comparison_is_a_clear_config_error(comparison, says):
+    import tomllib
+
+    text = SUITE_C.replace('encodings = ["none"]', 'encodings = ["none", "rope"]') + "\n[[comparisons]]\n" + comparison
+    with pytest.raises(ConfigError) as err:
+        parse_suite(tomllib.loads(text))
+    assert says in str(err.value)
+
+
+def test_records_without_start_times_give_the_summed_training_time_and_say_so():
+    records = [{"finished_at": 100.0, "train_seconds": 30.0}, {"finished_at": 200.0, "train_seconds": 45.0}]
+    long, short = measured_time(records)
+    assert long.startswith(f"{duration(75.0)} of training, summed over the 2 runs") and "not a wall time" in long
+    assert short == f"{duration(75.0)} summed over runs"
+    records[0]["started_at"] = 50.0  # one record without a start time is not enough for a wall time
+    assert "summed" in measured_time(records)[0]
+    records[1]["started_at"] = 120.0
+    assert (
+        measured_time(records)[0] == f"{duration(150.0)} wall time, from the first run's start to the last run's finish"
+    )
 
 
 def test_failed_runs_are_listed(built):

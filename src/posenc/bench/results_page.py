@@ -340,6 +340,79 @@ def _findings(data: SuiteData) -> list[str]:
     return out
 
 
+def _lengths_mean(record: dict[str, Any], column: str, lengths: str) -> float | None:
+    """The mean of a record's ``column`` over its test lengths of kind ``lengths`` (see :class:`Comparison`); a
+    record without that column gives its main metric."""
+    train = record["config"].get("train_lengths")
+    top = train[1] if train else None
+    suffix = f"_{column}" if column else ""
+    values = []
+    for n in record["config"].get("test_lengths") or []:
+        if lengths == "beyond" and (top is None or n <= top):
+            continue
+        if lengths == "train" and (top is None or n > top):
+            continue
+        # a task without that column (a one-token answer has no separate token accuracy): its main metric
+        v = record["metrics"].get(f"{n}{suffix}", record["metrics"].get(str(n)))
+        if isinstance(v, int | float):
+            values.append(float(v))
+    return sum(values) / len(values) if values else None
+
+
+def comparison_table(records: list[dict[str, Any]], comparison: Any) -> tuple[list[str], list[list[str]], str]:
+    """The head and rows of a ``[[comparisons]]`` table (one row per task, one column per pair: the mean ± std
+    over seeds of the per-seed difference), and a sentence with the mean over every task and pair."""
+    from .report import _mean_std, _pct
+
+    by = {(r["config"]["task"], r.get("label", r["config"]["encoding"]), r["config"]["seed"]): r for r in records}
+    tasks = sorted({r["config"]["task"] for r in records})
+    pct = any(_pct(r["metric"]) for r in records)
+    scale, unit = (100.0, " points") if pct else (1.0, "")
+    head = ["task", *[f"{a} − {b}" for a, b in comparison.pairs]]
+    body, every = [], []
+    for task in tasks:
+        row = [task]
+        for a, b in comparison.pairs:
+            diffs = []
+            for (t, label, seed), ra in by.items():
+                if t != task or label != a or (task, b, seed) not in by:
+                    continue
+                va = _lengths_mean(ra, comparison.column, comparison.lengths)
+                vb = _lengths_mean(by[(task, b, seed)], comparison.column, comparison.lengths)
+                if va is not None and vb is not None:
+                    diffs.append(scale * (va - vb))
+            if diffs:
+                m, sd = _mean_std(diffs)
+                every.extend(diffs)
+                row.append(f"{m:+.1f} ± {sd:.1f} ({len(diffs)})")
+            else:
+                row.append("—")
+        body.append(row)
+    what = {"beyond": "beyond the training lengths", "train": "at the training lengths", "all": "at every length"}
+    col = (
+        f"`{comparison.column}` column (the main metric where a task has none)" if comparison.column else "main metric"
+    )
+    if every:
+        m, sd = _mean_std(every)
+        total = (
+            f"Mean over every task, pair and seed ({len(every)} differences): **{m:+.1f}{unit}** (std {sd:.1f}); "
+            f"the {col} averaged {what[comparison.lengths]}, a − b per seed (cells: mean ± std over seeds, (seeds))."
+        )
+    else:
+        total = f"No pair of runs to compare yet (the {col} {what[comparison.lengths]})."
+    return head, body, total
+
+
+def _comparisons(data: SuiteData) -> list[str]:
+    from .report import _md_table
+
+    out: list[str] = []
+    for c in data.suite.comparisons if data.suite is not None else []:
+        head, body, total = comparison_table(data.records, c)
+        out += [f"**{c.name}**", "", *_md_table(head, body), "", total, ""]
+    return out
+
+
 def _problems(data: SuiteData, rows: list[dict[str, Any]]) -> list[str]:
     """The runs that failed (or "No run failed."), then report.py's other problems: rows that did not learn
     their task in distribution, lengths an encoding could not evaluate."""
@@ -419,6 +492,8 @@ def section(data: SuiteData, *, img_rel: str, data_rel: str) -> list[str]:
             out.append("")
         if suite is not None and suite.published:
             out += ["### Beside the published numbers", "", published_table(suite.published, rows).rstrip("\n"), ""]
+        if suite is not None and suite.comparisons:
+            out += ["### Paired comparisons", "", *_comparisons(data)]
     out += ["### Verdicts", "", *_findings(data), ""]
     out += ["### Failures and problems", "", *_problems(data, rows), ""]
     return out

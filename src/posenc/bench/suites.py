@@ -29,6 +29,12 @@ A suite file (see ``docs/bench.md`` and the built-in ones in ``posenc/bench/suit
     evidence = "ptb-lm: 512 within 5 % of 64"
     written = "2026-11-24"          # the date (UTC) the verdict was written
 
+    [[comparisons]]                 # optional: paired differences, per seed, shown on the results page
+    name = "randomized - plain"
+    pairs = [["randomized-rope", "rope"]]   # [a, b] labels: the page shows a - b
+    column = "token"                # a metric column suffix ("16_token" -> "token"); "" = the main metric
+    lengths = "beyond"              # "beyond" the training lengths, "train" (at most the longest), or "all"
+
 Every name and setting is checked when the file is loaded: unknown keys, tasks
 and encodings (with close matches), impossible lengths, encoding options that
 the encoding does not take, and an encoding that cannot reach the longest test
@@ -63,11 +69,15 @@ TOP_KEYS = (
     "notes",
     "measured",
     "findings",
+    "comparisons",
 )
 GRID_KEYS = ("name", "tasks", "encodings", "seeds", "settings")
 ENCODING_KEYS = ("name", "label", "options")
 PUBLISHED_KEYS = ("source", "metric", "note", "columns", "rows", "text", "task", "higher_is_better")
 FINDING_KEYS = ("finding", "verdict", "evidence", "written")
+COMPARISON_KEYS = ("name", "pairs", "column", "lengths")
+#: which test lengths a comparison averages over
+COMPARISON_LENGTHS = ("beyond", "train", "all")
 #: the verdicts a finding may have (``[[findings]]``), in the order the results page counts them
 VERDICTS = ("reproduced", "partly", "not reproduced", "inconclusive")
 PER_RUN = ("task", "encoding", "seed", "encoding_options", "task_version")
@@ -153,6 +163,51 @@ def _findings(where: str, raw: Any) -> list[Finding]:
     return out
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """Paired differences ``a - b`` of encodings (by label), per task and seed (``[[comparisons]]``).
+
+    For each pair and task the results page takes, per seed, the mean of ``column`` over the test ``lengths``
+    of ``a`` minus that of ``b`` (same seed), then the mean and std over seeds; and the mean over every task and
+    pair (Ruoss et al.'s "+12 points of randomized over plain positions" is such a number).
+    """
+
+    name: str
+    pairs: tuple[tuple[str, str], ...]
+    column: str = ""
+    lengths: str = "beyond"
+
+
+def _comparisons(where: str, raw: Any, labels: set[str]) -> list[Comparison]:
+    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+        raise ConfigError(f"{where}: comparisons must be an array of tables ([[comparisons]]), got {raw!r}")
+    out = []
+    for i, c in enumerate(raw, 1):
+        at = f"{where} comparisons {i}"
+        _check_keys(at, c, COMPARISON_KEYS)
+        pairs = c.get("pairs")
+        if (
+            not isinstance(pairs, list)
+            or not pairs
+            or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs)
+        ):
+            raise ConfigError(f'{at}: pairs must be a list of [a, b] label pairs, e.g. [["randomized-rope", "rope"]]')
+        for label in (x for p in pairs for x in p):
+            if label not in labels:
+                close = difflib.get_close_matches(label, sorted(labels), n=3, cutoff=0.5)
+                hint = f" Did you mean: {', '.join(close)}?" if close else ""
+                raise ConfigError(f"{at}: {label!r} is not the label of an encoding of this suite.{hint}")
+        lengths = c.get("lengths", "beyond")
+        if lengths not in COMPARISON_LENGTHS:
+            raise ConfigError(f"{at}: lengths must be one of {', '.join(COMPARISON_LENGTHS)}, got {lengths!r}")
+        column = c.get("column", "")
+        if not isinstance(column, str):
+            raise ConfigError(f"{at}: column must be a string (a metric column suffix such as 'token'), got {column!r}")
+        name = c.get("name", f"comparison {i}")
+        out.append(Comparison(str(name), tuple((a, b) for a, b in pairs), column, lengths))
+    return out
+
+
 @dataclass
 class Grid:
     tasks: list[str]
@@ -177,6 +232,8 @@ class Suite:
     measured: str = ""
     #: the verdicts on the paper's findings (``[[findings]]``)
     findings: list[Finding] = field(default_factory=list)
+    #: paired differences of encodings shown on the results page (``[[comparisons]]``)
+    comparisons: list[Comparison] = field(default_factory=list)
 
     def jobs(
         self,
@@ -364,6 +421,7 @@ def parse_suite(data: dict[str, Any], *, name: str = "suite", path: Path | None 
         path=path,
         measured=measured,
         findings=findings,
+        comparisons=_comparisons(where, data.get("comparisons", []), {e.label for g in grids for e in g.encodings}),
     )
     suite.validate()
     return suite

@@ -188,3 +188,29 @@ def test_info_says_whether_the_compiled_kernels_are_used(capsys):
     assert out.startswith("posenc ") and "threads" in out
     assert native.status() in out
     assert ("native CPU kernels: /" in out) == native.available()
+
+
+def test_report_only_without_suite_reports_the_suite_of_the_stored_runs(tmp_path, capsys):
+    """`posenc bench --report-only --out DIR` on a store of a built-in suite reports that suite, not an empty
+    quick suite (which used to overwrite the store's report with nothing)."""
+    from posenc.bench.store import open_store
+    from posenc.bench.suites import load_suite
+
+    job = load_suite("shaw-k").jobs()[0]
+    record = {
+        "key": job.key,
+        "config": job.config.as_dict(),
+        "metric": "accuracy",
+        "higher_is_better": True,
+        "metrics": {"16": 0.75, "32": 0.5, "64": 0.5},
+        "curve": [[1, 0.7]],
+        "train_seconds": 1.0,
+        "label": job.label,
+        "suite": "shaw-k",
+    }
+    with open_store(tmp_path / "results.sqlite") as store:
+        store.add(record)
+    assert main(["bench", "--report-only", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"1 of {len(load_suite('shaw-k').jobs())} runs of suite 'shaw-k'" in out
+    assert f"| {job.label} | 75.0 ± 0.0 |" in out

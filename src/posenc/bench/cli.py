@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PosencError
 
 DESCRIPTION = """\
 Train small models with each positional encoding, test them on longer inputs, print a live
@@ -201,6 +201,27 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} must be integers >= {low}, got {bad[0]}")
 
 
+def _stored_suite(args: argparse.Namespace) -> str | None:
+    """The suite of a store's runs, for ``--report-only`` without ``--suite`` (its runs carry the suite's name): the
+    report of ``posenc-results/alibi`` is then alibi's, not an empty one of the quick suite. ``None`` where the
+    store is missing or its runs name no suite, or several."""
+    from .store import open_store
+    from .suites import load_suite
+
+    path = Path(args.store) if args.store else Path(args.out or Path("posenc-results") / "quick") / "results.sqlite"
+    if not path.exists():
+        return None
+    names = {r.get("suite") for r in open_store(path).results()}
+    if len(names) != 1 or None in names or names == {"quick"}:
+        return None
+    name = names.pop()
+    try:
+        load_suite(name)
+    except PosencError:  # a suite file of the user's, not at hand: the quick suite's report, as before
+        return None
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
     from .report import leaderboard, markdown_table, write_report
     from .runner import run_suite
@@ -224,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
             task = get_task(t)
             print(f"{t:<20} {task.metric:<12} {task.description}")
         return 0
+    if args.report_only and not (args.suite or args.tasks or args.encodings or args.seeds or args.encoding_option):
+        args.suite = _stored_suite(args)
     suite, filters = _suite(args)
     overrides: dict[str, Any] = {}
     if args.steps is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -410,3 +411,17 @@ def test_results_help_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert "posenc results" in out.stdout and "TORCH: False" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_committed_results_page_is_what_its_committed_data_gives():
+    """docs/results.md is generated (`posenc results --write docs/results.md`): its text is what the committed
+    docs/results/data/*.jsonl and the suite files give. A suite file edited after the page was written (a
+    verdict, a setting) or a hand edit of the page fails here until the page is written again."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+    if not page.is_file():
+        pytest.skip("no docs/results.md in this checkout")
+    same, diff = check_page(page)
+    assert same, "docs/results.md is not what its data gives; run: posenc results --write docs/results.md\n" + diff
+    text = page.read_text(encoding="utf-8")
+    linked = [page.parent / m for m in re.findall(r"\]\((results/img/[^)]+\.png)\)", text)]
+    assert linked and all(p.is_file() for p in linked), [str(p) for p in linked if not p.is_file()]

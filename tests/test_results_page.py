@@ -24,6 +24,8 @@ pytest.importorskip("matplotlib")
 
 from posenc.bench import load_suite, run_suite  # noqa: E402
 from posenc.bench.results_page import (  # noqa: E402
+    README_END,
+    README_START,
     build_page,
     check_page,
     duration,
@@ -34,7 +36,7 @@ from posenc.bench.results_page import (  # noqa: E402
 from posenc.bench.store import SQLiteStore  # noqa: E402
 from posenc.bench.suites import Finding, parse_suite  # noqa: E402
 from posenc.cli import main  # noqa: E402
-from posenc.errors import ConfigError  # noqa: E402
+from posenc.errors import ConfigError, PosencError  # noqa: E402
 
 SETTINGS = """
 [settings]
@@ -295,6 +297,32 @@ def test_records_without_start_times_give_the_summed_training_time_and_say_so():
     )
 
 
+def test_the_readme_block_lists_every_verdict_and_check_sees_an_edit(built, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{README_START}\nold text\n{README_END}\n\nafter\n")
+    page = tmp_path / "docs" / "results.md"
+    shutil.copytree(built["page"].parent / "results" / "data", page.parent / "results" / "data")
+    write_page(page, suites=built["suites"], readme=readme, plots=False, log=_quiet)
+    text = readme.read_text()
+    assert text.startswith("# x\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old text" not in text
+    head, body = _table(text, "| suite | finding |")
+    assert head == ["suite", "finding", "verdict", "seeds"]
+    assert body[0] == [
+        "[tiny-a](docs/results.md#tiny-a)",
+        "rope beats no encoding on order",
+        "**reproduced** (written before the latest runs)",
+        "2",
+    ]
+    assert [r[2] for r in body[1:]] == ["**partly**", "**inconclusive**"]
+    assert "No verdict yet: [tiny-c](docs/results.md#tiny-c) (not run yet)." in text
+    assert check_page(page, suites=built["suites"], readme=readme) == (True, "")
+    readme.write_text(text.replace("**partly**", "**reproduced**"))
+    same, diff = check_page(page, suites=built["suites"], readme=readme)
+    assert not same and "README.md (from the data)" in diff
+    with pytest.raises(PosencError, match="no results block"):
+        write_page(page, suites=built["suites"], readme=tmp_path / "docs" / "results.md", plots=False, log=_quiet)
+
+
 def test_failed_runs_are_listed(built):
     b = _section(built["page"].read_text(), "tiny-b")
     job = built["failed"]
@@ -420,8 +448,11 @@ def test_the_committed_results_page_is_what_its_committed_data_gives():
     page = Path(__file__).resolve().parents[1] / "docs" / "results.md"
     if not page.is_file():
         pytest.skip("no docs/results.md in this checkout")
-    same, diff = check_page(page)
-    assert same, "docs/results.md is not what its data gives; run: posenc results --write docs/results.md\n" + diff
+    same, diff = check_page(page, readme=page.parents[1] / "README.md")
+    assert same, (
+        "docs/results.md or README.md's block of verdicts is not what the data gives; run: "
+        "posenc results --write docs/results.md --readme README.md\n" + diff
+    )
     text = page.read_text(encoding="utf-8")
     linked = [page.parent / m for m in re.findall(r"\]\((results/img/[^)]+\.png)\)", text)]
     assert linked and all(p.is_file() for p in linked), [str(p) for p in linked if not p.is_file()]

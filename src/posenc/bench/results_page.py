@@ -298,6 +298,50 @@ def summary_table(datas: list[SuiteData]) -> list[str]:
     return _md_table(["suite", "seeds", "runs", "measured time", "verdicts"], body)
 
 
+#: the README's block of verdicts lies between these two lines (``--readme README.md``)
+README_START = "<!-- results:start (written by posenc results --readme README.md; do not edit by hand) -->"
+README_END = "<!-- results:end -->"
+
+
+def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md") -> str:
+    """The README's summary of the paper suites: one row per finding (suite, finding, verdict, seeds), then the
+    suites without a verdict yet. Built from the same data as the page, so that it cannot disagree with it."""
+    from .report import _md_table
+
+    body = []
+    waiting = []
+    for d in datas:
+        if d.suite is None or d.name == "quick":
+            continue
+        seeds = len(_seeds(d.records)) if d.ran else 0
+        planned = len({s for g in d.suite.grids for s in g.seeds})
+        ran = f"{seeds} of {planned}" if seeds < planned else str(seeds)
+        link = f"[{d.name}]({page_link}#{_anchor(d.name)})"
+        if not d.suite.findings:
+            waiting.append(f"{link} ({'not run yet' if not d.ran else f'{ran} seeds, no verdict written yet'})")
+            continue
+        stale = set(map(id, stale_findings(d)))
+        for i, f in enumerate(d.suite.findings):
+            verdict = f"**{f.verdict}**" + (" (written before the latest runs)" if id(f) in stale else "")
+            body.append([link if i == 0 else "", _esc(f.finding), verdict, ran if i == 0 else ""])
+    lines = [README_START, ""]
+    lines += _md_table(["suite", "finding", "verdict", "seeds"], body)
+    if waiting:
+        lines += ["", "No verdict yet: " + "; ".join(waiting) + "."]
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def _with_readme_block(text: str, block: str, where: str) -> str:
+    if README_START not in text or README_END not in text:
+        raise PosencError(
+            f"{where}: no results block; put the two lines\n{README_START}\n{README_END}\nwhere the summary goes"
+        )
+    a = text.index(README_START)
+    b = text.index(README_END) + len(README_END)
+    return text[:a] + block + text[b:]
+
+
 def _machine(records: list[dict[str, Any]]) -> list[str]:
     from .report import ENV_COLUMNS, _md_table, run_environments
     from .runenv import differences
@@ -557,6 +601,7 @@ def write_page(
     data_dir: str | Path | None = None,
     img_dir: str | Path | None = None,
     plots: bool = True,
+    readme: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Write the results page ``page``, its plots, and (with ``stores``) the JSONL data first.
@@ -585,6 +630,12 @@ def write_page(
     drawn = draw(datas, idir) if plots else []
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text, encoding="utf-8")
+    if readme is not None:
+        readme = Path(readme)
+        old = readme.read_text(encoding="utf-8")
+        link = os.path.relpath(page, readme.parent).replace(os.sep, "/")
+        readme.write_text(_with_readme_block(old, readme_block(datas, link), str(readme)), encoding="utf-8")
+        log(f"{readme}: the block of verdicts rewritten")
     ran = [d.name for d in datas if d.ran]
     log(
         f"{page}: {len(datas)} suite(s), {len(ran)} with runs ({', '.join(ran) or 'none'}); "
@@ -599,20 +650,31 @@ def check_page(
     suites: list[str | Path] | None = None,
     data_dir: str | Path | None = None,
     img_dir: str | Path | None = None,
+    readme: str | Path | None = None,
 ) -> tuple[bool, str]:
-    """Whether ``page`` is the page the committed JSONL data gives (the plots are not compared), and a unified
-    diff of the page against the data's where it is not."""
+    """Whether ``page`` (and ``readme``'s block of verdicts) is what the committed JSONL data gives (the plots are
+    not compared), and a unified diff against the data's where it is not."""
     page = Path(page)
     if not page.is_file():
         raise PosencError(f"{page}: no such file; write it with: posenc results --write {page}")
-    text = page.read_text(encoding="utf-8")
-    new, _ = build_page(page, suites=suites, data_dir=data_dir, img_dir=img_dir)
-    if new == text:
-        return True, ""
-    diff = difflib.unified_diff(
-        text.splitlines(), new.splitlines(), f"{page} (as it is)", f"{page} (from the data)", lineterm="", n=1
-    )
-    return False, "\n".join(diff)
+    pairs = []
+    new, datas = build_page(page, suites=suites, data_dir=data_dir, img_dir=img_dir)
+    pairs.append((page, page.read_text(encoding="utf-8"), new))
+    if readme is not None:
+        readme = Path(readme)
+        old = readme.read_text(encoding="utf-8")
+        link = os.path.relpath(page, readme.parent).replace(os.sep, "/")
+        pairs.append((readme, old, _with_readme_block(old, readme_block(datas, link), str(readme))))
+    diffs = [
+        "\n".join(
+            difflib.unified_diff(
+                old.splitlines(), want.splitlines(), f"{path} (as it is)", f"{path} (from the data)", lineterm="", n=1
+            )
+        )
+        for path, old, want in pairs
+        if old != want
+    ]
+    return not diffs, "\n".join(diffs)
 
 
 # ---------------------------------------------------------------------------- command line
@@ -651,6 +713,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help=f"export DIR/<suite>/results.sqlite of each suite to the data folder first (e.g. {STORES})",
     )
+    pr.add_argument(
+        "--readme",
+        metavar="FILE",
+        help="also write (or check) the block of verdicts between FILE's results:start/end lines (e.g. README.md)",
+    )
     pr.add_argument("--data", metavar="DIR", help="the JSONL data folder (default: <page folder>/results/data)")
     pr.add_argument("--img", metavar="DIR", help="the plots' folder (default: <page folder>/results/img)")
     pr.add_argument(
@@ -669,7 +736,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         if args.stores:
             raise ConfigError("--check reads the committed data only; leave out --stores")
-        ok, diff = check_page(args.check, suites=args.suites, data_dir=args.data, img_dir=args.img)
+        ok, diff = check_page(args.check, suites=args.suites, data_dir=args.data, img_dir=args.img, readme=args.readme)
         if ok:
             print(f"{args.check}: up to date with its data")
             return 0
@@ -681,7 +748,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    write_page(args.write, stores=args.stores, suites=args.suites, data_dir=args.data, img_dir=args.img)
+    write_page(
+        args.write, stores=args.stores, suites=args.suites, data_dir=args.data, img_dir=args.img, readme=args.readme
+    )
     return 0
 
 
@@ -697,6 +766,7 @@ __all__ = [
     "export_suite",
     "measured_time",
     "read_jsonl",
+    "readme_block",
     "render",
     "run",
     "write_page",

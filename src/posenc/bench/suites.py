@@ -132,13 +132,21 @@ def _written(text: str) -> datetime.date | datetime.datetime:
     return datetime.date.fromisoformat(text)
 
 
-def _findings(where: str, raw: Any) -> list[Finding]:
-    if not isinstance(raw, list) or not all(isinstance(f, dict) for f in raw):
-        raise ConfigError(f"{where}: findings must be an array of tables ([[findings]]), got {raw!r}")
+def _tables(where: str, raw: Any, key: str, allowed: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """The tables of an array of tables (``[[key]]``), each with where it is (for errors), keys checked."""
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ConfigError(f"{where}: {key} must be an array of tables ([[{key}]]), got {raw!r}")
     out = []
-    for i, f in enumerate(raw, 1):
-        at = f"{where} findings {i}"
-        _check_keys(at, f, FINDING_KEYS)
+    for i, table in enumerate(raw, 1):
+        at = f"{where} {key} {i}"
+        _check_keys(at, table, allowed)
+        out.append((at, table))
+    return out
+
+
+def _findings(where: str, raw: Any) -> list[Finding]:
+    out = []
+    for at, f in _tables(where, raw, "findings", FINDING_KEYS):
         for key in ("finding", "verdict", "written"):
             if key not in f:
                 raise ConfigError(f"{at}: no {key} (a finding needs {', '.join(FINDING_KEYS)})")
@@ -179,12 +187,8 @@ class Comparison:
 
 
 def _comparisons(where: str, raw: Any, labels: set[str]) -> list[Comparison]:
-    if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
-        raise ConfigError(f"{where}: comparisons must be an array of tables ([[comparisons]]), got {raw!r}")
     out = []
-    for i, c in enumerate(raw, 1):
-        at = f"{where} comparisons {i}"
-        _check_keys(at, c, COMPARISON_KEYS)
+    for i, (at, c) in enumerate(_tables(where, raw, "comparisons", COMPARISON_KEYS), 1):
         pairs = c.get("pairs")
         if (
             not isinstance(pairs, list)

@@ -1,4 +1,5 @@
 """Learning curves of the chomsky sweep (docs/diagnosis-chomsky.md) from results.jsonl."""
+
 import json
 import sys
 from pathlib import Path

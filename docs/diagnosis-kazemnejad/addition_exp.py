@@ -43,10 +43,19 @@ torch.manual_seed(a.seed)
 rng = random.Random(a.seed)
 task = get_task("addition")
 cfg = RunConfig(
-    task="addition", encoding=a.enc, seed=a.seed,
-    train_lengths=tuple(map(int, a.train.split(","))), test_lengths=tuple(map(int, a.test.split(","))),
-    steps=a.steps, batch_size=a.batch, d_model=a.d, n_layers=a.layers, n_heads=a.heads, lr=a.lr,
-    model="decoder", task_options={"hints": a.hints},
+    task="addition",
+    encoding=a.enc,
+    seed=a.seed,
+    train_lengths=tuple(map(int, a.train.split(","))),
+    test_lengths=tuple(map(int, a.test.split(","))),
+    steps=a.steps,
+    batch_size=a.batch,
+    d_model=a.d,
+    n_layers=a.layers,
+    n_heads=a.heads,
+    lr=a.lr,
+    model="decoder",
+    task_options={"hints": a.hints},
 )
 task.validate(cfg)
 opts = task.eval_options(cfg)
@@ -61,11 +70,13 @@ if a.offset == "fixed":
         def rr(*args):
             calls["k"] += 1
             return 0 if calls["k"] == 2 * n + 1 else real(*args)
+
         r.randrange = rr
         try:
             return orig(n, r, o)
         finally:
             del r.randrange
+
     task.example = example
 
 
@@ -130,10 +141,12 @@ model.train()
 for step in range(1, a.steps + 1):
     tokens, mask, targets = st.decoder_batch(task.make(a.batch, cfg.train_lengths, rng, opts))
     logits = model(tokens, attention_mask=mask)
-    per = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="none")
+    per = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="none"
+    )
     tg = targets.reshape(-1)
     dig = (tg >= ar.DIGIT0) & (tg < ar.DIGIT0 + 10)
-    hint = (tg >= ar.HINT0)
+    hint = tg >= ar.HINT0
     parts = {"all": per[tg != -100].mean(), "digits": per[dig].mean(), "hints": per[hint].mean()}
     loss = parts[a.loss]
     opt.zero_grad(set_to_none=True)
@@ -147,6 +160,12 @@ for step in range(1, a.steps + 1):
         curve.append([step, ema["all"], ema["digits"], ema["hints"]])
     if step % a.every == 0 or step == a.steps:
         evaluate(step)
-out = dict(args=vars(a), curve=curve, accs=accs, seconds=round(time.perf_counter() - t0, 1), cpu_seconds=round(time.process_time() - c0, 1))
+out = dict(
+    args=vars(a),
+    curve=curve,
+    accs=accs,
+    seconds=round(time.perf_counter() - t0, 1),
+    cpu_seconds=round(time.process_time() - c0, 1),
+)
 json.dump(out, open(os.path.join(os.environ.get("DIAG_OUT", "."), f"{a.tag}.json"), "w"))
 print("done", a.tag, out["seconds"])

@@ -16,7 +16,9 @@ for tag in tags:
     d = json.load(open(os.path.join(src, f"{tag}.json")))
     st = [c[0] for c in d["curve"]]
     ax1.plot(st, [c[2] for c in d["curve"]], label=tag)
-    ax2.plot([r["step"] for r in d["accs"]], [100 * r[f"{d['args']['test']}_digit"] for r in d["accs"]], "o-", label=tag)
+    ax2.plot(
+        [r["step"] for r in d["accs"]], [100 * r[f"{d['args']['test']}_digit"] for r in d["accs"]], "o-", label=tag
+    )
 ax1.axhline(2.303, color="grey", ls=":", lw=1)
 ax1.text(50, 2.33, "ln 10 (digits at chance)", fontsize=8, color="grey")
 ax1.set_xlabel("step")

@@ -44,7 +44,9 @@ def test_tasks_and_suite_are_registered():
     assert {"passkey", "shakespeare-ctx-ext", "ptb-ctx-ext"} <= set(available_tasks())
     suite = load_suite("context-extension")
     jobs = suite.jobs()
-    assert len(jobs) == 2 * 9 + 2 * 6 + 9 + 6
+    seeds = {j.config.seed for j in jobs}
+    assert seeds == {0, 1, 2}  # three seeds, like every paper suite
+    assert len(jobs) == len(seeds) * (2 * 9 + 2 * 6 + 9 + 6)
     labels = {(j.config.task, j.label) for j in jobs}
     assert ("ptb-ctx-ext", "rope-yarn +ft") in labels and ("passkey", "fire") in labels
     assert suite.published["task"] == "shakespeare-ctx-ext"

@@ -218,7 +218,7 @@ def test_the_page_gives_the_machine_seeds_dates_and_commands(built):
     assert f"**Time, from the records:** {duration(wall)} wall time, from the first run's start" in sec
     assert "**Time, as measured (suite file):** about 9 s in-process on a shared 2-vCPU machine (test)" in sec
     assert f"`posenc bench --suite {built['suites'][0]} --workers 2`" in sec
-    assert "`posenc results --stores posenc-results --write docs/results.md`" in sec
+    assert "`posenc results --stores posenc-results --write docs/results.md --readme README.md`" in sec
     assert "**Paper:** Nobody et al. 2000, A Made-Up Paper" in sec
     assert "**Published** — Nobody et al. 2000, Table 1" in sec
     assert "environments" not in sec.split("### Results")[0].split("### Machine")[1]  # one environment: no warning

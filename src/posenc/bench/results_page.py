@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 #: the page's canonical place and the commands that make it (printed on the page)
 PAGE = "docs/results.md"
 STORES = "posenc-results"
-WRITE_FROM_STORES = f"posenc results --stores {STORES} --write {PAGE}"
-WRITE_FROM_DATA = f"posenc results --write {PAGE}"
-CHECK = f"posenc results --check {PAGE}"
+WRITE_FROM_STORES = f"posenc results --stores {STORES} --write {PAGE} --readme README.md"
+WRITE_FROM_DATA = f"posenc results --write {PAGE} --readme README.md"
+CHECK = f"posenc results --check {PAGE} --readme README.md"
 
 INTRO = (
     "What posenc's benchmark suites measured: the quick suite, then one reduced reproduction per paper. "
@@ -315,10 +315,10 @@ def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md") -> 
             continue
         seeds = len(_seeds(d.records)) if d.ran else 0
         planned = len({s for g in d.suite.grids for s in g.seeds})
-        ran = f"{seeds} of {planned}" if seeds < planned else str(seeds)
+        ran = "not run yet" if not seeds else f"{seeds} of {planned}" if seeds < planned else str(seeds)
         link = f"[{d.name}]({page_link}#{_anchor(d.name)})"
         if not d.suite.findings:
-            waiting.append(f"{link} ({'not run yet' if not d.ran else f'{ran} seeds, no verdict written yet'})")
+            waiting.append(f"{link} ({ran if not d.ran else f'{ran} seeds, no verdict written yet'})")
             continue
         stale = set(map(id, stale_findings(d)))
         for i, f in enumerate(d.suite.findings):
@@ -690,9 +690,12 @@ can tell whether the page is what the committed data gives."""
 
 EXAMPLES = f"""\
 examples:
-  {WRITE_FROM_STORES}   export the stores, then write page and plots
-  {WRITE_FROM_DATA}                           the page and plots from the committed data
-  {CHECK}                           exit 1 if the page is not what the data gives
+  {WRITE_FROM_STORES}
+      export the stores, then write the page, its plots and README's table of verdicts
+  {WRITE_FROM_DATA}
+      the same from the committed data (docs/results/data) alone
+  {CHECK}
+      exit 1 if the page or README's table is not what the data gives
 """
 
 

@@ -549,7 +549,7 @@ def render(datas: list[SuiteData], *, img_rel: str = "results/img", data_rel: st
     out = ["# Results", "", INTRO, "", "Regenerate it:", ""]
     out += [
         f"- from the benchmark stores (after `posenc bench --suite NAME --workers 2`): `{WRITE_FROM_STORES}`",
-        f"- from the committed data in [`{data_rel}/`]({data_rel}/) alone: `{WRITE_FROM_DATA}`",
+        f"- from the committed data in `{data_rel}/` alone: `{WRITE_FROM_DATA}`",
         f"- check that this page is what the data gives: `{CHECK}` (exit 1 if not)",
         "",
         "## Summary",

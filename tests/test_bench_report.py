@@ -230,3 +230,16 @@ def test_report_html_stands_alone_with_every_section(tmp_path):
         assert heading in md, heading
     assert "## Environment" in md and today in md and "out of memory at length 64" in md and "order/none" in md
     assert "| 50.0 |" in md.replace("_chance_ | 50.0 |", "| 50.0 |")
+
+
+def test_the_trained_length_of_a_task_whose_rows_differ_says_so():
+    """A task whose rows were trained on different lengths (context-extension's fine-tuned rows) is not titled
+    with whichever row ranks first."""
+    from posenc.bench.report import _trained_text
+
+    plain, tuned, none = {"trained": [64, 64]}, {"trained": [64, 256]}, {"trained": None}
+    assert _trained_text(plain) == "trained on length 64"
+    assert _trained_text({"trained": [4, 16]}) == "trained on lengths ≤ 16"
+    assert _trained_text([tuned, plain]) == _trained_text([plain, tuned]) == "trained on length 64; some rows up to 256"
+    assert _trained_text([plain, plain]) == "trained on length 64"
+    assert _trained_text([none]) == ""

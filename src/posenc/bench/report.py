@@ -144,12 +144,15 @@ def trained_lengths(config: dict[str, Any]) -> tuple[int, int] | None:
     return None if said is None else (int(said[0]), int(said[1]))
 
 
-def _trained_text(row: dict[str, Any]) -> str:
-    """The text "trained on lengths ≤ 16" / "trained on length 64", or "" where the task claims none."""
-    tr = row.get("trained")
-    if not tr:
+def _trained_text(rows: dict[str, Any] | list[dict[str, Any]]) -> str:
+    """The text "trained on lengths ≤ 16" / "trained on length 64" of a row, or of a task's rows ("trained on length
+    64; some rows up to 256" where they differ, e.g. fine-tuned rows), or "" where the task claims none."""
+    trs = sorted({tuple(r["trained"]) for r in ([rows] if isinstance(rows, dict) else rows) if r.get("trained")})
+    if not trs:
         return ""
-    return f"trained on length {tr[1]}" if tr[0] == tr[1] else f"trained on lengths ≤ {tr[1]}"
+    lo, hi = trs[0], trs[-1]
+    text = f"trained on length {lo[1]}" if lo[0] == lo[1] else f"trained on lengths ≤ {lo[1]}"
+    return text if hi[1] == lo[1] else f"{text}; some rows up to {hi[1]}"
 
 
 def _rank(x: float, row: dict[str, Any]) -> float:
@@ -204,7 +207,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         summary = _summary_name(sub)
         head = ["#", "encoding", *[_label(n, tm) for n in labels], summary, "s/run"]
         better = "higher" if sub[0]["higher_is_better"] else "lower"
-        trained = f", {_trained_text(sub[0])}" if _trained_text(sub[0]) else ""
+        trained = f", {_trained_text(sub)}" if _trained_text(sub) else ""
         out.append(f"**{task}** — {unit} ({better} is better; mean ± std over seeds){trained}\n")
         if task in mixed:
             out.append(f"> **Warning:** {mixed[task]}.\n")
@@ -480,7 +483,10 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
             start = math.sqrt(max(tm, lo) * longer[0]) if tm >= lengths[0] else lo
             ax.axvspan(start, hi, color="#eef2f7", zorder=0, label="longer than training")
         ax.set_xlabel("test length")
-        ax.set_title(f"{task} ({_trained_text(sub[0])})" if _trained_text(sub[0]) else task, fontsize=10)
+        said = _trained_text(sub)
+        # a long title (rows trained on different lengths) on two lines, clear of the legend at the right
+        sep = "\n" if len(task) + len(said) > 40 else " "
+        ax.set_title(f"{task}{sep}({said})" if said else task, fontsize=10)
     else:  # splits ("test", "valid" ...): one column each
         keys = [key for key, v in sub[0]["values"].items() if v is not None]
         for r in sub[1:]:
@@ -909,7 +915,7 @@ def _results_html(rows: list[dict[str, Any]], styles: dict[str, dict[str, Any]])
         body.append(f"<h3>{html.escape(task)}</h3>")
         body.append(
             f"<p class=note>{html.escape(unit)} ({'higher' if higher else 'lower'} is better), mean ± std over seeds"
-            + (f"; {_trained_text(sub[0])}" if _trained_text(sub[0]) else "")
+            + (f"; {_trained_text(sub)}" if _trained_text(sub) else "")
             + "; best value of each column in bold, values not above chance in grey.</p>"
         )
         if task in mixed:

@@ -68,11 +68,18 @@ def expected_kernel(model) -> str:
         return "blocked"
     if "values" in enc.hooks():
         return "materialised"
+    if "bias" in enc.hooks() and "logits" not in enc.hooks() and offers_bias_offsets(enc):
+        return "offset-bias"  # a bias that depends on the offset only, from its values per offset
     if "logits" in enc.hooks() or ("bias" in enc.hooks() and any(p.requires_grad for p in enc.parameters())):
         return "biased-sdpa"  # terms with a gradient
     if "bias" in enc.hooks():
         return "sdpa"  # a constant bias (ALiBi) is a plain additive mask
     return "sdpa"
+
+
+def offers_bias_offsets(enc) -> bool:
+    inner = getattr(enc, "inner", enc)  # randomized positions wrap an encoding
+    return type(inner).bias_offsets is not PositionalEncoding.bias_offsets
 
 
 def grads_of(model, loss):
@@ -144,7 +151,9 @@ def test_choose_kernel_is_one_table():
     assert choose_kernel(**{**base, "dropout": 0.1, "on_cpu": False})[0] == "sdpa"  # GPU SDPA has dropout
     assert choose_kernel(**{**base, "has_terms": True, "learned_bias": True})[0] == "biased-sdpa"
     assert choose_kernel(**{**base, "needs_values": True})[0] == "materialised"
-    assert set(KERNELS) == {"sdpa", "biased-sdpa", "blocked", "materialised"}
+    assert choose_kernel(**{**base, "has_offsets": True, "has_terms": True, "learned_bias": True})[0] == "offset-bias"
+    assert choose_kernel(**{**base, "has_form": True, "has_offsets": True})[0] == "blocked"
+    assert set(KERNELS) == {"sdpa", "biased-sdpa", "offset-bias", "blocked", "materialised"}
 
 
 def test_plan_says_which_kernel_and_why_without_running():
@@ -333,7 +342,7 @@ def test_causal_bias_on_sdpa_matches_reference_with_padding():
         mask[0, :3] = False
         assert_same(fast, ref, lambda m, mask=mask: weighted(m(TOKENS, attention_mask=mask)[:, 3:]))
         assert_same(fast, ref, lambda m: weighted(m(TOKENS)))
-        assert fast_kernels(fast) <= {"sdpa", "biased-sdpa"}
+        assert fast_kernels(fast) <= {"sdpa", "biased-sdpa", "offset-bias"}
 
 
 def test_deberta_inference_memo_follows_the_weights():

@@ -41,6 +41,7 @@ from .base import (
 )
 from .errors import ConfigError, PositionError
 from .fused import RelativeForm, relative_attention
+from .offset_bias import offset_bias_attention
 
 PATHS = ("auto", "fast", "reference")
 
@@ -48,6 +49,8 @@ PATHS = ("auto", "fast", "reference")
 KERNELS = {
     "sdpa": "torch's scaled_dot_product_attention (the flash kernel where there is no float mask)",
     "biased-sdpa": "flash forward with the bias as a constant mask; a blocked backward gives the bias its gradient",
+    "offset-bias": "posenc.offset_bias: flash on row blocks, the bias a strided view of its per-offset values; a "
+    "blocked backward sums its gradient per offset (no [H, Lq, Lk] bias or gradient)",
     "blocked": "posenc.fused.relative_attention: row-blocked, offset tables skewed in place, no [B, H, Lq, Lk] tensor",
     "materialised": "the logits as one [B, H, Lq, Lk] tensor, softmax, then the values (the formula as written)",
 }
@@ -364,6 +367,7 @@ def choose_kernel(
     reference: bool,
     return_weights: bool,
     has_form: bool,
+    has_offsets: bool = False,
     needs_values: bool,
     has_terms: bool,
     learned_bias: bool,
@@ -378,6 +382,7 @@ def choose_kernel(
     ================================================  ==============  ==================================
     ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
     an offset-table form (relative encodings)         blocked         no ``L × L`` or ``L × L × d`` tensor
+    a bias given per offset (no dropout, no padding)  offset-bias     no ``[H, L, L]`` bias or gradient
     a ``values`` hook without a form                  materialised    a^V needs the probabilities
     dropout on CPU (not compiling)                    blocked         CPU SDPA has no fused dropout
     a learned bias on CPU (not compiling)             biased-sdpa     flash forward, blocked backward
@@ -390,6 +395,8 @@ def choose_kernel(
         return "materialised", "return_weights needs the probabilities"
     if has_form:
         return "blocked", "the encoding gave its logits as offset tables (relative_form)"
+    if has_offsets:
+        return "offset-bias", "the encoding gave its bias per offset (bias_offsets)"
     if needs_values:
         return "materialised", "a values hook without an offset-table form needs the probabilities"
     if dropout and on_cpu and not compiling:
@@ -464,8 +471,11 @@ class AttentionCore(nn.Module):
         self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
         self.last_plan: Plan | None = None
 
-    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None]:
-        """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`."""
+    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Tensor | None]:
+        """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`.
+
+        Returns the plan, the encoding's offset-table form (``relative_form``) and its bias per offset
+        (``bias_offsets``), each ``None`` unless the plan uses it."""
         enc, ctx, q, k = self.encoding, call.ctx, call.q, call.k
         reference = ctx.reference
         p_drop = self.dropout if self.training else 0.0
@@ -483,6 +493,22 @@ class AttentionCore(nn.Module):
             and (p_drop > 0 or q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs))
         ):
             form = enc.relative_form(q, k, ctx)
+        offsets = None
+        if (
+            enc is not None
+            and self._has["bias"]
+            and not self._has["logits"]
+            and not self._has["values"]
+            and not reference
+            and not return_weights
+            and p_drop == 0
+            and on_cpu
+            and not compiling
+            and q.dtype in (torch.float32, torch.float64)
+            and (call.allowed is None or (call.causal and not call.any_padding))
+            and q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs)
+        ):
+            offsets = enc.bias_offsets(ctx)
         has_logits = enc is not None and self._has["logits"] and form is None
         has_bias = enc is not None and self._has["bias"]
         learnable = _learnable(enc)
@@ -493,6 +519,7 @@ class AttentionCore(nn.Module):
             reference=reference,
             return_weights=return_weights,
             has_form=form is not None,
+            has_offsets=offsets is not None,
             needs_values=self._has["values"] and form is None,
             has_terms=has_logits or has_bias,
             learned_bias=grads,
@@ -501,7 +528,7 @@ class AttentionCore(nn.Module):
             compiling=compiling,
         )
         terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
-        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form
+        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form, offsets
 
     # ---------------------------------------------------------------- the kernels
     def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
@@ -582,7 +609,7 @@ class AttentionCore(nn.Module):
         """Steps 5-6: plan and run the kernel. ``[B, H, Lq, Dh]`` (and the probabilities when asked for).
 
         ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``)."""
-        plan, form = self._plan(call, return_weights)
+        plan, form, offsets = self._plan(call, return_weights)
         self.last_plan = plan
         if scale is None:
             enc = self.encoding
@@ -590,6 +617,9 @@ class AttentionCore(nn.Module):
         weights = None
         if plan.kernel == "blocked":
             out = self._run_blocked(call, plan, form, scale)
+        elif plan.kernel == "offset-bias":
+            assert offsets is not None
+            out = offset_bias_attention(call.q, call.k, call.v, offsets, scale, causal=call.causal)
         elif plan.kernel == "materialised":
             out, weights = self._run_materialised(call, plan, scale)
         else:
@@ -871,8 +901,7 @@ class MultiHeadAttention(AttentionCore):
             if grad:  # as the call would see them: q and k need a gradient wherever the projections do
                 call.q.requires_grad_(self.q_proj.weight.requires_grad)
                 call.k.requires_grad_(self.q_proj.weight.requires_grad)
-        plan, _ = self._plan(call, return_weights)
-        return plan
+        return self._plan(call, return_weights)[0]
 
     def forward(
         self,

@@ -260,7 +260,8 @@ class PositionalEncoding(nn.Module):
       :mod:`posenc.bias.randomized_registry`). Inherited: a subclass that should not have one sets ``False``.
       Any encoding can still be wrapped by hand with :func:`posenc.randomized.randomized`.
     * the fast form: overriding :meth:`relative_form` declares one; an encoding whose form exists only
-      under some settings also overrides :meth:`offers_relative_form`.
+      under some settings also overrides :meth:`offers_relative_form`. A ``bias`` that depends on the offset
+      ``j - i`` only overrides :meth:`bias_offsets` (its values per offset) and builds its ``bias`` from them.
     * :meth:`check_sizes`: the model sizes this instance was built for (``d_model``, ``n_heads``,
       ``head_dim``, ``vocab_size`` among its settings) are compared with the attention's and the model's
       when they are built; override it for sizes the settings do not name.
@@ -344,6 +345,18 @@ class PositionalEncoding(nn.Module):
         Not a hook of the paper: an optional fast form of ``logits`` + ``values`` that
         :func:`posenc.fused.relative_attention` computes without any ``[B, H, Lq, Lk]`` tensor. Return
         ``None`` (the default) where it does not apply; the attention then uses the hooks.
+        """
+        return None
+
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        """This encoding's ``bias`` as one value per offset, ``[H|1, Lq + Lk - 1]``, where it depends on ``j - i`` only.
+
+        Not a hook of the paper: an optional fast form of :meth:`bias` for positions that are ``start + arange``
+        per row (``ctx.contiguous``), where the bias is the Toeplitz matrix ``B[h, i, j] = vals[h, j - i + Lq - 1]``
+        (offsets ascending from ``-(Lq - 1)``). :func:`posenc.offset_bias.offset_bias_attention` then attends
+        without the ``[H, Lq, Lk]`` bias or its gradient. Return ``None`` (the default) where it does not apply
+        (the reference path, arbitrary positions, a bias that depends on more than the offset); the attention
+        then calls :meth:`bias`.
         """
         return None
 

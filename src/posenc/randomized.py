@@ -186,6 +186,9 @@ class Randomized(PositionalEncoding):
     def bias(self, ctx: AttentionContext) -> Tensor | None:
         return self.inner.bias(ctx)
 
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        return self.inner.bias_offsets(ctx)  # None for the sampled (arbitrary) positions of training
+
     def values(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         return self.inner.values(probs, ctx)
 

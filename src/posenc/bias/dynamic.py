@@ -123,15 +123,24 @@ class DynamicPositionBias(PositionalEncoding):
             self.__dict__["_distance_memo"] = memo
         return memo[2][:, lo - memo[1] : hi - memo[1] + 1].flip(-1)
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def _check_heads(self, ctx: AttentionContext) -> None:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"dynamic-bias was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
-        if not ctx.reference and arange_rows(ctx):  # offset-only: Lq + Lk - 1 MLP rows laid out as a Toeplitz matrix
-            lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
-            kept = self._kept_span(ctx, lq + lk - 1)
-            if kept is not None:
-                return toeplitz(kept, lq, lk)
-            return toeplitz(self.of_distance(-offsets(ctx)).t(), lq, lk)
+
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        """The MLP at the ``Lq + Lk - 1`` distances of contiguous positions: ``[H, P]`` (else ``None``)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        self._check_heads(ctx)
+        p = ctx.q_pos.shape[-1] + ctx.k_pos.shape[-1] - 1
+        kept = self._kept_span(ctx, p)
+        return kept if kept is not None else self.of_distance(-offsets(ctx)).t()
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        self._check_heads(ctx)
+        vals = self.bias_offsets(ctx)
+        if vals is not None:  # offset-only: Lq + Lk - 1 MLP rows laid out as a Toeplitz matrix
+            return toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         delta = -ctx.relative()  # i - j, [B, Lq, Lk]
         if ctx.reference:
             return self.of_distance(delta).permute(0, 3, 1, 2)

@@ -132,16 +132,27 @@ class _Kerple(PositionalEncoding):
     def kernel(self, dist: Tensor, r1: Tensor, r2: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def _check_heads(self, ctx: AttentionContext) -> None:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(
                 f"{self.info.name} was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}"
             )
+
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        """The kernel at the ``Lq + Lk - 1`` distances of contiguous positions: ``[H, P]`` (else ``None``)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        self._check_heads(ctx)
         r1, r2 = self.parameters_in_range()
-        if not ctx.reference and arange_rows(ctx):  # offset-only: the kernel at Lq + Lk - 1 distances, laid out
-            dist = offsets(ctx).abs().to(r1.dtype)[None, :]  # [1, P]
-            vals = self.kernel(dist, r1[:, None], r2[:, None])  # [H, P]
+        dist = offsets(ctx).abs().to(r1.dtype)[None, :]  # [1, P]
+        return self.kernel(dist, r1[:, None], r2[:, None])  # [H, P]
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        self._check_heads(ctx)
+        vals = self.bias_offsets(ctx)
+        if vals is not None:  # offset-only: laid out as a Toeplitz matrix
             return toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+        r1, r2 = self.parameters_in_range()
         dist = ctx.relative().abs().to(r1.dtype)[:, None]  # |i - j|, [B, 1, Lq, Lk]
         return self.kernel(dist, r1[None, :, None, None], r2[None, :, None, None])
 

@@ -128,12 +128,21 @@ class RelativeBias(_Bucketed):
         self.n_heads = n_heads
         self.embeddings = nn.Embedding(num_buckets, n_heads)
 
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        """The bucket embeddings of the ``Lq + Lk - 1`` offsets of contiguous positions: ``[H, P]`` (else ``None``)."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        if ctx.n_heads != self.n_heads:
+            raise ConfigError(f"{self.info.name} was built for n_heads={self.n_heads}, got {ctx.n_heads}")
+        buckets = seed_relative_position_bucket(-offsets(ctx), self.num_buckets, self.max_distance)  # of i - j
+        return self.embeddings(buckets).t()
+
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"{self.info.name} was built for n_heads={self.n_heads}, got {ctx.n_heads}")
-        if not ctx.reference and arange_rows(ctx):  # offset-only: Lq + Lk - 1 lookups laid out as a Toeplitz matrix
-            buckets = seed_relative_position_bucket(-offsets(ctx), self.num_buckets, self.max_distance)  # of i - j
-            return toeplitz(self.embeddings(buckets).t(), ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+        vals = self.bias_offsets(ctx)
+        if vals is not None:  # offset-only: Lq + Lk - 1 lookups laid out as a Toeplitz matrix
+            return toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         return self.embeddings(self.index(ctx)).permute(0, 3, 1, 2)  # [B|1, H, Lq, Lk]
 
 

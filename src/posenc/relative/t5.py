@@ -177,21 +177,38 @@ class T5Bias(PositionalEncoding):
         rel = k_pos[:, None, :] - q_pos[:, :, None]
         return self.relative_attention_bias(self.buckets(rel)).permute(0, 3, 1, 2)
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def _check_heads(self, ctx: AttentionContext) -> None:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(
                 f"t5 was built for n_heads={self.n_heads} but the attention has {ctx.n_heads} heads; "
                 f"build it with n_heads={ctx.n_heads}"
             )
+
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        """``b[h, bucket(δ)]`` for the ``Lq + Lk - 1`` offsets of contiguous positions: ``[H, P]`` (else ``None``).
+
+        Positions made by the attention: the bias depends on ``j - i`` only, so ``P`` lookups (no ``Lq·Lk`` bucket
+        arithmetic, no ``Lq·Lk``-row embedding backward); once per forward, shared by the layers."""
+        if ctx.reference or not arange_rows(ctx):
+            return None
+        self._check_heads(ctx)
+        key = ("t5-offsets", id(self))
+        got = ctx.cache.get(key)
+        if got is not None and _same(got[0], ctx.q_pos) and _same(got[1], ctx.k_pos):
+            return got[2]
+        vals = self.relative_attention_bias(self.buckets(offsets(ctx))).t()  # [H, P]
+        ctx.cache[key] = (ctx.q_pos, ctx.k_pos, vals)
+        return vals
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        self._check_heads(ctx)
         key = ("t5-bias", id(self))
         got = ctx.cache.get(key)
         if got is not None and _same(got[0], ctx.q_pos) and _same(got[1], ctx.k_pos):
             return got[2]
-        if not ctx.reference and arange_rows(ctx):
-            # positions made by the attention: the bias depends on j - i only, so look up Lq + Lk - 1 offsets
-            # and lay them out as a Toeplitz matrix (no Lq·Lk bucket arithmetic, no Lq·Lk-row embedding backward)
-            vals = self.relative_attention_bias(self.buckets(offsets(ctx)))  # [P, H]
-            out = toeplitz(vals.t(), ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
+        vals = self.bias_offsets(ctx)
+        if vals is not None:  # laid out as a Toeplitz matrix
+            out = toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
         else:
             out = self.compute_bias(ctx.q_pos, ctx.k_pos)
         ctx.cache[key] = (ctx.q_pos, ctx.k_pos, out)

@@ -271,3 +271,75 @@ def test_the_thread_pool_is_remade_in_a_forked_child():
 
 def _submit_in_child():
     return native._threads().submit(sum, [1, 2]).result(timeout=10)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    lk=st.integers(1, 40),
+    d=st.sampled_from([1, 7, 16, 33, 64]),
+    per_head=st.booleans(),
+    with_query=st.booleans(),
+    strided=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_rows_dot_equals_the_gathered_product(b, h, lk, d, per_head, with_query, strided, dtype, seed):
+    """``(k_j + a) · T[index_j]`` in one pass equals gathering the rows, adding, multiplying and summing."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(b, lk, h, d, generator=g, dtype=dtype)
+    k = k.transpose(1, 2) if strided else k.transpose(1, 2).contiguous()  # a projection's view, or a cache's
+    r = lk + 5
+    table = torch.randn(r, h, d, generator=g, dtype=dtype) if per_head else torch.randn(r, d, generator=g, dtype=dtype)
+    index = torch.randint(0, r, (lk,), generator=g)
+    a = torch.randn(b, h, d, generator=g, dtype=dtype) if with_query else None
+    rows = table[index]  # [Lk, (H,) d]
+    rows = rows.transpose(0, 1) if per_head else rows
+    want = ((k + a[:, :, None]) if a is not None else k) * rows
+    got = native.rows_dot(k, table, index, plus=a)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got, want.sum(-1), rtol=tol, atol=tol * d)
+
+
+@needs_kernel
+def test_rows_dot_declines_what_it_cannot_do_and_checks_the_index():
+    k = torch.randn(1, 2, 5, 4)
+    table = torch.randn(6, 4)
+    assert native.rows_dot(k.requires_grad_(), table, torch.arange(5)) is None  # a gradient to record
+    assert native.rows_dot(k.detach().double(), table, torch.arange(5)) is None  # mixed dtypes
+    assert native.rows_dot(k.detach(), table, torch.arange(5).int()) is None  # not a long index
+    with pytest.raises(IndexError, match="out of range for a table of 6 rows"):
+        native.rows_dot(k.detach(), table, torch.tensor([0, 1, 2, 3, 6]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["relative-key-query", "deberta", "contextual-2"])
+def test_decoding_gives_the_full_forwards_numbers_with_and_without_the_kernel(name, monkeypatch):
+    """KV-cache decoding (one query: the rows_dot form) equals the full forward, native kernel on and off."""
+    torch.manual_seed(0)
+    kw = {"max_len": 64} if name.startswith("relative") else {}
+    model = (
+        posenc.LanguageModel(
+            40, encoding=name, encoding_options=kw or None, d_model=32, n_heads=4, n_layers=2, max_len=64
+        )
+        .double()
+        .eval()
+    )
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    tokens = torch.randint(0, 40, (2, 30))
+    calls = []
+    real = native.rows_dot
+    monkeypatch.setattr(native, "rows_dot", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        full = model(tokens)
+        for on in (True, False):
+            monkeypatch.setattr(native, "enabled", on)
+            cache = posenc.KVCache()
+            steps = [model(tokens[:, :20], kv_cache=cache)]
+            steps += [model(tokens[:, t : t + 1], kv_cache=cache) for t in range(20, 30)]
+            torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)
+    assert calls  # the one-query form was taken

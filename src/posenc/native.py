@@ -233,6 +233,43 @@ FIRE_FORWARD(double)
     }
 FIRE_BACKWARD(float)
 FIRE_BACKWARD(double)
+
+/* out[n * lk + j] = sum_e (k[b, h, j, e] + a[b, h, e]) * tab[idx[j], h, e] for the rows n = b * H + h in
+   [n0, n1): one query's key term against a table looked up per key (a decoding step's k_j . E[i - j]), plus, where
+   a is given (not NULL), its query term a . E[i - j] in the same pass; no temporary. k has element strides ks0
+   (batch), ks1 (head), ks2 (key), its last dim contiguous; a has strides as0, as1; tab has row stride tr and head
+   stride th (0: the heads share it). 16 partial sums per dot (vectorised; not one chain). */
+#define ROWS_DOT(T)                                                                                          \
+    void posenc_rows_dot_##T(const T *k, int64_t ks0, int64_t ks1, int64_t ks2, const T *tab, int64_t tr,    \
+                             int64_t th, const int64_t *idx, const T *a, int64_t as0, int64_t as1, T *out,   \
+                             int64_t H, int64_t lk, int64_t d, int64_t n0, int64_t n1) {                     \
+        T zero[64] = {0};                                                                                    \
+        for (int64_t n = n0; n < n1; n++) {                                                                  \
+            const T *kr = k + (n / H) * ks0 + (n % H) * ks1;                                                 \
+            const T *tb = tab + (n % H) * th;                                                                \
+            const T *restrict ar = a ? a + (n / H) * as0 + (n % H) * as1 : zero;                             \
+            const int64_t da = a ? d : 0; /* without a: the zero row, d <= 64 or none at all */              \
+            T *o = out + n * lk;                                                                             \
+            for (int64_t j = 0; j < lk; j++) {                                                               \
+                const T *restrict x = kr + j * ks2;                                                          \
+                const T *restrict y = tb + idx[j] * tr;                                                      \
+                T acc[16] = {0};                                                                             \
+                int64_t e = 0;                                                                               \
+                if (da)                                                                                      \
+                    for (; e + 16 <= d; e += 16)                                                             \
+                        for (int u = 0; u < 16; u++) acc[u] += (x[e + u] + ar[e + u]) * y[e + u];            \
+                else                                                                                         \
+                    for (; e + 16 <= d; e += 16)                                                             \
+                        for (int u = 0; u < 16; u++) acc[u] += x[e + u] * y[e + u];                          \
+                T s = 0;                                                                                     \
+                for (int u = 0; u < 16; u++) s += acc[u];                                                    \
+                for (; e < d; e++) s += (da ? x[e] + ar[e] : x[e]) * y[e];                                   \
+                o[j] = s;                                                                                    \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+ROWS_DOT(float)
+ROWS_DOT(double)
 """
 
 # outputs at least this large are written with non-temporal stores (about an L2 cache: smaller ones stay in cache)
@@ -326,6 +363,10 @@ def _build() -> ctypes.CDLL | None:
         bwd = getattr(lib, f"posenc_fire_backward_{t}")
         bwd.restype = None
         bwd.argtypes = [ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
+    for t in ("float", "double"):
+        fn = getattr(lib, f"posenc_rows_dot_{t}")
+        fn.restype = None
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
     _state["path"] = str(lib_path)
@@ -525,4 +566,51 @@ def fire_bias(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Ten
     return _FireBias.apply(x, knots, slope, intercept)
 
 
-__all__ = ["available", "cache_dir", "fire_bias", "rope_rotate", "status"]
+def rows_dot(k: Tensor, table: Tensor, index: Tensor, plus: Tensor | None = None) -> Tensor | None:
+    r"""One query's key term in one pass: ``out[b, h, j] = Σ_e (k[b, h, j, e] + a[b, h, e]) · table[index[j], (h,) e]``.
+
+    .. math::
+        o_{bhj} = (k_{bhj} + a_{bh}) \cdot T_{\mathrm{index}_j}
+
+    ``k [B, H, Lk, d]`` (any strides, last dimension contiguous: a KV cache's view), ``table [R, d]`` (shared by the
+    heads) or ``[R, H, d]``, ``index [Lk]`` (long), ``plus`` (``a``, optional) ``[B, H, d]``: a query whose own term
+    ``a · T`` is wanted too (BERT ``relative_key_query``'s ``q_i · E + k_j · E``). Reads ``k`` and the rows once and
+    writes ``[B, H, Lk]``: the PyTorch form gathers the rows (``[Lk, H, d]``), multiplies (another) and sums.
+    Returns ``None`` where the kernel does not apply (no compiled kernel, not CPU, not float32/float64, a gradient
+    to record, ``torch.compile``): the caller keeps its PyTorch form.
+    """
+    if not enabled or torch.compiler.is_compiling() or _lib() is None:
+        return None
+    if k.device.type != "cpu" or k.dtype not in _CTYPE or table.dtype != k.dtype or k.dim() != 4:
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (k, table, plus)):
+        return None
+    b, h, lk, d = k.shape
+    if plus is not None and (plus.shape != (b, h, d) or plus.dtype != k.dtype or d > 64):
+        return None
+    if table.dim() not in (2, 3) or table.shape[-1] != d or (table.dim() == 3 and table.shape[1] != h):
+        return None
+    if index.shape != (lk,) or index.dtype != torch.long or index.device.type != "cpu":
+        return None
+    if k.stride(-1) != 1 and d > 1:
+        return None
+    if table.stride(-1) != 1 and d > 1:
+        table = table.contiguous()
+    index = index.contiguous()
+    if lk and (int(index.min()) < 0 or int(index.max()) >= table.shape[0]):
+        raise IndexError(f"rows_dot: index out of range for a table of {table.shape[0]} rows")
+    lib = _lib()
+    assert lib is not None
+    out = torch.empty(b, h, lk, dtype=k.dtype)
+    th = table.stride(1) if table.dim() == 3 else 0
+    fn = getattr(lib, f"posenc_rows_dot_{_CTYPE[k.dtype]}")
+    head = (k.data_ptr(), k.stride(0), k.stride(1), k.stride(2), table.data_ptr(), table.stride(0), th)
+    if plus is not None and plus.stride(-1) != 1:
+        plus = plus.contiguous()
+    a = (plus.data_ptr(), plus.stride(0), plus.stride(1)) if plus is not None else (None, 0, 0)
+    tail = (index.data_ptr(), *a, out.data_ptr(), h, lk, d)
+    _run([(fn, *head, *tail, n0, n1) for n0, n1 in _split(b * h, b * h * lk * d)])
+    return out
+
+
+__all__ = ["available", "cache_dir", "fire_bias", "rope_rotate", "rows_dot", "status"]

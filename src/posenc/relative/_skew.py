@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import native
 from ..base import AttentionContext
 from ..errors import PositionError
 
@@ -146,8 +147,12 @@ def key_rows_dot(k: Tensor, table: Tensor, index: Tensor) -> Tensor:
     ``table`` is ``[R, Dh]`` or ``[R, H, Dh]``, ``index`` ``[Lk]`` and monotone (a decoding step's distances). The
     runs of one row at either end (the distances a clip or the last bucket maps to one row) are one matrix-vector
     product each; the rows between are gathered and multiplied element-wise (not a batched product of ``Lk``
-    one-by-one matrices, which einsum makes of it).
+    one-by-one matrices, which einsum makes of it). With the native kernels (:func:`posenc.native.rows_dot`) all of
+    it is one pass over ``k`` and the rows, with no temporary.
     """
+    fast = native.rows_dot(k, table, index)
+    if fast is not None:
+        return fast
     lk = index.shape[0]
     first, last = (int(v) for v in index[[0, -1]].tolist())
     a = _run_length(index, first)

@@ -259,7 +259,9 @@ class DeBERTa(PositionalEncoding):
         return c2p, p2c
 
     def _cached_indices(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        key = ("deberta-index", id(self))
+        # keyed by the bucket settings, not the instance: the per-layer copies of one model share the indices
+        settings = (self.span, self.position_buckets, self.max_relative_positions, self.bucket_clamp, self.p2c_offset)
+        key = ("deberta-index", *settings)
         got = ctx.cache.get(key)
         if got is not None and _same(got[0], ctx.q_pos) and _same(got[1], ctx.k_pos):
             return got[2], got[3]
@@ -374,7 +376,10 @@ class DeBERTa(PositionalEncoding):
         if "c2p" in self.terms:
             assert k_r is not None
             full = torch.matmul(q, k_r.transpose(-1, -2))  # [B, H, Lq, 2k]
-            add(full.gather(-1, c2p_idx[:, None].expand(b, h, lq, lk)))
+            if lq == 1 and c2p_idx.shape[0] == 1:  # decoding: one row of buckets (gather's expanded index is slow)
+                add(full.index_select(-1, c2p_idx[0, 0]))
+            else:
+                add(full.gather(-1, c2p_idx[:, None].expand(b, h, lq, lk)))
         if "p2c" in self.terms:
             assert q_r is not None
             few = 8 * lq <= min(lk, 2 * self.span)  # a few queries against many keys (never an L × L × d tensor)

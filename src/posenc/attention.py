@@ -20,6 +20,10 @@ On CPU, an encoding that describes its logits (and values) as offset tables
 relative_key(_query), Transformer-XL, XLNet, TENER, DeBERTa) goes to
 :func:`posenc.fused.relative_attention` instead, which computes the same numbers
 one block of query rows at a time and never holds a ``[B, H, Lq, Lk]`` tensor.
+An encoding whose bias depends on the offset alone and gives it per offset
+(:meth:`~posenc.base.PositionalEncoding.bias_offsets`: T5, KERPLE, dynamic position
+bias) goes to :func:`posenc.offset_bias.offset_bias_attention`, which never makes
+the ``[H, Lq, Lk]`` bias or its gradient.
 """
 
 from __future__ import annotations

@@ -451,3 +451,42 @@ def test_fast_path_never_materialises_R_for_every_pair(monkeypatch):
     seen.clear()
     ref(x, memory=mem, causal=True)  # the literal path does build R_{i-j} for every pair
     assert seen == [(1, 6, 11)]
+
+
+@pytest.mark.parametrize("name", ["transformer-xl", "xlnet"])
+def test_decoding_folds_u_into_the_query_and_keeps_the_numbers(name, monkeypatch):
+    """On the SDPA kernel (a decoding step) the query is q + u and logits() leave u · k_j out: the keys are read
+    once. The steps give the full reference forward's numbers, and u still matters (it is not dropped)."""
+    torch.manual_seed(0)
+    model = LanguageModel(30, encoding=name, d_model=32, n_heads=4, n_layers=2, max_len=64).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))  # u and v off zero
+    ref = LanguageModel(30, encoding=name, d_model=32, n_heads=4, n_layers=2, max_len=64, path="reference")
+    ref = ref.double().eval()
+    ref.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 30, (2, 24))
+    calls = []
+    real = TransformerXL.content_bias
+    monkeypatch.setattr(TransformerXL, "content_bias", lambda self, k: calls.append(k.shape) or real(self, k))
+    with torch.no_grad():
+        full = ref(tokens)
+        n_ref = len(calls)
+        assert n_ref  # the reference path computes u · k_j as a term of its own
+        cache = KVCache()
+        steps = [model(tokens[:, :16], kv_cache=cache)]
+        calls.clear()
+        steps += [model(tokens[:, t : t + 1], kv_cache=cache) for t in range(16, 24)]
+        assert not calls  # folded into the query on every step
+        assert all(b.attn.last_plan.kernel == "sdpa" for b in model.trunk.blocks)
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)
+        for m in (model, ref):  # u is in there: zeroing it changes the outputs of both the same way
+            for enc in m.modules():
+                if isinstance(enc, TransformerXL):
+                    enc.u.zero_()
+        cache = KVCache()
+        steps = [model(tokens[:, :16], kv_cache=cache)]
+        steps += [model(tokens[:, t : t + 1], kv_cache=cache) for t in range(16, 24)]
+        without_u = ref(tokens)
+        torch.testing.assert_close(torch.cat(steps, 1), without_u, rtol=1e-10, atol=1e-11)
+        assert not torch.allclose(without_u, full)

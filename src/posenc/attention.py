@@ -561,6 +561,11 @@ class AttentionCore(nn.Module):
 
     def _run_sdpa(self, call: _Call, plan: Plan, scale: float) -> Tensor:
         q, k, v, allowed = call.q, call.k, call.v, call.allowed
+        if self.encoding is not None and self._has["logits"] and not call.ctx.reference:
+            folded = self.encoding.content_query(q, call.ctx)  # (q + c) · k_j: logits() then leave c · k_j out
+            if folded is not None:
+                q = folded
+                call.ctx.content_folded = True
         add = self._additive(call, scale)
         is_causal = False
         if add is None:

@@ -104,6 +104,8 @@ class AttentionContext:
     # j - i takes the Lq + Lk - 1 values of row 0 and an offset-only term is a Toeplitz matrix (skew / fused forms);
     # decided once per forward from what the positions are (:func:`contiguous_positions`)
     contiguous: bool = False
+    # the attention took the encoding's content_query as its query: logits() then leaves that content term out
+    content_folded: bool = False
 
     def relative(self) -> Tensor:
         """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""
@@ -345,6 +347,17 @@ class PositionalEncoding(nn.Module):
         Not a hook of the paper: an optional fast form of ``logits`` + ``values`` that
         :func:`posenc.fused.relative_attention` computes without any ``[B, H, Lq, Lk]`` tensor. Return
         ``None`` (the default) where it does not apply; the attention then uses the hooks.
+        """
+        return None
+
+    def content_query(self, q: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """The query ``q̃`` whose product with the keys is the content part of this encoding's logits, or ``None``.
+
+        Not a hook of the paper: an optional fast form for an encoding whose ``logits`` add a per-key term
+        ``c · k_j`` with a fixed ``c`` (Transformer-XL's and XLNet's ``u · k_j``), so that ``q · k_j + c · k_j =
+        (q + c) · k_j``. Where the attention's kernel takes ``q̃`` as its query (the SDPA kernel, e.g. each step of
+        KV-cache decoding), it sets ``ctx.content_folded`` before calling :meth:`logits`, which must then leave
+        ``c · k_j`` out: the keys are read once, by the kernel, instead of once more for the term.
         """
         return None
 

@@ -412,7 +412,15 @@ class TransformerXL(PositionalEncoding):
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
-        return self.position_terms(q, ctx) + self.content_bias(k)
+        out = self.position_terms(q, ctx)
+        return out if ctx.content_folded else out + self.content_bias(k)
+
+    def content_query(self, q: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """(a) + (c) as ``(q + u) · k_j``: the attention's kernel then reads the keys once (see the base class)."""
+        if ctx.reference:
+            return None
+        check_heads(self.info.name, q, self.n_heads, self.head_dim)
+        return q + self.u[:, None, :].to(q.dtype)
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """(a) + (c) as ``(q + u) · k``, (b) + (d) as ``(q + v) · W_{k,R} R`` over the offsets (:mod:`posenc.fused`)."""

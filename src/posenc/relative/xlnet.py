@@ -160,6 +160,8 @@ class XLNet(TransformerXL):
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
-        out = self.position_terms(q, ctx) + self.content_bias(k)
+        out = self.position_terms(q, ctx)
+        if not ctx.content_folded:
+            out = out + self.content_bias(k)
         seg = self.segment_terms(q, ctx, k.shape[2])
         return out if seg is None else out + seg

@@ -343,3 +343,71 @@ def test_decoding_gives_the_full_forwards_numbers_with_and_without_the_kernel(na
             steps += [model(tokens[:, t : t + 1], kv_cache=cache) for t in range(20, 30)]
             torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)
     assert calls  # the one-query form was taken
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    lk=st.integers(1, 40),
+    d=st.sampled_from([1, 7, 16, 64]),
+    with_query_term=st.booleans(),
+    with_key_table=st.booleans(),
+    indexed=st.booleans(),
+    masked=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_equals_the_softmax_formula(
+    b, h, lk, d, with_query_term, with_key_table, indexed, masked, dtype, seed
+):
+    """One query over its keys with a query term, a key term and a mask, in one pass: the softmax written out."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    q, a = rnd(b, h, d), rnd(b, h, d)
+    k = rnd(b, lk, h, d).transpose(1, 2)  # a projection's strided view
+    v = rnd(b, h, lk, d)
+    r = lk + 3
+    table_t, table_u = rnd(r, h, d), rnd(r, 1, d)
+    ti = torch.randint(0, r, (lk,), generator=g) if indexed else None
+    ui = torch.randint(0, r, (lk,), generator=g) if indexed else None
+    add = rnd(1, h, lk)
+    if masked and lk > 1:
+        add[0, 0, 0] = float("-inf")  # one key dropped for head 0
+    s = (k @ q[..., None])[..., 0]
+    rows_t = table_t[ti] if indexed else table_t[:lk]  # [Lk, H, d]
+    rows_u = table_u[ui] if indexed else table_u[:lk]  # [Lk, 1, d]
+    if with_query_term:
+        s = s + torch.einsum("bhd,jhd->bhj", a, rows_t)
+    if with_key_table:
+        s = s + torch.einsum("bhjd,jd->bhj", k, rows_u[:, 0])
+    s = 0.7 * s + add
+    want = torch.einsum("bhj,bhjd->bhd", torch.softmax(s, -1), v)
+    got = native.decode_attention(
+        q,
+        k,
+        v,
+        0.7,
+        query_term=(a, table_t, ti) if with_query_term else None,
+        key_table=(table_u, ui) if with_key_table else None,
+        add=add,
+    )
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@needs_kernel
+def test_decode_attention_declines_what_it_cannot_do():
+    q, k = torch.randn(1, 2, 4), torch.randn(1, 2, 5, 4)
+    assert native.decode_attention(q.requires_grad_(), k, k, 1.0) is None  # a gradient to record
+    assert native.decode_attention(q.detach().double(), k, k, 1.0) is None  # mixed dtypes
+    assert (
+        native.decode_attention(torch.randn(1, 2, 300), torch.randn(1, 2, 5, 300), torch.randn(1, 2, 5, 300), 1.0)
+        is None
+    )
+    with pytest.raises(IndexError, match="out of range for a table of 6 rows"):
+        native.decode_attention(q.detach(), k, k, 1.0, key_table=(torch.randn(6, 1, 4), torch.tensor([0, 1, 2, 3, 6])))

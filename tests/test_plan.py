@@ -153,7 +153,9 @@ def test_choose_kernel_is_one_table():
     assert choose_kernel(**{**base, "needs_values": True})[0] == "materialised"
     assert choose_kernel(**{**base, "has_offsets": True, "has_terms": True, "learned_bias": True})[0] == "offset-bias"
     assert choose_kernel(**{**base, "has_form": True, "has_offsets": True})[0] == "blocked"
-    assert set(KERNELS) == {"sdpa", "biased-sdpa", "offset-bias", "blocked", "materialised"}
+    assert choose_kernel(**{**base, "one_query": True, "has_form": True})[0] == "decode"
+    assert choose_kernel(**{**base, "one_query": True, "has_form": True, "reference": True})[0] == "materialised"
+    assert set(KERNELS) == {"sdpa", "biased-sdpa", "offset-bias", "decode", "blocked", "materialised"}
 
 
 def test_plan_says_which_kernel_and_why_without_running():
@@ -516,3 +518,58 @@ def test_dynamic_bias_decoding_memo_follows_the_weights():
                     m.mlp[0].bias.add_(0.5)
         torch.testing.assert_close(decode(fast), ref(TOKENS), rtol=1e-9, atol=1e-10)
     assert any("_distance_memo" in m.__dict__ for m in fast.modules())
+
+
+# ---------------------------------------------------------------- one query: the decode kernel
+def _decodes(name) -> bool:
+    """Whether a decoding step of this encoding's model should take the decode kernel (a form without a^V)."""
+    from posenc import native
+
+    model = lm(name)
+    enc = model.trunk.blocks[0].attn.encoding
+    if not native.available() or enc is None or not enc.offers_relative_form() or "bias" in enc.hooks():
+        return False
+    q = torch.randn(1, 2, 1, 8, dtype=F64)
+    k = torch.randn(1, 2, 5, 8, dtype=F64)
+    ctx = posenc.base.AttentionContext(
+        q_pos=torch.tensor([[4]]),
+        k_pos=torch.arange(5)[None],
+        n_heads=2,
+        head_dim=8,
+        contiguous=True,
+        q_segments=torch.zeros(1, 1, dtype=torch.long),
+        k_segments=torch.zeros(1, 5, dtype=torch.long),
+        attention=model.trunk.blocks[0].attn,
+    )
+    with torch.no_grad():
+        form = enc.relative_form(q, k, ctx)
+    return form is not None and form.value_table is None
+
+
+@pytest.mark.parametrize("name", [n for n in names() if n not in LENGTH_DEPENDENT])
+def test_decoding_steps_take_the_decode_kernel_where_the_form_fits(name):
+    """KV-cache decoding with a padded batch (and XLNet's segments): the steps equal the full reference forward, and
+    every step of an encoding whose offset-table form has no value table takes the one-pass decode kernel."""
+    fast, ref = pair(name)
+    for m in fast.modules():
+        if isinstance(m, PositionalEncoding):
+            m.fused_min_pairs = 1 << 30  # the prefill on the hooks; only the decode rule can pick a form
+    fast.eval(), ref.eval()
+    mask = torch.ones(2, 14, dtype=torch.bool)
+    mask[1, :3] = False  # left padding in the second row
+    seg = (torch.arange(14) >= 7).long().expand(2, 14)
+    kw = (lambda sl: {"segment_ids": seg[:, sl]}) if name in NEEDS_SEGMENTS else (lambda sl: {})
+    want_decode = _decodes(name)
+    with torch.no_grad():
+        full = ref(TOKENS, attention_mask=mask, **kw(slice(0, 14)))
+        cache = posenc.KVCache()
+        steps = [fast(TOKENS[:, :9], kv_cache=cache, attention_mask=mask[:, :9], **kw(slice(0, 9)))]
+        for t in range(9, 14):
+            steps.append(
+                fast(TOKENS[:, t : t + 1], kv_cache=cache, attention_mask=mask[:, : t + 1], **kw(slice(t, t + 1)))
+            )
+            kernels = fast_kernels(fast)
+            assert (kernels == {"decode"}) == want_decode, (name, [str(p) for p in plans(fast)])
+    got = torch.cat(steps, dim=1)
+    torch.testing.assert_close(got[0], full[0], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(got[1, 3:], full[1, 3:], rtol=1e-9, atol=1e-10)

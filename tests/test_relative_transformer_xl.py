@@ -455,8 +455,11 @@ def test_fast_path_never_materialises_R_for_every_pair(monkeypatch):
 
 @pytest.mark.parametrize("name", ["transformer-xl", "xlnet"])
 def test_decoding_folds_u_into_the_query_and_keeps_the_numbers(name, monkeypatch):
-    """On the SDPA kernel (a decoding step) the query is q + u and logits() leave u · k_j out: the keys are read
-    once. The steps give the full reference forward's numbers, and u still matters (it is not dropped)."""
+    """On the SDPA kernel (a decoding step without the native kernels) the query is q + u and logits() leave u · k_j
+    out: the keys are read once. The steps give the full reference forward's numbers, and u still matters."""
+    from posenc import native
+
+    monkeypatch.setattr(native, "enabled", False)  # with them a decoding step takes the decode kernel instead
     torch.manual_seed(0)
     model = LanguageModel(30, encoding=name, d_model=32, n_heads=4, n_layers=2, max_len=64).double().eval()
     with torch.no_grad():

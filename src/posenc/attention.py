@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import native
 from .base import (
     AttentionContext,
     PositionalEncoding,
@@ -44,7 +45,7 @@ from .base import (
     mark_arange,
 )
 from .errors import ConfigError, PositionError
-from .fused import RelativeForm, relative_attention
+from .fused import RelativeForm, Rows, relative_attention
 from .offset_bias import offset_bias_attention
 
 PATHS = ("auto", "fast", "reference")
@@ -53,6 +54,7 @@ PATHS = ("auto", "fast", "reference")
 KERNELS = {
     "sdpa": "torch's scaled_dot_product_attention (the flash kernel where there is no float mask)",
     "biased-sdpa": "flash forward with the bias as a constant mask; a blocked backward gives the bias its gradient",
+    "decode": "posenc.native.decode_attention: one query, one pass over the keys, values and offset tables",
     "offset-bias": "posenc.offset_bias: flash on row blocks, the bias a strided view of its per-offset values; a "
     "blocked backward sums its gradient per offset (no [H, Lq, Lk] bias or gradient)",
     "blocked": "posenc.fused.relative_attention: row-blocked, offset tables skewed in place, no [B, H, Lq, Lk] tensor",
@@ -371,6 +373,7 @@ def choose_kernel(
     reference: bool,
     return_weights: bool,
     has_form: bool,
+    one_query: bool = False,
     has_offsets: bool = False,
     needs_values: bool,
     has_terms: bool,
@@ -385,6 +388,7 @@ def choose_kernel(
     condition                                         kernel          why
     ================================================  ==============  ==================================
     ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
+    one query, no gradient, a form that fits it       decode          keys, values, tables read once
     an offset-table form (relative encodings)         blocked         no ``L × L`` or ``L × L × d`` tensor
     a bias given per offset (no dropout, no padding)  offset-bias     no ``[H, L, L]`` bias or gradient
     a ``values`` hook without a form                  materialised    a^V needs the probabilities
@@ -397,6 +401,8 @@ def choose_kernel(
         return "materialised", "path='reference' follows the formulas literally"
     if return_weights:
         return "materialised", "return_weights needs the probabilities"
+    if one_query:
+        return "decode", "one query (a decoding step): one pass over the keys with the offset tables (native)"
     if has_form:
         return "blocked", "the encoding gave its logits as offset tables (relative_form)"
     if has_offsets:
@@ -486,7 +492,7 @@ class AttentionCore(nn.Module):
         on_cpu = q.device.type == "cpu"
         compiling = torch.compiler.is_compiling()
         form = None
-        if (
+        fast_form = (
             enc is not None
             and self.fused
             and not reference
@@ -494,9 +500,23 @@ class AttentionCore(nn.Module):
             and not self._has["bias"]
             and on_cpu
             and not compiling
-            and (p_drop > 0 or q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs))
-        ):
+        )
+        # one query without gradients (a decoding step): the one-pass native kernel, where the form fits it
+        one_query = (
+            fast_form
+            and q.shape[2] == 1
+            and p_drop == 0
+            and q.dtype in (torch.float32, torch.float64)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or _learnable(enc)))
+            and enc.offers_relative_form()
+            and native.available()
+        )
+        big = enc is not None and (p_drop > 0 or q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs))
+        if fast_form and (big or one_query):
             form = enc.relative_form(q, k, ctx)
+        decode = one_query and form is not None and _decodable(form)
+        if form is not None and not decode and not big:
+            form = None  # asked for the decode kernel only, and it does not fit: the hooks as usual
         offsets = None
         if (
             enc is not None
@@ -523,6 +543,7 @@ class AttentionCore(nn.Module):
             reference=reference,
             return_weights=return_weights,
             has_form=form is not None,
+            one_query=decode,
             has_offsets=offsets is not None,
             needs_values=self._has["values"] and form is None,
             has_terms=has_logits or has_bias,
@@ -558,6 +579,31 @@ class AttentionCore(nn.Module):
         # a mask that is only the causal one goes as causal=True (each block then skips the keys it cannot see)
         allowed = None if call.causal and not call.any_padding else call.allowed
         return relative_attention(form, call.v, scale, allowed, bias=add, dropout=plan.dropout, causal=call.causal)
+
+    def _run_decode(self, call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:
+        """One query: :func:`posenc.native.decode_attention` with the form's terms (blocked if it declines)."""
+        query_term = key_table = add = None
+        if form.query_terms:
+            a, table = form.query_terms[0]
+            t, idx = (table.table, table.index) if isinstance(table, Rows) else (table, None)
+            query_term = (a[:, :, 0], t, idx)  # offset t(0, j) = j: row j of the table, or index[j]
+        if form.key_terms:
+            table = form.key_terms[0][1]
+            key_table = (table.table, table.index) if isinstance(table, Rows) else (table, None)
+        if form.segment is not None:  # XLNet: e[same] (a logit: scaled)
+            e, same = form.segment
+            e0, e1 = e[:, :, 0, 0:1], e[:, :, 0, 1:2]  # [B, H, 1]: the same segment or not
+            add = torch.where(same[:, None, 0, :], e0, e1) * scale  # [B, H, Lk]
+        if call.allowed is not None:
+            mask = torch.zeros(call.allowed.shape, dtype=call.q.dtype).masked_fill_(~call.allowed, float("-inf"))
+            mask = mask[:, :, 0]
+            add = mask if add is None else add + mask
+        out = native.decode_attention(
+            form.q[:, :, 0], form.k, call.v, scale, query_term=query_term, key_table=key_table, add=add
+        )
+        if out is None:
+            return self._run_blocked(call, plan, form, scale)
+        return out[:, :, None]
 
     def _run_sdpa(self, call: _Call, plan: Plan, scale: float) -> Tensor:
         q, k, v, allowed = call.q, call.k, call.v, call.allowed
@@ -624,7 +670,10 @@ class AttentionCore(nn.Module):
             enc = self.encoding
             scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
         weights = None
-        if plan.kernel == "blocked":
+        if plan.kernel == "decode":
+            assert form is not None
+            out = self._run_decode(call, plan, form, scale)
+        elif plan.kernel == "blocked":
             out = self._run_blocked(call, plan, form, scale)
         elif plan.kernel == "offset-bias":
             assert offsets is not None
@@ -977,6 +1026,17 @@ def _cpu_flash(q: Tensor, plan: Plan) -> bool:
         and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
         and plan.dropout == 0.0
         and not torch.compiler.is_compiling()
+    )
+
+
+def _decodable(form: RelativeForm) -> bool:
+    """Whether :func:`posenc.native.decode_attention` computes this form: at most one query term, at most one key term
+    whose operand is the keys, no value table (Shaw's and NEZHA's a^V)."""
+    return (
+        len(form.query_terms) <= 1
+        and len(form.key_terms) <= 1
+        and all(c is form.k for c, _ in form.key_terms)
+        and form.value_table is None
     )
 
 

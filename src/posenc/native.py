@@ -35,6 +35,7 @@ from torch import Tensor
 
 _SOURCE = r"""
 #define _DEFAULT_SOURCE
+#include <math.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #if defined(__AVX512F__)
@@ -270,6 +271,70 @@ FIRE_BACKWARD(double)
     }
 ROWS_DOT(float)
 ROWS_DOT(double)
+
+/* One query per row n = b * H + h of [n0, n1) attending over lk keys in one pass, with an online softmax: a
+   decoding step of a relative encoding, whose terms are read beside the keys instead of in passes of their own.
+     s_j = scale * (q . k_j + a . T[ti_j] + k_j . U[ui_j]) + add_j,    out = sum_j softmax(s)_j v_j
+   q, a: rows with strides (qs0, qs1), (as0, as1); k, v: strides (ks0, ks1, ks2), (vs0, vs1, vs2); every last dim
+   contiguous. T (NULL: no query term): row stride tr, head stride th (0: shared by the heads), ti the row of each
+   key (NULL: row j); U, ui likewise for the key term; add (NULL: none): strides (ds0, ds1), a -inf entry masks its
+   key. out: [n, d] contiguous. d <= 256. */
+#define DOT_FN(T)                                                                                            \
+    static inline T dot_##T(const T *restrict x, const T *restrict y, int64_t d) {                           \
+        T acc[16] = {0};                                                                                     \
+        int64_t e = 0;                                                                                       \
+        for (; e + 16 <= d; e += 16)                                                                         \
+            for (int u = 0; u < 16; u++) acc[u] += x[e + u] * y[e + u];                                      \
+        T s = 0;                                                                                             \
+        for (int u = 0; u < 16; u++) s += acc[u];                                                            \
+        for (; e < d; e++) s += x[e] * y[e];                                                                 \
+        return s;                                                                                            \
+    }
+DOT_FN(float)
+DOT_FN(double)
+
+#define DECODE(T, EXP)                                                                                       \
+    void posenc_decode_##T(const T *q, int64_t qs0, int64_t qs1, const T *k, int64_t ks0, int64_t ks1,       \
+                           int64_t ks2, const T *v, int64_t vs0, int64_t vs1, int64_t vs2, const T *a,       \
+                           int64_t as0, int64_t as1, const T *tt, int64_t tr, int64_t th, const int64_t *ti, \
+                           const T *uu, int64_t ur, int64_t uh, const int64_t *ui, const T *add, int64_t ds0, \
+                           int64_t ds1, T *out, T scale, int64_t H, int64_t lk, int64_t d, int64_t n0,       \
+                           int64_t n1) {                                                                     \
+        T acc[256];                                                                                          \
+        for (int64_t n = n0; n < n1; n++) {                                                                  \
+            const int64_t b = n / H, h = n % H;                                                              \
+            const T *qr = q + b * qs0 + h * qs1, *kr = k + b * ks0 + h * ks1, *vr = v + b * vs0 + h * vs1;   \
+            const T *ar = a ? a + b * as0 + h * as1 : 0, *tb = tt ? tt + h * th : 0;                         \
+            const T *ub = uu ? uu + h * uh : 0, *dr = add ? add + b * ds0 + h * ds1 : 0;                     \
+            T m = -INFINITY, l = 0;                                                                          \
+            for (int64_t e = 0; e < d; e++) acc[e] = 0;                                                      \
+            for (int64_t j = 0; j < lk; j++) {                                                               \
+                const T *x = kr + j * ks2;                                                                   \
+                T s = dot_##T(qr, x, d);                                                                     \
+                if (tb) s += dot_##T(ar, tb + (ti ? ti[j] : j) * tr, d);                                     \
+                if (ub) s += dot_##T(x, ub + (ui ? ui[j] : j) * ur, d);                                      \
+                s *= scale;                                                                                  \
+                if (dr) {                                                                                    \
+                    if (dr[j] == -INFINITY) continue;                                                        \
+                    s += dr[j];                                                                              \
+                }                                                                                            \
+                if (s > m) {                                                                                 \
+                    const T c = EXP(m - s);                                                                  \
+                    l *= c;                                                                                  \
+                    for (int64_t e = 0; e < d; e++) acc[e] *= c;                                             \
+                    m = s;                                                                                   \
+                }                                                                                            \
+                const T p = EXP(s - m);                                                                      \
+                const T *restrict y = vr + j * vs2;                                                          \
+                l += p;                                                                                      \
+                for (int64_t e = 0; e < d; e++) acc[e] += p * y[e];                                          \
+            }                                                                                                \
+            T *o = out + n * d;                                                                              \
+            for (int64_t e = 0; e < d; e++) o[e] = l > 0 ? acc[e] / l : 0;                                   \
+        }                                                                                                    \
+    }
+DECODE(float, expf)
+DECODE(double, exp)
 """
 
 # outputs at least this large are written with non-temporal stores (about an L2 cache: smaller ones stay in cache)
@@ -367,6 +432,12 @@ def _build() -> ctypes.CDLL | None:
         fn = getattr(lib, f"posenc_rows_dot_{t}")
         fn.restype = None
         fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
+    for t in ("float", "double"):
+        fn = getattr(lib, f"posenc_decode_{t}")
+        fn.restype = None
+        real = ctypes.c_float if t == "float" else ctypes.c_double
+        fn.argtypes = [ptr, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64] + [ptr, i64, i64, ptr] * 2
+        fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64]
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
     _state["path"] = str(lib_path)
@@ -613,4 +684,97 @@ def rows_dot(k: Tensor, table: Tensor, index: Tensor, plus: Tensor | None = None
     return out
 
 
-__all__ = ["available", "cache_dir", "fire_bias", "rope_rotate", "rows_dot", "status"]
+def _rows_of(table: Tensor, index: Tensor | None, h: int, d: int, lk: int) -> tuple | None:
+    """``(table, row stride, head stride, index)`` of a ``[R, H|1, d]`` table for the decode kernel, or ``None``."""
+    if table.dim() != 3 or table.shape[1] not in (1, h) or table.shape[2] != d or table.stride(2) != 1:
+        return None
+    if index is not None:
+        if index.shape != (lk,) or index.dtype != torch.long:
+            return None
+        index = index.contiguous()
+        if lk and (int(index.min()) < 0 or int(index.max()) >= table.shape[0]):
+            raise IndexError(f"decode_attention: a row index is out of range for a table of {table.shape[0]} rows")
+    elif table.shape[0] < lk:
+        return None
+    th = table.stride(1) if table.shape[1] > 1 else 0
+    return table, table.stride(0), th, index
+
+
+def decode_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    *,
+    query_term: tuple[Tensor, Tensor, Tensor | None] | None = None,
+    key_table: tuple[Tensor, Tensor | None] | None = None,
+    add: Tensor | None = None,
+) -> Tensor | None:
+    r"""One query per sequence and head against its keys, in one pass with an online softmax: ``[B, H, d]``.
+
+    .. math::
+        s_j = \text{scale}\,(q \cdot k_j + a \cdot T_{t_j} + k_j \cdot U_{u_j}) + \text{add}_j, \qquad
+        o = \sum_j \operatorname{softmax}(s)_j\, v_j
+
+    A decoding step of a relative encoding (:class:`~posenc.fused.RelativeForm` with one query): its query and key
+    terms are read beside the keys, so the step reads the keys, the values and the looked-up rows once, where the
+    SDPA kernel plus the terms as a mask read the keys two or three times.
+
+    Args:
+        q: ``[B, H, d]``; k, v: ``[B, H, Lk, d]`` (any strides, last dimension contiguous: a KV cache's views).
+        query_term: ``(a [B, H, d], T [R, H|1, d], t [Lk] long or None)``: adds ``a · T[t_j]`` (``T[j]`` without t).
+        key_table: ``(U [R, H|1, d], u [Lk] long or None)``: adds ``k_j · U[u_j]``.
+        add: ``[B|1, H|1, Lk]`` added after the scale (a mask: ``-inf`` drops the key).
+    Returns ``None`` where the kernel does not apply (no compiled kernel, not CPU, not float32/float64, mixed
+    dtypes, a gradient to record, ``d > 256``, ``torch.compile``).
+    """
+    if not enabled or torch.compiler.is_compiling() or _lib() is None:
+        return None
+    if q.device.type != "cpu" or q.dtype not in _CTYPE or q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
+        return None
+    b, h, lk, d = k.shape
+    if q.shape != (b, h, d) or d > 256:
+        return None
+    ts = [q, k, v, add] + ([query_term[0], query_term[1]] if query_term else []) + ([key_table[0]] if key_table else [])
+    if any(t is not None and (t.dtype != q.dtype or t.device != q.device) for t in ts):
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
+        return None
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        return None
+    none = (None, 0, 0)
+    qa, tt, ti = none, (None, 0, 0), None
+    if query_term is not None:
+        a, table, index = query_term
+        if a.shape != (b, h, d) or a.stride(-1) != 1:
+            return None
+        got = _rows_of(table, index, h, d, lk)
+        if got is None:
+            return None
+        qa = (a.data_ptr(), a.stride(0), a.stride(1))
+        tt, ti = (got[0].data_ptr(), got[1], got[2]), got[3]
+    uu, ui = (None, 0, 0), None
+    if key_table is not None:
+        got = _rows_of(key_table[0], key_table[1], h, d, lk)
+        if got is None:
+            return None
+        uu, ui = (got[0].data_ptr(), got[1], got[2]), got[3]
+    dd = none
+    if add is not None:
+        if add.dim() != 3 or add.shape[0] not in (1, b) or add.shape[1] not in (1, h) or add.shape[2] != lk:
+            return None
+        if add.stride(-1) != 1:
+            add = add.contiguous()
+        dd = (add.data_ptr(), add.stride(0) if add.shape[0] > 1 else 0, add.stride(1) if add.shape[1] > 1 else 0)
+    lib = _lib()
+    assert lib is not None
+    out = torch.empty(b, h, d, dtype=q.dtype)
+    fn = getattr(lib, f"posenc_decode_{_CTYPE[q.dtype]}")
+    head = (q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3])
+    terms = (*qa, *tt, ti.data_ptr() if ti is not None else None, *uu, ui.data_ptr() if ui is not None else None)
+    tail = (*dd, out.data_ptr(), float(scale), h, lk, d)
+    _run([(fn, *head, *terms, *tail, n0, n1) for n0, n1 in _split(b * h, b * h * lk * d)])
+    return out
+
+
+__all__ = ["available", "cache_dir", "decode_attention", "fire_bias", "rope_rotate", "rows_dot", "status"]

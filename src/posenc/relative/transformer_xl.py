@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, PositionalEncoding, is_arange_rows
 from ..errors import ConfigError
-from ..fused import RelativeForm
+from ..fused import RelativeForm, Rows
 from ..registry import register
 from ._skew import arange_rows, offsets
 
@@ -427,9 +427,16 @@ class TransformerXL(PositionalEncoding):
         if ctx.reference or not arange_rows(ctx):
             return None
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
-        rel_keys = self.projected_R(-offsets(ctx), q.dtype)  # [P, H, Dh] at distances i - j = -(j - i)
         qu = q + self.u[:, None, :].to(q.dtype)
         qv = q + self.v[:, None, :].to(q.dtype)
+        distances = -offsets(ctx)  # i - j = -(j - i), descending
+        if q.shape[2] == 1 and not torch.compiler.is_compiling():
+            # one query (decoding): rows of the W_{k,R} R table kept between no-grad steps, not P projections
+            lo, hi = int(distances[-1]), int(distances[0])
+            kept = self._projected_span(lo, hi, q.dtype, q.device)  # [H, hi - lo + 1, Dh], ascending distances
+            if kept is not None:
+                return RelativeForm(q=qu, k=k, query_terms=[(qv, Rows(kept.transpose(0, 1), distances - lo))])
+        rel_keys = self.projected_R(distances, q.dtype)  # [P, H, Dh] at distances i - j = -(j - i)
         return RelativeForm(q=qu, k=k, query_terms=[(qv, rel_keys)])
 
 

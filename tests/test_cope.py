@@ -189,3 +189,29 @@ def test_wrong_head_dim_at_construction_and_at_call():
     att.encoding = enc  # swapped in after construction: the call still checks
     with pytest.raises(ConfigError, match="head_dim=4"):
         att(torch.randn(1, 3, 12))
+
+
+def test_a_decoding_step_computes_q_k_once_for_the_gates_and_the_scores(monkeypatch):
+    """One query: the materialised kernel computes q·kᵀ and hands it to the gates (ctx.scores); same numbers."""
+    from posenc.bias.cope import CoPE
+
+    seen = []
+    real = CoPE.gates
+    monkeypatch.setattr(
+        CoPE, "gates", lambda self, q, k, ctx: seen.append(ctx.scores is not None) or real(self, q, k, ctx)
+    )
+    torch.manual_seed(0)
+    model = posenc.LanguageModel(20, encoding="cope", d_model=16, n_heads=2, n_layers=2, max_len=32).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # pos_emb off its zero initialisation
+    tokens = torch.randint(0, 20, (2, 12))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = posenc.KVCache()
+        steps = [model(tokens[:, :8], kv_cache=cache)]
+        seen.clear()
+        steps += [model(tokens[:, t : t + 1], kv_cache=cache) for t in range(8, 12)]
+    assert seen and all(seen)  # every decoding step's gates reused the kernel's q·kᵀ
+    assert all(b.attn.last_plan.kernel == "materialised" for b in model.trunk.blocks)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)

@@ -374,6 +374,7 @@ def choose_kernel(
     return_weights: bool,
     has_form: bool,
     one_query: bool = False,
+    scores_once: bool = False,
     has_offsets: bool = False,
     needs_values: bool,
     has_terms: bool,
@@ -389,6 +390,7 @@ def choose_kernel(
     ================================================  ==============  ==================================
     ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
     one query, no gradient, a form that fits it       decode          keys, values, tables read once
+    one query whose logits read ``q·kᵀ`` (CoPE)        materialised    ``q·kᵀ`` computed once, shared
     an offset-table form (relative encodings)         blocked         no ``L × L`` or ``L × L × d`` tensor
     a bias given per offset (no dropout, no padding)  offset-bias     no ``[H, L, L]`` bias or gradient
     a ``values`` hook without a form                  materialised    a^V needs the probabilities
@@ -403,6 +405,8 @@ def choose_kernel(
         return "materialised", "return_weights needs the probabilities"
     if one_query:
         return "decode", "one query (a decoding step): one pass over the keys with the offset tables (native)"
+    if scores_once:
+        return "materialised", "one query whose logits read q·kᵀ: computed once and handed to them (ctx.scores)"
     if has_form:
         return "blocked", "the encoding gave its logits as offset tables (relative_form)"
     if has_offsets:
@@ -544,6 +548,9 @@ class AttentionCore(nn.Module):
             return_weights=return_weights,
             has_form=form is not None,
             one_query=decode,
+            scores_once=(
+                enc is not None and enc.logits_read_scores and self._has["logits"] and q.shape[2] == 1 and not compiling
+            ),
             has_offsets=offsets is not None,
             needs_values=self._has["values"] and form is None,
             has_terms=has_logits or has_bias,
@@ -640,8 +647,9 @@ class AttentionCore(nn.Module):
 
     def _run_materialised(self, call: _Call, plan: Plan, scale: float) -> tuple[Tensor, Tensor]:
         q, k, v, ctx = call.q, call.k, call.v, call.ctx
-        extra, post = self._terms(call)
         scores = torch.matmul(q, k.transpose(-1, -2))
+        ctx.scores = scores  # for a logits hook that reads q·kᵀ (logits_read_scores): computed once
+        extra, post = self._terms(call)
         if extra is not None:
             scores = scores + extra
         scores = scores * scale

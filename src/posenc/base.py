@@ -106,6 +106,8 @@ class AttentionContext:
     contiguous: bool = False
     # the attention took the encoding's content_query as its query: logits() then leaves that content term out
     content_folded: bool = False
+    # q·kᵀ [B, H, Lq, Lk] of this call (rotated q and k), where the kernel computed it before calling logits()
+    scores: Tensor | None = None
 
     def relative(self) -> Tensor:
         """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""
@@ -240,6 +242,9 @@ class PositionalEncoding(nn.Module):
       (Vaswani et al. 3.4) when this encoding adds a fixed unit-amplitude code to them
       (sinusoids, binary ...); otherwise they keep BERT/GPT's small ``N(0, 0.02²)`` tokens,
       as the papers of learned, rotary and relative encodings do.
+    * ``logits_read_scores``: the ``logits`` hook computes ``q·kᵀ`` itself (CoPE's gates). A call with one query
+      (a decoding step) then takes the materialised kernel, which computes ``q·kᵀ`` once and hands it to the hook
+      as ``ctx.scores``, instead of SDPA reading the keys a second time.
     * ``fused_min_pairs``: the attention uses :meth:`relative_form` (the row-blocked kernel of
       :mod:`posenc.fused`) only from this many query-key pairs ``Lq·Lk`` on; below it the per-block
       loop costs more than the ``[B, H, Lq, Lk]`` tensors it saves (measured in benchmarks/README.md).
@@ -289,6 +294,7 @@ class PositionalEncoding(nn.Module):
     requires_tokens: ClassVar[bool] = False
     scale_token_embeddings: ClassVar[bool] = False
     fused_min_pairs: ClassVar[int] = 256 * 256
+    logits_read_scores: ClassVar[bool] = False
     example_options: ClassVar[Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] = MappingProxyType({})
     claims: ClassVar[Mapping[str, bool | None]] = MappingProxyType({})
     randomized_variant: ClassVar[bool] = False

@@ -71,6 +71,7 @@ class CoPE(PositionalEncoding):
         shortcoming="the gates need the q·k matrix: no O(L) form, and padding must be handled by positions",
     )
     shared_across_layers = False
+    logits_read_scores = True  # the gates are σ(q·k): a decoding step computes q·kᵀ once (ctx.scores)
 
     def __init__(self, head_dim: int, npos_max: int = 64, causal: bool = True, gate_scale: bool = True):
         super().__init__()
@@ -92,7 +93,10 @@ class CoPE(PositionalEncoding):
     def gates(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         """``σ(q_i·k_t · s)``, zero for keys after the query when causal and for masked keys: ``[B, H, Lq, Lk]``."""
         s = self.scale(ctx.head_dim) if self.gate_scale else 1.0
-        g = torch.sigmoid(torch.matmul(q, k.transpose(-1, -2)) * s)
+        qk = ctx.scores  # the attention's own q·kᵀ where it computed it first (materialised kernel)
+        if qk is None or ctx.reference or qk.shape[-2:] != (q.shape[-2], k.shape[-2]):
+            qk = torch.matmul(q, k.transpose(-1, -2))
+        g = torch.sigmoid(qk * s)
         if self.causal:
             visible = ctx.k_pos[:, None, :] <= ctx.q_pos[:, :, None]  # [B|1, Lq, Lk]
             g = g * visible[:, None].to(g.dtype)

@@ -23,7 +23,8 @@ one block of query rows at a time and never holds a ``[B, H, Lq, Lk]`` tensor.
 An encoding whose bias depends on the offset alone and gives it per offset
 (:meth:`~posenc.base.PositionalEncoding.bias_offsets`: T5, KERPLE, dynamic position
 bias) goes to :func:`posenc.offset_bias.offset_bias_attention`, which never makes
-the ``[H, Lq, Lk]`` bias or its gradient.
+the ``[H, Lq, Lk]`` bias or its gradient. A decoding step (one query, no gradient) of an encoding with such a
+form goes to :func:`posenc.native.decode_attention`: one pass over the keys, the values and the offset tables.
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ def expected_kernel(model) -> str:
         return "materialised"
     if "bias" in enc.hooks() and "logits" not in enc.hooks() and offers_bias_offsets(enc):
         return "offset-bias"  # a bias that depends on the offset only, from its values per offset
+    if "bias" in enc.hooks() and "logits" not in enc.hooks() and offers_bias_blocks(enc):
+        return "block-bias"  # a bias evaluated one block of query rows at a time (FIRE)
     if "logits" in enc.hooks() or ("bias" in enc.hooks() and any(p.requires_grad for p in enc.parameters())):
         return "biased-sdpa"  # terms with a gradient
     if "bias" in enc.hooks():
@@ -80,6 +82,11 @@ def expected_kernel(model) -> str:
 def offers_bias_offsets(enc) -> bool:
     inner = getattr(enc, "inner", enc)  # randomized positions wrap an encoding
     return type(inner).bias_offsets is not PositionalEncoding.bias_offsets
+
+
+def offers_bias_blocks(enc) -> bool:
+    inner = getattr(enc, "inner", enc)
+    return type(inner).bias_blocks is not PositionalEncoding.bias_blocks
 
 
 def grads_of(model, loss):
@@ -155,7 +162,10 @@ def test_choose_kernel_is_one_table():
     assert choose_kernel(**{**base, "has_form": True, "has_offsets": True})[0] == "blocked"
     assert choose_kernel(**{**base, "one_query": True, "has_form": True})[0] == "decode"
     assert choose_kernel(**{**base, "one_query": True, "has_form": True, "reference": True})[0] == "materialised"
-    assert set(KERNELS) == {"sdpa", "biased-sdpa", "offset-bias", "decode", "blocked", "materialised"}
+    assert choose_kernel(**{**base, "has_blocks": True, "has_terms": True, "learned_bias": True})[0] == "block-bias"
+    assert choose_kernel(**{**base, "has_offsets": True, "has_blocks": True})[0] == "offset-bias"
+    kernels = {"sdpa", "biased-sdpa", "offset-bias", "block-bias", "decode", "blocked", "materialised"}
+    assert set(KERNELS) == kernels
 
 
 def test_plan_says_which_kernel_and_why_without_running():

@@ -23,7 +23,9 @@ one block of query rows at a time and never holds a ``[B, H, Lq, Lk]`` tensor.
 An encoding whose bias depends on the offset alone and gives it per offset
 (:meth:`~posenc.base.PositionalEncoding.bias_offsets`: T5, KERPLE, dynamic position
 bias) goes to :func:`posenc.offset_bias.offset_bias_attention`, which never makes
-the ``[H, Lq, Lk]`` bias or its gradient. A decoding step (one query, no gradient) of an encoding with such a
+the ``[H, Lq, Lk]`` bias or its gradient; one that evaluates its bias per block of query rows
+(:meth:`~posenc.base.PositionalEncoding.bias_blocks`: FIRE) goes to
+:func:`posenc.block_bias.block_bias_attention`. A decoding step (one query, no gradient) of an encoding with such a
 form goes to :func:`posenc.native.decode_attention`: one pass over the keys, the values and the offset tables.
 """
 
@@ -45,6 +47,7 @@ from .base import (
     contiguous_positions,
     mark_arange,
 )
+from .block_bias import block_bias_attention
 from .errors import ConfigError, PositionError
 from .fused import RelativeForm, Rows, relative_attention
 from .offset_bias import offset_bias_attention
@@ -56,6 +59,8 @@ KERNELS = {
     "sdpa": "torch's scaled_dot_product_attention (the flash kernel where there is no float mask)",
     "biased-sdpa": "flash forward with the bias as a constant mask; a blocked backward gives the bias its gradient",
     "decode": "posenc.native.decode_attention: one query, one pass over the keys, values and offset tables",
+    "block-bias": "posenc.block_bias: flash on row blocks with the encoding's bias evaluated per block, and its "
+    "gradient per block (no [H, Lq, Lk] bias or gradient)",
     "offset-bias": "posenc.offset_bias: flash on row blocks, the bias a strided view of its per-offset values; a "
     "blocked backward sums its gradient per offset (no [H, Lq, Lk] bias or gradient)",
     "blocked": "posenc.fused.relative_attention: row-blocked, offset tables skewed in place, no [B, H, Lq, Lk] tensor",
@@ -377,6 +382,7 @@ def choose_kernel(
     one_query: bool = False,
     scores_once: bool = False,
     has_offsets: bool = False,
+    has_blocks: bool = False,
     needs_values: bool,
     has_terms: bool,
     learned_bias: bool,
@@ -394,6 +400,7 @@ def choose_kernel(
     one query whose logits read ``q·kᵀ`` (CoPE)        materialised    ``q·kᵀ`` computed once, shared
     an offset-table form (relative encodings)         blocked         no ``L × L`` or ``L × L × d`` tensor
     a bias given per offset (no dropout, no padding)  offset-bias     no ``[H, L, L]`` bias or gradient
+    a bias given per block of rows (the same)         block-bias      no ``[H, L, L]`` bias or gradient
     a ``values`` hook without a form                  materialised    a^V needs the probabilities
     dropout on CPU (not compiling)                    blocked         CPU SDPA has no fused dropout
     a learned bias on CPU (not compiling)             biased-sdpa     flash forward, blocked backward
@@ -412,6 +419,8 @@ def choose_kernel(
         return "blocked", "the encoding gave its logits as offset tables (relative_form)"
     if has_offsets:
         return "offset-bias", "the encoding gave its bias per offset (bias_offsets)"
+    if has_blocks:
+        return "block-bias", "the encoding evaluates its bias per block of query rows (bias_blocks)"
     if needs_values:
         return "materialised", "a values hook without an offset-table form needs the probabilities"
     if dropout and on_cpu and not compiling:
@@ -486,11 +495,11 @@ class AttentionCore(nn.Module):
         self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
         self.last_plan: Plan | None = None
 
-    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Tensor | None]:
+    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Any]:
         """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`.
 
         Returns the plan, the encoding's offset-table form (``relative_form``) and its bias per offset
-        (``bias_offsets``), each ``None`` unless the plan uses it."""
+        (``bias_offsets``) or per block (``bias_blocks``), each ``None`` unless the plan uses it."""
         enc, ctx, q, k = self.encoding, call.ctx, call.q, call.k
         reference = ctx.reference
         p_drop = self.dropout if self.training else 0.0
@@ -522,7 +531,7 @@ class AttentionCore(nn.Module):
         decode = one_query and form is not None and _decodable(form)
         if form is not None and not decode and not big:
             form = None  # asked for the decode kernel only, and it does not fit: the hooks as usual
-        offsets = None
+        offsets = blocks = None
         if (
             enc is not None
             and self._has["bias"]
@@ -538,6 +547,8 @@ class AttentionCore(nn.Module):
             and q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs)
         ):
             offsets = enc.bias_offsets(ctx)
+            if offsets is None:
+                blocks = enc.bias_blocks(ctx)
         has_logits = enc is not None and self._has["logits"] and form is None
         has_bias = enc is not None and self._has["bias"]
         learnable = _learnable(enc)
@@ -553,6 +564,7 @@ class AttentionCore(nn.Module):
                 enc is not None and enc.logits_read_scores and self._has["logits"] and q.shape[2] == 1 and not compiling
             ),
             has_offsets=offsets is not None,
+            has_blocks=blocks is not None,
             needs_values=self._has["values"] and form is None,
             has_terms=has_logits or has_bias,
             learned_bias=grads,
@@ -561,7 +573,7 @@ class AttentionCore(nn.Module):
             compiling=compiling,
         )
         terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
-        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form, offsets
+        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form, offsets if offsets is not None else blocks
 
     # ---------------------------------------------------------------- the kernels
     def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
@@ -687,6 +699,9 @@ class AttentionCore(nn.Module):
         elif plan.kernel == "offset-bias":
             assert offsets is not None
             out = offset_bias_attention(call.q, call.k, call.v, offsets, scale, causal=call.causal)
+        elif plan.kernel == "block-bias":
+            fn, params = offsets  # (bias_blocks)
+            out = block_bias_attention(call.q, call.k, call.v, fn, params, scale, causal=call.causal)
         elif plan.kernel == "materialised":
             out, weights = self._run_materialised(call, plan, scale)
         else:

@@ -379,6 +379,17 @@ class PositionalEncoding(nn.Module):
         """
         return None
 
+    def bias_blocks(self, ctx: AttentionContext) -> tuple[Callable[..., Tensor], tuple[Tensor, ...]] | None:
+        """This encoding's ``bias`` evaluated one block of query rows at a time: ``(fn, params)``, or ``None``.
+
+        Not a hook of the paper: an optional fast form of :meth:`bias` for a bias that is cheap to evaluate on any
+        block of pairs but is not a function of ``j - i`` alone (FIRE). ``fn(params, r0, r1, ke)`` returns the
+        ``[H|1, r1 - r0, ke]`` bias of query rows ``r0 .. r1 - 1`` against keys ``0 .. ke - 1``, differentiable in
+        ``params`` (it is evaluated again under autograd in the backward). The attention then runs
+        :func:`posenc.block_bias.block_bias_attention`, which never makes the ``[H, Lq, Lk]`` bias or its gradient.
+        """
+        return None
+
     def offers_relative_form(self) -> bool:
         """Whether :meth:`relative_form` can return a form with this instance's settings (where its conditions on
         the call hold: contiguous positions, the fast path). Default: whether the class overrides it."""

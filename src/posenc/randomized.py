@@ -189,6 +189,9 @@ class Randomized(PositionalEncoding):
     def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
         return self.inner.bias_offsets(ctx)  # None for the sampled (arbitrary) positions of training
 
+    def bias_blocks(self, ctx: AttentionContext) -> Any:
+        return self.inner.bias_blocks(ctx)
+
     def values(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         return self.inner.values(probs, ctx)
 

@@ -132,6 +132,37 @@ class FIRE(PositionalEncoding):
         # [H, B, Lq, Lk] -> [B, H, Lq, Lk] (a free transpose for B = 1)
         return (slope.t()[:, seg] * x + intercept.t()[:, seg]).transpose(0, 1)
 
+    def bias_blocks(self, ctx: AttentionContext):  # -> tuple[Callable[..., Tensor], tuple[Tensor, ...]] | None
+        """The bias of a block of query rows from the piecewise-linear MLP: ``(fn, (c, ℓ, A, B))``, or ``None``.
+
+        For positions shared by the batch (``[1, L]``), off the reference path, with the 1 -> hidden -> heads ReLU MLP:
+        :func:`posenc.block_bias.block_bias_attention` then evaluates ``f(ψ(|i - j|) / ψ(max{L, i}))`` one block of
+        query rows at a time (a causal block only up to its diagonal), and never holds the ``[H, L, L]`` bias or its
+        gradient. The knots are the MLP's, taken once per call (constants, as in :meth:`bias`).
+        """
+        if ctx.reference or torch.compiler.is_compiling() or not self._is_relu_mlp():
+            return None
+        if ctx.q_pos.shape[0] != 1 or ctx.k_pos.shape[0] != 1:
+            return None
+        if ctx.n_heads != self.n_heads:
+            raise ConfigError(f"fire was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
+        knots, slope, intercept = self.piecewise_linear()
+        q_pos, k_pos, l0, eps = ctx.q_pos[0], ctx.k_pos[0], self.L0, self.eps
+
+        def block(params, r0: int, r1: int, ke: int) -> Tensor:
+            c, mult, a, b = params
+            i = q_pos[r0:r1].to(c.dtype)
+            dist = (i[:, None] - k_pos[:ke].to(c.dtype)[None, :]).abs()
+            norm = torch.log1p((c * torch.maximum(i, (mult * l0).abs())).abs()) + eps  # ψ(max{L, i}) + ε
+            x = torch.log1p((c * dist).abs()) / norm[:, None]  # [b, ke]
+            fast = native.fire_bias(x, knots.to(x.dtype), a.to(x.dtype), b.to(x.dtype))
+            if fast is not None:
+                return fast  # [H, b, ke]
+            seg = torch.searchsorted(knots.to(x.dtype), x.detach().contiguous())
+            return a.t().to(x.dtype)[:, seg] * x + b.t().to(x.dtype)[:, seg]
+
+        return block, (self.c, self.L_multiplier, slope, intercept)
+
     def _is_relu_mlp(self) -> bool:
         m = self.mlp
         return (

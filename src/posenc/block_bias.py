@@ -1,0 +1,134 @@
+r"""Attention with a bias the encoding evaluates one block of query rows at a time: no ``[H, Lq, Lk]`` tensor.
+
+Some biases depend on more than the offset ``j - i`` (FIRE's normaliser ``ψ(max{L, i})`` depends on the query
+position), so :mod:`posenc.offset_bias` does not apply, yet they are cheap to evaluate for any block of pairs. An
+encoding that says how (:meth:`~posenc.base.PositionalEncoding.bias_blocks`: a function of its tensors and a block
+``(r0, r1, ke)`` returning the ``[H|1, r1 - r0, ke]`` bias of query rows ``r0 .. r1 - 1`` against keys ``0 .. ke - 1``)
+is attended by :func:`block_bias_attention`:
+
+.. math::
+    z_i = \sum_j \operatorname{softmax}_j\big(s\, q_i \cdot k_j + b(i, j)\big)\, v_j
+
+The forward runs the CPU flash kernel on each block of query rows with that block's bias as its mask (a causal block
+sees only the keys up to its last row, the rest of its diagonal square masked). The backward evaluates each block's
+bias again under autograd, recomputes the block's probabilities, and hands the block's ``∂L/∂bias`` to
+:func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist one block at a time (about an
+L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per layer and step), and a causal
+call evaluates the bias only where a query may look. Equal to the materialised formula up to float rounding
+(tests/test_block_bias.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+# query rows per block (forward and backward): the block's bias is [H, rows, Lk]
+BLOCK_ROWS = 128
+
+BlockFn = Callable[[Sequence[Tensor], int, int, int], Tensor]
+
+
+def _diagonal_mask(bias: Tensor, r0: int, r1: int, lq: int, lk: int) -> Tensor:
+    """The block's bias with its keys past each query's diagonal (``j > i + Lk - Lq``) at ``-inf`` (a copy)."""
+    m = r1 - r0
+    upper = torch.ones(m, m, dtype=torch.bool, device=bias.device).triu_(1)
+    out = bias.clone()
+    out[..., r0 + lk - lq :].masked_fill_(upper, float("-inf"))
+    return out
+
+
+class _BlockBiasAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, meta, q, k, v, *params):  # type: ignore[override]
+        fn, scale, causal = meta
+        b, h, lq, _ = q.shape
+        lk = k.shape[2]
+        out = torch.empty_like(q)
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        for r0 in range(0, lq, BLOCK_ROWS):
+            r1 = min(lq, r0 + BLOCK_ROWS)
+            ke = min(lk, r1 + lk - lq) if causal else lk
+            bias = fn(params, r0, r1, ke).to(q.dtype)  # [H|1, b, ke]
+            if causal:
+                bias = _diagonal_mask(bias, r0, r1, lq, lk)
+            o, _ = flash(q[:, :, r0:r1], k[:, :, :ke], v[:, :, :ke], 0.0, False, attn_mask=bias[None], scale=scale)
+            out[:, :, r0:r1] = o
+        ctx.meta = meta
+        ctx.save_for_backward(q, k, v, out, *params)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        fn, scale, causal = ctx.meta
+        q, k, v, out, *params = ctx.saved_tensors
+        b, h, lq, _ = q.shape
+        lk = k.shape[2]
+        acc = torch.promote_types(q.dtype, torch.float32)
+        delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
+        dout = dout.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        wants = [p.requires_grad and need for p, need in zip(params, ctx.needs_input_grad[4:])]
+        dparams: list[Tensor | None] = [torch.zeros_like(p) if w else None for p, w in zip(params, wants)]
+        for r0 in range(0, lq, BLOCK_ROWS):
+            r1 = min(lq, r0 + BLOCK_ROWS)
+            ke = min(lk, r1 + lk - lq) if causal else lk
+            leaves = [p.detach().requires_grad_(w) for p, w in zip(params, wants)]
+            with torch.enable_grad():
+                bias = fn(leaves, r0, r1, ke)  # [H|1, b, ke], recorded for the encoding's gradients
+            masked = bias.detach().to(q.dtype)
+            if causal:
+                masked = _diagonal_mask(masked, r0, r1, lq, lk)
+            dbias = torch.zeros_like(masked) if any(wants) else None
+            shared = masked.shape[0] == 1
+            for bi in range(b):
+                for hi in range(h):
+                    bh = 0 if shared else hi
+                    qh, kh = q[bi, hi, r0:r1], k[bi, hi, :ke]
+                    s = torch.addmm(masked[bh], qh, kh.t(), alpha=scale)
+                    p = torch.softmax(s, dim=-1)
+                    do = dout[bi, hi, r0:r1]
+                    dv[bi, hi, :ke].addmm_(p.t(), do)
+                    ds = torch.mm(do, v[bi, hi, :ke].t())
+                    ds.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
+                    if dbias is not None:
+                        dbias[bh].add_(ds)
+                    torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
+                    dk[bi, hi, :ke].addmm_(ds.t(), qh, alpha=scale)
+            if dbias is not None:
+                idx = [i for i, w in enumerate(wants) if w]
+                with torch.enable_grad():
+                    grads = torch.autograd.grad(bias, [leaves[i] for i in idx], dbias.to(bias.dtype), allow_unused=True)
+                for i, g in zip(idx, grads):
+                    if g is not None:
+                        dparams[i].add_(g)  # type: ignore[union-attr]
+        return (None, dq, dk, dv, *dparams)
+
+
+def block_bias_attention(
+    q: Tensor, k: Tensor, v: Tensor, fn: BlockFn, params: Sequence[Tensor], scale: float, causal: bool = False
+) -> Tensor:
+    """``softmax(scale · q kᵀ + B) v`` with the bias ``B`` evaluated block by block by ``fn``: ``[B, H, Lq, d]``.
+
+    Args:
+        q, k, v: ``[B, H, Lq|Lk, d]`` (CPU; float32 or float64).
+        fn: ``fn(params, r0, r1, ke)`` -> the ``[H|1, r1 - r0, ke]`` bias of query rows ``r0 .. r1 - 1`` against
+            keys ``0 .. ke - 1``, differentiable in ``params`` (it is called again under autograd in the backward).
+        params: the tensors ``fn`` reads; their gradients flow back.
+        scale: the temperature of ``q kᵀ`` (the bias is added after it).
+        causal: query ``i`` sees keys ``j <= i + Lk - Lq`` only (bottom-right aligned; needs ``Lk >= Lq``).
+    """
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if k.shape != (b, h, lk, d) or v.shape != k.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
+    if causal and lk < lq:
+        raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
+    if q.device.type != "cpu":
+        raise ValueError(f"block_bias_attention runs the CPU flash kernel; got q on {q.device}")
+    return _BlockBiasAttention.apply((fn, float(scale), bool(causal)), q, k, v, *params)
+
+
+__all__ = ["block_bias_attention", "BLOCK_ROWS"]

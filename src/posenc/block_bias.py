@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from .offset_bias import check_inputs
+
 # query rows per block (forward and backward): the block's bias is [H, rows, Lk]
 BLOCK_ROWS = 128
 
@@ -120,14 +122,7 @@ def block_bias_attention(
         scale: the temperature of ``q kᵀ`` (the bias is added after it).
         causal: query ``i`` sees keys ``j <= i + Lk - Lq`` only (bottom-right aligned; needs ``Lk >= Lq``).
     """
-    b, h, lq, d = q.shape
-    lk = k.shape[2]
-    if k.shape != (b, h, lk, d) or v.shape != k.shape:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
-    if causal and lk < lq:
-        raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
-    if q.device.type != "cpu":
-        raise ValueError(f"block_bias_attention runs the CPU flash kernel; got q on {q.device}")
+    check_inputs(q, k, v, causal, "block_bias_attention")
     return _BlockBiasAttention.apply((fn, float(scale), bool(causal)), q, k, v, *params)
 
 

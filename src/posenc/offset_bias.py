@@ -108,27 +108,34 @@ class _OffsetBiasAttention(torch.autograd.Function):
         return dq, dk, dv, dvals, None, None
 
 
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, what: str) -> None:
+    """The checks shared by the CPU block kernels: matching ``q, k, v``, enough keys for ``causal``, CPU tensors."""
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if k.shape != (b, h, lk, d) or v.shape != k.shape:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
+    if causal and lk < lq:
+        raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
+    if q.device.type != "cpu":
+        raise ValueError(f"{what} runs the CPU flash kernel; got q on {q.device}")
+
+
 def offset_bias_attention(q: Tensor, k: Tensor, v: Tensor, vals: Tensor, scale: float, causal: bool = False) -> Tensor:
     """``softmax(scale · q kᵀ + B) v`` with ``B[h, i, j] = vals[h, j - i + Lq - 1]``: ``[B, H, Lq, d]``.
 
     Args:
-        q, k, v: ``[B, H, Lq|Lk, d]`` (CPU; float32, float64 or bfloat16).
+        q, k, v: ``[B, H, Lq|Lk, d]`` (CPU; float32 or float64, what the attention sends it).
         vals: ``[H|1, Lq + Lk - 1]``, the bias of every offset ``j - i`` from ``-(Lq - 1)`` to ``Lk - 1``
             (ascending); its gradient flows back.
         scale: the temperature of ``q kᵀ`` (the bias is added after it).
         causal: query ``i`` sees keys ``j <= i + Lk - Lq`` only (bottom-right aligned; needs ``Lk >= Lq``).
     """
+    check_inputs(q, k, v, causal, "offset_bias_attention")
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    if k.shape != (b, h, lk, d) or v.shape != k.shape:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
     if vals.dim() != 2 or vals.shape[0] not in (1, h) or vals.shape[1] != lq + lk - 1:
         raise ValueError(f"vals must be [{h}|1, Lq + Lk - 1 = {lq + lk - 1}], got {tuple(vals.shape)}")
-    if causal and lk < lq:
-        raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
-    if q.device.type != "cpu":
-        raise ValueError(f"offset_bias_attention runs the CPU flash kernel; got q on {q.device}")
     return _OffsetBiasAttention.apply(q, k, v, vals.to(q.dtype), float(scale), bool(causal))
 
 
-__all__ = ["offset_bias_attention", "FORWARD_ROWS", "BACKWARD_BYTES"]
+__all__ = ["check_inputs", "offset_bias_attention", "FORWARD_ROWS", "BACKWARD_BYTES"]

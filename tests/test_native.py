@@ -281,24 +281,22 @@ def _submit_in_child():
     lk=st.integers(1, 40),
     d=st.sampled_from([1, 7, 16, 33, 64]),
     per_head=st.booleans(),
-    with_query=st.booleans(),
     strided=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.float64]),
     seed=st.integers(0, 2**16),
 )
-def test_rows_dot_equals_the_gathered_product(b, h, lk, d, per_head, with_query, strided, dtype, seed):
-    """``(k_j + a) · T[index_j]`` in one pass equals gathering the rows, adding, multiplying and summing."""
+def test_rows_dot_equals_the_gathered_product(b, h, lk, d, per_head, strided, dtype, seed):
+    """``k_j · T[index_j]`` in one pass equals gathering the rows, multiplying and summing."""
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(b, lk, h, d, generator=g, dtype=dtype)
     k = k.transpose(1, 2) if strided else k.transpose(1, 2).contiguous()  # a projection's view, or a cache's
     r = lk + 5
     table = torch.randn(r, h, d, generator=g, dtype=dtype) if per_head else torch.randn(r, d, generator=g, dtype=dtype)
     index = torch.randint(0, r, (lk,), generator=g)
-    a = torch.randn(b, h, d, generator=g, dtype=dtype) if with_query else None
     rows = table[index]  # [Lk, (H,) d]
     rows = rows.transpose(0, 1) if per_head else rows
-    want = ((k + a[:, :, None]) if a is not None else k) * rows
-    got = native.rows_dot(k, table, index, plus=a)
+    want = k * rows
+    got = native.rows_dot(k, table, index)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(got, want.sum(-1), rtol=tol, atol=tol * d)
 
@@ -315,34 +313,42 @@ def test_rows_dot_declines_what_it_cannot_do_and_checks_the_index():
 
 
 @needs_kernel
-@pytest.mark.parametrize("name", ["relative-key-query", "deberta", "contextual-2"])
-def test_decoding_gives_the_full_forwards_numbers_with_and_without_the_kernel(name, monkeypatch):
-    """KV-cache decoding (one query: the rows_dot form) equals the full forward, native kernel on and off."""
+@pytest.mark.parametrize(
+    "name, options, kernel_on",
+    [
+        ("relative-key-query", {"max_len": 64}, "decode"),
+        ("deberta", None, "decode"),
+        ("contextual-2", None, "decode"),
+        ("deberta", {"pos_att_type": ("c2p", "p2c", "p2p")}, "sdpa"),  # no offset-table form: rows_dot in the hooks
+    ],
+)
+def test_decoding_gives_the_full_forwards_numbers_with_and_without_the_kernels(name, options, kernel_on, monkeypatch):
+    """KV-cache decoding equals the full forward with the native kernels (the decode kernel, or rows_dot in the
+    hooks where there is no form) and without them (the PyTorch hooks)."""
     torch.manual_seed(0)
-    kw = {"max_len": 64} if name.startswith("relative") else {}
-    model = (
-        posenc.LanguageModel(
-            40, encoding=name, encoding_options=kw or None, d_model=32, n_heads=4, n_layers=2, max_len=64
-        )
-        .double()
-        .eval()
-    )
+    model = posenc.LanguageModel(
+        40, encoding=name, encoding_options=options, d_model=32, n_heads=4, n_layers=2, max_len=64
+    ).double()
+    model.eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     tokens = torch.randint(0, 40, (2, 30))
-    calls = []
+    computed = []  # rows_dot calls with the kernels on
     real = native.rows_dot
-    monkeypatch.setattr(native, "rows_dot", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(native, "rows_dot", lambda *a: computed.append(1) or real(*a) if native.enabled else real(*a))
     with torch.no_grad():
         full = model(tokens)
         for on in (True, False):
             monkeypatch.setattr(native, "enabled", on)
             cache = posenc.KVCache()
             steps = [model(tokens[:, :20], kv_cache=cache)]
-            steps += [model(tokens[:, t : t + 1], kv_cache=cache) for t in range(20, 30)]
+            for t in range(20, 30):
+                steps.append(model(tokens[:, t : t + 1], kv_cache=cache))
+                kernels = {blk.attn.last_plan.kernel for blk in model.trunk.blocks}
+                assert kernels == ({kernel_on} if on else {"sdpa"}), (on, kernels)
             torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)
-    assert calls  # the one-query form was taken
+    assert bool(computed) == (kernel_on == "sdpa")  # rows_dot ran exactly where the hooks took the decoding steps
 
 
 @needs_kernel

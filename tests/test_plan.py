@@ -217,8 +217,7 @@ def test_kv_cache_decoding_takes_the_fast_kernel_and_matches_the_full_forward(na
             enc = fast.trunk.encoding
             # materialised only for a^V without a form, or for logits that read q·kᵀ (computed once for them)
             assert all(
-                p.contiguous
-                and (p.kernel != "materialised" or "values" in enc.hooks() or "q·kᵀ" in p.reason)
+                p.contiguous and (p.kernel != "materialised" or "values" in enc.hooks() or "q·kᵀ" in p.reason)
                 for p in ps
             ), [str(p) for p in ps]
             if enc is not None and enc.logits_read_scores:
@@ -589,3 +588,20 @@ def test_decoding_steps_take_the_decode_kernel_where_the_form_fits(name):
     got = torch.cat(steps, dim=1)
     torch.testing.assert_close(got[0], full[0], rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(got[1, 3:], full[1, 3:], rtol=1e-9, atol=1e-10)
+
+
+def test_a_decoding_step_the_native_kernel_declines_runs_blocked_with_the_same_numbers(monkeypatch):
+    """The decode kernel returning None (a case it does not take) falls back to the blocked kernel, not to nothing."""
+    from posenc import native
+
+    if not native.available():
+        pytest.skip("no native kernels here")
+    monkeypatch.setattr(native, "decode_attention", lambda *a, **k: None)
+    fast, ref = pair("relative-key-query")
+    fast.eval(), ref.eval()
+    with torch.no_grad():
+        full = ref(TOKENS)
+        cache = posenc.KVCache()
+        steps = [fast(TOKENS[:, :9], kv_cache=cache)]
+        steps += [fast(TOKENS[:, t : t + 1], kv_cache=cache) for t in range(9, 14)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-10)

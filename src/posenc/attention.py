@@ -521,6 +521,7 @@ class AttentionCore(nn.Module):
             and q.shape[2] == 1
             and p_drop == 0
             and q.dtype in (torch.float32, torch.float64)
+            and q.shape[-1] <= native.DECODE_MAX_HEAD_DIM
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or _learnable(enc)))
             and enc.offers_relative_form()
             and native.available()

@@ -235,50 +235,8 @@ FIRE_FORWARD(double)
 FIRE_BACKWARD(float)
 FIRE_BACKWARD(double)
 
-/* out[n * lk + j] = sum_e (k[b, h, j, e] + a[b, h, e]) * tab[idx[j], h, e] for the rows n = b * H + h in
-   [n0, n1): one query's key term against a table looked up per key (a decoding step's k_j . E[i - j]), plus, where
-   a is given (not NULL), its query term a . E[i - j] in the same pass; no temporary. k has element strides ks0
-   (batch), ks1 (head), ks2 (key), its last dim contiguous; a has strides as0, as1; tab has row stride tr and head
-   stride th (0: the heads share it). 16 partial sums per dot (vectorised; not one chain). */
-#define ROWS_DOT(T)                                                                                          \
-    void posenc_rows_dot_##T(const T *k, int64_t ks0, int64_t ks1, int64_t ks2, const T *tab, int64_t tr,    \
-                             int64_t th, const int64_t *idx, const T *a, int64_t as0, int64_t as1, T *out,   \
-                             int64_t H, int64_t lk, int64_t d, int64_t n0, int64_t n1) {                     \
-        T zero[64] = {0};                                                                                    \
-        for (int64_t n = n0; n < n1; n++) {                                                                  \
-            const T *kr = k + (n / H) * ks0 + (n % H) * ks1;                                                 \
-            const T *tb = tab + (n % H) * th;                                                                \
-            const T *restrict ar = a ? a + (n / H) * as0 + (n % H) * as1 : zero;                             \
-            const int64_t da = a ? d : 0; /* without a: the zero row, d <= 64 or none at all */              \
-            T *o = out + n * lk;                                                                             \
-            for (int64_t j = 0; j < lk; j++) {                                                               \
-                const T *restrict x = kr + j * ks2;                                                          \
-                const T *restrict y = tb + idx[j] * tr;                                                      \
-                T acc[16] = {0};                                                                             \
-                int64_t e = 0;                                                                               \
-                if (da)                                                                                      \
-                    for (; e + 16 <= d; e += 16)                                                             \
-                        for (int u = 0; u < 16; u++) acc[u] += (x[e + u] + ar[e + u]) * y[e + u];            \
-                else                                                                                         \
-                    for (; e + 16 <= d; e += 16)                                                             \
-                        for (int u = 0; u < 16; u++) acc[u] += x[e + u] * y[e + u];                          \
-                T s = 0;                                                                                     \
-                for (int u = 0; u < 16; u++) s += acc[u];                                                    \
-                for (; e < d; e++) s += (da ? x[e] + ar[e] : x[e]) * y[e];                                   \
-                o[j] = s;                                                                                    \
-            }                                                                                                \
-        }                                                                                                    \
-    }
-ROWS_DOT(float)
-ROWS_DOT(double)
 
-/* One query per row n = b * H + h of [n0, n1) attending over lk keys in one pass, with an online softmax: a
-   decoding step of a relative encoding, whose terms are read beside the keys instead of in passes of their own.
-     s_j = scale * (q . k_j + a . T[ti_j] + k_j . U[ui_j]) + add_j,    out = sum_j softmax(s)_j v_j
-   q, a: rows with strides (qs0, qs1), (as0, as1); k, v: strides (ks0, ks1, ks2), (vs0, vs1, vs2); every last dim
-   contiguous. T (NULL: no query term): row stride tr, head stride th (0: shared by the heads), ti the row of each
-   key (NULL: row j); U, ui likewise for the key term; add (NULL: none): strides (ds0, ds1), a -inf entry masks its
-   key. out: [n, d] contiguous. d <= 256. */
+/* x . y over d elements with 16 partial sums (vectorised; not one dependent chain) */
 #define DOT_FN(T)                                                                                            \
     static inline T dot_##T(const T *restrict x, const T *restrict y, int64_t d) {                           \
         T acc[16] = {0};                                                                                     \
@@ -293,6 +251,30 @@ ROWS_DOT(double)
 DOT_FN(float)
 DOT_FN(double)
 
+/* out[n * lk + j] = sum_e k[b, h, j, e] * tab[idx[j], h, e] for the rows n = b * H + h in [n0, n1): one query's key
+   term against a table looked up per key (a decoding step's k_j . E[i - j]) in one pass, no temporary. k has element
+   strides ks0 (batch), ks1 (head), ks2 (key), its last dim contiguous; tab has row stride tr and head stride th
+   (0: the heads share it). */
+#define ROWS_DOT(T)                                                                                          \
+    void posenc_rows_dot_##T(const T *k, int64_t ks0, int64_t ks1, int64_t ks2, const T *tab, int64_t tr,    \
+                             int64_t th, const int64_t *idx, T *out, int64_t H, int64_t lk, int64_t d,       \
+                             int64_t n0, int64_t n1) {                                                       \
+        for (int64_t n = n0; n < n1; n++) {                                                                  \
+            const T *kr = k + (n / H) * ks0 + (n % H) * ks1, *tb = tab + (n % H) * th;                       \
+            T *o = out + n * lk;                                                                             \
+            for (int64_t j = 0; j < lk; j++) o[j] = dot_##T(kr + j * ks2, tb + idx[j] * tr, d);              \
+        }                                                                                                    \
+    }
+ROWS_DOT(float)
+ROWS_DOT(double)
+
+/* One query per row n = b * H + h of [n0, n1) attending over lk keys in one pass, with an online softmax: a
+   decoding step of a relative encoding, whose terms are read beside the keys instead of in passes of their own.
+     s_j = scale * (q . k_j + a . T[ti_j] + k_j . U[ui_j]) + add_j,    out = sum_j softmax(s)_j v_j
+   q, a: rows with strides (qs0, qs1), (as0, as1); k, v: strides (ks0, ks1, ks2), (vs0, vs1, vs2); every last dim
+   contiguous. T (NULL: no query term): row stride tr, head stride th (0: shared by the heads), ti the row of each
+   key (NULL: row j); U, ui likewise for the key term; add (NULL: none): strides (ds0, ds1), a -inf entry masks its
+   key. out: [n, d] contiguous. d <= 256. */
 #define DECODE(T, EXP)                                                                                       \
     void posenc_decode_##T(const T *q, int64_t qs0, int64_t qs1, const T *k, int64_t ks0, int64_t ks1,       \
                            int64_t ks2, const T *v, int64_t vs0, int64_t vs1, int64_t vs2, const T *a,       \
@@ -343,6 +325,9 @@ NT_BYTES = 1 << 20
 POPULATE_BYTES = 32 << 20
 # tensors with at least this many elements are split over torch.get_num_threads() threads
 PARALLEL_NUMEL = 1 << 18
+
+# the largest head dimension decode_attention takes (its per-row accumulator lives on the C stack)
+DECODE_MAX_HEAD_DIM = 256
 
 # set to False to keep every caller on its PyTorch path (tests compare the two)
 enabled = True
@@ -431,7 +416,7 @@ def _build() -> ctypes.CDLL | None:
     for t in ("float", "double"):
         fn = getattr(lib, f"posenc_rows_dot_{t}")
         fn.restype = None
-        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ptr, i64, i64, i64, i64, i64]
+        fn.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64]
     for t in ("float", "double"):
         fn = getattr(lib, f"posenc_decode_{t}")
         fn.restype = None
@@ -637,28 +622,26 @@ def fire_bias(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Ten
     return _FireBias.apply(x, knots, slope, intercept)
 
 
-def rows_dot(k: Tensor, table: Tensor, index: Tensor, plus: Tensor | None = None) -> Tensor | None:
-    r"""One query's key term in one pass: ``out[b, h, j] = Σ_e (k[b, h, j, e] + a[b, h, e]) · table[index[j], (h,) e]``.
+def rows_dot(k: Tensor, table: Tensor, index: Tensor) -> Tensor | None:
+    r"""One query's key term in one pass: ``out[b, h, j] = Σ_e k[b, h, j, e] · table[index[j], (h,) e]``.
 
     .. math::
-        o_{bhj} = (k_{bhj} + a_{bh}) \cdot T_{\mathrm{index}_j}
+        o_{bhj} = k_{bhj} \cdot T_{\mathrm{index}_j}
 
     ``k [B, H, Lk, d]`` (any strides, last dimension contiguous: a KV cache's view), ``table [R, d]`` (shared by the
-    heads) or ``[R, H, d]``, ``index [Lk]`` (long), ``plus`` (``a``, optional) ``[B, H, d]``: a query whose own term
-    ``a · T`` is wanted too (BERT ``relative_key_query``'s ``q_i · E + k_j · E``). Reads ``k`` and the rows once and
-    writes ``[B, H, Lk]``: the PyTorch form gathers the rows (``[Lk, H, d]``), multiplies (another) and sums.
-    Returns ``None`` where the kernel does not apply (no compiled kernel, not CPU, not float32/float64, a gradient
-    to record, ``torch.compile``): the caller keeps its PyTorch form.
+    heads) or ``[R, H, d]``, ``index [Lk]`` (long). Reads ``k`` and the rows once and writes ``[B, H, Lk]``: the
+    PyTorch form gathers the rows (``[Lk, H, d]``), multiplies (another) and sums. Used where a decoding step takes
+    the hooks rather than :func:`decode_attention` (DeBERTa with p2p, which has no offset-table form). Returns
+    ``None`` where the kernel does not apply (no compiled kernel, not CPU, not float32/float64, a gradient to record,
+    ``torch.compile``): the caller keeps its PyTorch form.
     """
     if not enabled or torch.compiler.is_compiling() or _lib() is None:
         return None
     if k.device.type != "cpu" or k.dtype not in _CTYPE or table.dtype != k.dtype or k.dim() != 4:
         return None
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (k, table, plus)):
+    if torch.is_grad_enabled() and (k.requires_grad or table.requires_grad):
         return None
     b, h, lk, d = k.shape
-    if plus is not None and (plus.shape != (b, h, d) or plus.dtype != k.dtype or d > 64):
-        return None
     if table.dim() not in (2, 3) or table.shape[-1] != d or (table.dim() == 3 and table.shape[1] != h):
         return None
     if index.shape != (lk,) or index.dtype != torch.long or index.device.type != "cpu":
@@ -676,10 +659,7 @@ def rows_dot(k: Tensor, table: Tensor, index: Tensor, plus: Tensor | None = None
     th = table.stride(1) if table.dim() == 3 else 0
     fn = getattr(lib, f"posenc_rows_dot_{_CTYPE[k.dtype]}")
     head = (k.data_ptr(), k.stride(0), k.stride(1), k.stride(2), table.data_ptr(), table.stride(0), th)
-    if plus is not None and plus.stride(-1) != 1:
-        plus = plus.contiguous()
-    a = (plus.data_ptr(), plus.stride(0), plus.stride(1)) if plus is not None else (None, 0, 0)
-    tail = (index.data_ptr(), *a, out.data_ptr(), h, lk, d)
+    tail = (index.data_ptr(), out.data_ptr(), h, lk, d)
     _run([(fn, *head, *tail, n0, n1) for n0, n1 in _split(b * h, b * h * lk * d)])
     return out
 
@@ -733,7 +713,7 @@ def decode_attention(
     if q.device.type != "cpu" or q.dtype not in _CTYPE or q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
         return None
     b, h, lk, d = k.shape
-    if q.shape != (b, h, d) or d > 256:
+    if q.shape != (b, h, d) or d > DECODE_MAX_HEAD_DIM:
         return None
     ts = [q, k, v, add] + ([query_term[0], query_term[1]] if query_term else []) + ([key_table[0]] if key_table else [])
     if any(t is not None and (t.dtype != q.dtype or t.device != q.device) for t in ts):

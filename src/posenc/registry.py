@@ -7,10 +7,11 @@ file: nothing else needs editing.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import pkgutil
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .base import Card, NoPositionalEncoding, PositionalEncoding
 from .errors import ConfigError, UnknownNameError
@@ -36,6 +37,8 @@ def register(cls: E) -> E:
         _ALIASES[alias] = info.name
     if _ready and cls.randomized_variant:
         _add_randomized(cls)
+    if _ready:
+        _refresh_get_doc()
     return cls
 
 
@@ -63,6 +66,7 @@ def _load_all() -> None:
     for cls in list(_REGISTRY.values()):
         if cls.randomized_variant:
             _add_randomized(cls)
+    _refresh_get_doc()
 
 
 def available() -> list[str]:
@@ -87,7 +91,41 @@ def resolve(name: str) -> type[PositionalEncoding]:
     try:
         return _REGISTRY[key]
     except KeyError:
-        raise UnknownNameError("encoding", name, [*_REGISTRY, *_ALIASES]) from None
+        raise unknown_encoding(name) from None
+
+
+def unknown_encoding(name: str) -> UnknownNameError:
+    """The error for an encoding name that is not registered: the close matches, and where the whole list is
+    (``posenc list``), not the ~90 names themselves."""
+    exc = UnknownNameError("encoding", name, [*_REGISTRY, *_ALIASES])
+    close = difflib.get_close_matches(name.strip().lower().replace("_", "-"), sorted([*_REGISTRY, *_ALIASES]), n=5)
+    exc.close_matches = close or exc.close_matches
+    msg = f"unknown encoding {name!r}."
+    if exc.close_matches:
+        msg += f" Did you mean: {', '.join(exc.close_matches)}?"
+    exc.args = (msg + " `posenc list` (or posenc.available()) lists every encoding.",)
+    return exc
+
+
+def check_names(names: list[str], where: str = "") -> None:
+    """Raise one :class:`~posenc.errors.UnknownNameError` that names every unknown encoding of ``names`` (each with
+    its close matches), instead of stopping at the first."""
+    _load_all()
+    bad = [n for n in names if registered_class(n) is None]
+    if not bad:
+        return
+    if len(bad) == 1:
+        exc = unknown_encoding(bad[0])
+    else:
+        parts = []
+        for n in bad:
+            close = unknown_encoding(n).close_matches
+            parts.append(f"{n!r}" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+        exc = UnknownNameError("encoding", bad[0], [*_REGISTRY, *_ALIASES])
+        exc.args = (f"unknown encodings: {', '.join(parts)}. `posenc list` lists every encoding.",)
+    if where:
+        exc.args = (f"{where}: {exc.args[0]}",)
+    raise exc
 
 
 def registered_class(name: str) -> type[PositionalEncoding] | None:
@@ -106,11 +144,22 @@ def accepted_arguments(cls: type[PositionalEncoding]) -> dict[str, inspect.Param
     return {k: p for k, p in sig.parameters.items() if k != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
-def get(name: str, **kwargs: Any) -> PositionalEncoding:
-    """Build the encoding registered as ``name`` with the given settings.
+def _get(name: str, **kwargs: Any) -> PositionalEncoding:
+    """Build the encoding registered as ``name`` (or one of its aliases) with the settings ``kwargs``.
+
+    ``kwargs`` are the arguments of the encoding's class: each encoding takes its own (``rope`` takes
+    ``head_dim``, ``alibi`` takes ``n_heads``, ``none`` nothing). The list below gives every registered
+    encoding's arguments; an argument without ``=`` is required. ``posenc list`` says what each encoding is;
+    ``posenc.card(name)`` gives its paper. A model (``posenc.Encoder``, ``posenc.LanguageModel`` ...) passes
+    the dimensions it knows (``d_model``, ``n_heads``, ``head_dim``, ``max_len`` ...) by itself.
+
+    Raises :class:`~posenc.errors.UnknownNameError` for a name that is not registered (with the close
+    matches) and :class:`~posenc.errors.ConfigError` for an argument the encoding does not take or a
+    required one that is missing.
 
     >>> import posenc
     >>> rope = posenc.get("rope", head_dim=64)
+    >>> alibi = posenc.get("alibi", n_heads=8)
     """
     cls = resolve(name)
     accepted = accepted_arguments(cls)
@@ -124,6 +173,44 @@ def get(name: str, **kwargs: Any) -> PositionalEncoding:
     if missing:
         raise ConfigError(f"encoding {cls.info.name!r} needs {', '.join(map(repr, missing))}")
     return cls(**kwargs)
+
+
+_get.__name__ = _get.__qualname__ = "get"
+_GET_DOC = _get.__doc__ or ""
+
+
+def signature_text(cls: type[PositionalEncoding]) -> str:
+    """``name(required, option=default, ...)``: the arguments ``posenc.get`` passes to ``cls``."""
+    parts = []
+    for k, p in accepted_arguments(cls).items():
+        parts.append(k if p.default is p.empty else f"{k}={p.default!r}")
+    return f"{cls.info.name}({', '.join(parts)})"
+
+
+def _refresh_get_doc() -> None:
+    """Put every registered encoding's arguments into ``get``'s docstring (``help(posenc.get)``)."""
+    import textwrap
+
+    lines = []
+    for name in available():
+        text = signature_text(_REGISTRY[name])
+        lines += textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="        ")
+    head = "\n\n    Every registered encoding and its arguments:\n\n"
+    _get.__doc__ = _GET_DOC.rstrip() + head + "\n".join(lines) + "\n"
+
+
+if TYPE_CHECKING:
+    get = _get
+else:
+
+    def __getattr__(attr: str) -> Any:
+        # ``get`` is looked up here (PEP 562) the first time: that look-up loads every encoding, so that
+        # help(posenc.get) lists their arguments (_refresh_get_doc); no encoding module imports ``get`` at import
+        if attr == "get":
+            _load_all()
+            globals()["get"] = _get
+            return _get
+        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 # the dimensions a model knows and passes to any encoding that asks for them
@@ -154,7 +241,7 @@ def build(
     accepted = accepted_arguments(cls)
     kwargs = {k: v for k, v in dims.items() if k in accepted}
     kwargs.update(options or {})
-    return get(cls.info.name, **kwargs)
+    return _get(cls.info.name, **kwargs)
 
 
 # ------------------------------------------------------------------ examples

@@ -114,8 +114,11 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _suite(args: argparse.Namespace):
+    from ..registry import check_names
     from .suites import Grid, _encoding, load_suite
 
+    if args.encodings and args.encodings != ["all"]:
+        check_names(args.encodings, "--encodings")  # every typo at once, each with its close matches
     if args.suite:
         if args.encoding_option:
             raise ConfigError("--encoding-option is for runs without --suite; give options in the suite file")
@@ -234,16 +237,21 @@ def run(args: argparse.Namespace) -> int:
 
         load_tasks(*args.imports)
     if args.list_suites:
-        for name, desc, n in describe_suites():
-            print(f"{name:<14} {n:>4} runs  {desc}")
+        listed = describe_suites()
+        width = max((len(name) for name, _, _ in listed), default=4)
+        digits = max((len(str(n)) for _, _, n in listed), default=1)
+        for name, desc, n in listed:
+            print(f"{name:<{width}}  {n:>{digits}} runs  {desc}")
         print("\nposenc bench --suite NAME runs one; a suite file of your own: see docs/bench.md")
         return 0
     if args.list_tasks:
         from .api import available_tasks, get_task
 
-        for t in available_tasks():
+        names = available_tasks()
+        width = max((len(t) for t in names), default=4)
+        for t in names:
             task = get_task(t)
-            print(f"{t:<20} {task.metric:<12} {task.description}")
+            print(f"{t:<{width}}  {task.metric:<12} {task.description}")
         return 0
     if args.report_only and not (args.suite or args.tasks or args.encodings or args.seeds or args.encoding_option):
         args.suite = _stored_suite(args)

@@ -142,6 +142,21 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return runs, failures
 
 
+def load_suites(suites: list[str | Path] | None) -> list[SuiteData]:
+    """The suites of the page: ``suites`` as given (each must load: an unknown name or a broken file given on the
+    command line is a :class:`~posenc.errors.PosencError`), or every built-in suite (:func:`builtin_order`; one
+    that does not load here gets a section saying why)."""
+    if suites is None:
+        return [_load(given) for given in builtin_order()]
+    loaded = [_load(given) for given in suites]
+    bad = [d for d in loaded if d.suite is None]
+    if bad:
+        raise ConfigError(
+            "--suite: " + "; ".join(d.error for d in bad) + " (see posenc bench --list-suites for the built-in suites)"
+        )
+    return loaded
+
+
 def collect(
     suites: list[str | Path] | None, data_dir: Path, *, loaded: list[SuiteData] | None = None
 ) -> list[SuiteData]:
@@ -149,7 +164,7 @@ def collect(
     from ``<data_dir>/<suite>.jsonl``."""
     out = []
     if loaded is None:
-        loaded = [_load(given) for given in (suites if suites is not None else builtin_order())]
+        loaded = load_suites(suites)
     for data in loaded:
         path = data_dir / f"{data.name}.jsonl"
         if path.is_file():
@@ -614,8 +629,21 @@ def write_page(
     page = Path(page)
     ddir, idir = _dirs(page, data_dir and Path(data_dir), img_dir and Path(img_dir))
     exported: list[Path] = []
-    loaded = [_load(given) for given in (suites if suites is not None else builtin_order())]
+    loaded = load_suites(suites)
     if stores is not None:
+        if not Path(stores).is_dir():
+            raise ConfigError(
+                f"--stores {stores}: no such folder; give the folder that holds <suite>/results.sqlite "
+                f"(posenc bench writes {STORES}/<suite>/ by default)"
+            )
+        found = [d.name for d in loaded if (Path(stores) / d.name / "results.sqlite").is_file()]
+        if not found:
+            raise ConfigError(
+                f"--stores {stores}: no store of any suite of the page in it (looked for "
+                + ", ".join(f"{Path(stores) / d.name / 'results.sqlite'}" for d in loaded[:3])
+                + (" ..." if len(loaded) > 3 else "")
+                + ")"
+            )
         for data in loaded:
             store = Path(stores) / data.name / "results.sqlite"
             if not store.is_file():

@@ -1,0 +1,112 @@
+"""What a newcomer trips on at the command line (issue 27, and issue 24's silent results page).
+
+Independent truth: the expected names are the registry's own, the error text is matched for the values
+the user typed, and the pipe test reads the real stderr of a real process whose reader stops early.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+import posenc
+from posenc.cli import main
+
+
+def test_a_typo_gets_did_you_mean_and_a_pointer_not_the_whole_list(capsys):
+    assert main(["bench", "--encodings", "sinusiodal"]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean: sinusoidal" in err and "posenc list" in err
+    # not the ~90 names: a name that is not close to the typo is not in the message
+    assert "kerple-power" not in err and err.count("\n") == 1
+
+
+def test_every_typo_is_reported_at_once(capsys):
+    assert main(["bench", "--encodings", "ropee", "alibii", "rope"]) == 2
+    err = capsys.readouterr().err
+    assert "'ropee'" in err and "'alibii'" in err and "alibi" in err.split("'alibii'")[1]
+    assert "'rope'" not in err.replace("'ropee'", "")  # the valid name is not called unknown
+
+
+def test_get_unknown_name_error_names_the_close_matches():
+    with pytest.raises(posenc.UnknownNameError) as exc:
+        posenc.get("alibii", n_heads=4)
+    assert exc.value.close_matches[0] == "alibi"
+    assert "Known encodings" not in str(exc.value)
+
+
+def test_help_of_get_lists_every_encoding_with_its_arguments():
+    doc = inspect.getdoc(posenc.get)
+    assert inspect.signature(posenc.get).parameters.keys() == {"name", "kwargs"}
+    for name in posenc.available():
+        cls = posenc.resolve(name)
+        required = [
+            k
+            for k, p in inspect.signature(cls.__init__).parameters.items()
+            if k != "self" and p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+        line = next((ln.strip() for ln in doc.splitlines() if ln.strip().startswith(f"{name}(")), None)
+        assert line is not None, f"{name} is not in help(posenc.get)"
+        for arg in required:
+            assert arg in line or arg in doc.split(line)[1].split("\n    ")[0], (name, arg)
+    assert any(ln.strip().startswith("alibi(n_heads") for ln in doc.splitlines())
+
+
+def test_help_of_get_in_a_fresh_interpreter_lists_the_arguments():
+    code = "import posenc, pydoc; print(pydoc.render_doc(posenc.get, renderer=pydoc.plaintext))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "get(name: 'str', **kwargs: 'Any')" in out or "get(name: str, **kwargs: Any)" in out
+    assert "alibi(n_heads" in out and "rope(head_dim" in out
+
+
+def test_a_closed_pipe_prints_no_traceback():
+    # the reader takes one line and goes away, as `| head -1` does
+    code = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'posenc', 'inspect', 't5', '--format', 'markdown',"
+        " '--no-plots'], stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
+        "p.stdout.readline(); p.stdout.close()\n"
+        "err = p.stderr.read().decode(); p.wait()\n"
+        "print(p.returncode); print(err)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300).stdout
+    rc, _, err = out.partition("\n")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert rc.strip() == "0"
+
+
+def test_list_suites_columns_line_up(capsys):
+    from posenc.bench.suites import describe_suites
+
+    assert main(["bench", "--list-suites"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " runs  " in ln]
+    assert len(lines) == len(describe_suites())
+    starts = {ln.index(" runs  ") for ln in lines}
+    assert len(starts) == 1, lines  # every "runs" column ends at the same place, context-extension included
+    descs = {ln.index(desc) for ln, (_, desc, _) in zip(lines, describe_suites())}
+    assert len(descs) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--stores", "NO_SUCH_DIR"], "NO_SUCH_DIR: no such folder"),
+        (["--suite", "nosuch"], "nosuch"),
+    ],
+)
+def test_results_with_a_missing_store_or_suite_is_an_error_and_writes_nothing(tmp_path, capsys, argv, says):
+    page = tmp_path / "page.md"
+    args = [a.replace("NO_SUCH_DIR", str(tmp_path / "NO_SUCH_DIR")) for a in argv]
+    assert main(["results", *args, "--write", str(page)]) == 2
+    assert says in capsys.readouterr().err
+    assert not page.exists()
+
+
+def test_results_with_a_folder_holding_no_store_is_an_error(tmp_path, capsys):
+    (tmp_path / "stores").mkdir()
+    assert main(["results", "--stores", str(tmp_path / "stores"), "--write", str(tmp_path / "p.md")]) == 2
+    assert "no store of any suite" in capsys.readouterr().err
+    assert not (tmp_path / "p.md").exists()

@@ -27,10 +27,20 @@ the ``[H, Lq, Lk]`` bias or its gradient; one that evaluates its bias per block 
 (:meth:`~posenc.base.PositionalEncoding.bias_blocks`: FIRE) goes to
 :func:`posenc.block_bias.block_bias_attention`. A decoding step (one query, no gradient) of an encoding with such a
 form goes to :func:`posenc.native.decode_attention`: one pass over the keys, the values and the offset tables.
+
+Those CPU kernels (the CPU flash op, the C code of :mod:`posenc.native`, the row loops of the blocked, offset-bias
+and block-bias kernels) run only on CPU. On any other device (CUDA, MPS, XPU, ...) the plan is the *portable*
+one: every call takes :func:`~torch.nn.functional.scaled_dot_product_attention` (the encoding's terms as its
+additive mask) or the materialised formula, which exist wherever torch runs; see :func:`choose_kernel`. The
+portable plan can be forced on CPU (``with posenc.attention.portable():`` or ``POSENC_PORTABLE=1``) to test
+what another device would compute.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +63,51 @@ from .fused import RelativeForm, Rows, relative_attention
 from .offset_bias import offset_bias_attention
 
 PATHS = ("auto", "fast", "reference")
+
+#: the kernels of the portable plan: they exist on every device torch runs on (see :func:`portable`)
+PORTABLE_KERNELS = ("sdpa", "materialised")
+
+_TRUE = ("1", "true", "yes", "on")
+# the portable plan forced on CPU: ``POSENC_PORTABLE=1`` at import, or inside ``with portable():``
+_forced: list[bool] = [os.environ.get("POSENC_PORTABLE", "0").strip().lower() in _TRUE]
+if _forced[0]:
+    native.enabled = False  # the portable plan runs no native C code either
+
+
+def portable_forced() -> bool:
+    """Whether the portable plan is forced on CPU (:func:`portable`, or ``POSENC_PORTABLE=1`` at import)."""
+    return _forced[-1]
+
+
+@contextmanager
+def portable(enabled: bool = True) -> Iterator[None]:
+    """Force the device-portable plan on CPU inside the ``with`` block (``enabled=False``: lift it).
+
+    The plan then takes what it takes on a GPU or any other non-CPU device: only the kernels of
+    :data:`PORTABLE_KERNELS` (SDPA with the encoding's terms as its additive mask, or the materialised
+    formula), never the CPU flash op, the blocked / offset-bias / block-bias / decode kernels, or the C code
+    of :mod:`posenc.native` (``posenc.native.enabled`` is ``False`` inside the block, so the encodings' own
+    hooks take their PyTorch forms too). It is how the test suite checks, on a CPU-only machine, what a CUDA,
+    MPS or XPU call computes (tests/test_portable.py). The setting is process-wide (not per thread), and nests.
+    ``POSENC_PORTABLE=1`` in the environment forces it for the whole process (and turns the native code off);
+    ``portable(False)`` lifts the forcing inside its block and leaves ``posenc.native.enabled`` as it was.
+
+    Example::
+
+        with posenc.attention.portable():
+            out = attn(x)
+        print(attn.last_plan)  # sdpa: ... (portable plan: forced on CPU)
+    """
+    before = native.enabled
+    _forced.append(bool(enabled))
+    if enabled:
+        native.enabled = False
+    try:
+        yield
+    finally:
+        _forced.pop()
+        native.enabled = before
+
 
 # the kernels an attention call may take (Plan.kernel), what each computes
 KERNELS = {
@@ -360,6 +415,8 @@ class Plan:
         terms: what the encoding adds to the logits on this call: ``"form"`` (offset tables for the blocked
             kernel), ``"logits"`` and/or ``"bias"`` (tensors), or nothing.
         dropout: the attention dropout applied on this call.
+        portable: whether the call was planned without the CPU kernels (a non-CPU device, ``torch.compile``
+            tracing, or :func:`portable` forced on CPU): the kernel is then one of :data:`PORTABLE_KERNELS`.
     """
 
     kernel: str
@@ -367,11 +424,13 @@ class Plan:
     contiguous: bool
     terms: tuple[str, ...] = ()
     dropout: float = 0.0
+    portable: bool = False
 
     def __str__(self) -> str:
         pos = "contiguous" if self.contiguous else "arbitrary"
         terms = "+".join(self.terms) or "none"
-        return f"{self.kernel}: {self.reason} (positions {pos}, terms {terms}, dropout {self.dropout:g})"
+        where = ", portable plan" if self.portable else ""
+        return f"{self.kernel}: {self.reason} (positions {pos}, terms {terms}, dropout {self.dropout:g}{where})"
 
 
 def choose_kernel(
@@ -392,42 +451,60 @@ def choose_kernel(
 ) -> tuple[str, str]:
     """The one place that picks a kernel: the first rule that holds, top to bottom.
 
+    ``on_cpu`` says whether the CPU kernels may run: the tensors are on CPU and the portable plan is not forced
+    (:func:`portable`). They are the CPU flash op (biased-sdpa, offset-bias, block-bias and SDPA's causal call
+    with a bias), the C code of :mod:`posenc.native` (decode) and the row loops of the blocked kernels, which
+    would launch one small kernel per block on a GPU. Without them (``on_cpu=False``: CUDA, MPS, XPU, ...)
+    a call takes SDPA or the materialised formula, both of which exist on every device (:data:`PORTABLE_KERNELS`).
+
     ================================================  ==============  ==================================
     condition                                         kernel          why
     ================================================  ==============  ==================================
     ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
-    one query, no gradient, a form that fits it       decode          keys, values, tables read once
+    one query, no gradient, a form that fits it (1)   decode          keys, values, tables read once
     one query whose logits read ``q·kᵀ`` (CoPE)        materialised    ``q·kᵀ`` computed once, shared
-    an offset-table form (relative encodings)         blocked         no ``L × L`` or ``L × L × d`` tensor
-    a bias given per offset (no dropout, no padding)  offset-bias     no ``[H, L, L]`` bias or gradient
-    a bias given per block of rows (the same)         block-bias      no ``[H, L, L]`` bias or gradient
+    an offset-table form (relative encodings) (1)     blocked         no ``L × L`` or ``L × L × d`` tensor
+    a bias given per offset (no dropout, no pad) (1)  offset-bias     no ``[H, L, L]`` bias or gradient
+    a bias given per block of rows (the same) (1)     block-bias      no ``[H, L, L]`` bias or gradient
     a ``values`` hook without a form                  materialised    a^V needs the probabilities
-    dropout on CPU (not compiling)                    blocked         CPU SDPA has no fused dropout
-    a learned bias on CPU (not compiling)             biased-sdpa     flash forward, blocked backward
-    anything else                                     sdpa            flash, or SDPA with the terms as a mask
+    dropout (1) (2)                                   blocked         CPU SDPA has no fused dropout
+    a learned bias (1) (2)                            biased-sdpa     flash forward, blocked backward
+    the encoding's logits or bias as tensors          sdpa            SDPA with the terms as its mask
+    anything else                                     sdpa            SDPA's own kernel (flash)
     ================================================  ==============  ==================================
+
+    (1) CPU kernels only (``on_cpu``). Elsewhere the rule is skipped and a later one holds: a relative encoding's
+    hooks give their logits (and a^V) as tensors, so it takes ``sdpa`` with them as the additive mask, or
+    ``materialised`` for a^V; a bias per offset or per block is laid out as a tensor for ``sdpa``; dropout is SDPA's
+    own (fused on GPUs); a learned bias gets its gradient from SDPA's backward (the memory-efficient kernel on
+    CUDA). (2) Not while ``torch.compile`` traces. ``flex_attention`` with a ``score_mod`` would suit the bias
+    family on GPUs, but its backward does not run on CPU, so the portable plan could not be tested against the
+    reference path here; it is not used.
     """
+    cpu = on_cpu and not compiling
     if reference:
         return "materialised", "path='reference' follows the formulas literally"
     if return_weights:
         return "materialised", "return_weights needs the probabilities"
-    if one_query:
+    if one_query and on_cpu:
         return "decode", "one query (a decoding step): one pass over the keys with the offset tables (native)"
     if scores_once:
         return "materialised", "one query whose logits read q·kᵀ: computed once and handed to them (ctx.scores)"
-    if has_form:
+    if has_form and on_cpu:
         return "blocked", "the encoding gave its logits as offset tables (relative_form)"
-    if has_offsets:
+    if has_offsets and on_cpu:
         return "offset-bias", "the encoding gave its bias per offset (bias_offsets)"
-    if has_blocks:
+    if has_blocks and on_cpu:
         return "block-bias", "the encoding evaluates its bias per block of query rows (bias_blocks)"
     if needs_values:
         return "materialised", "a values hook without an offset-table form needs the probabilities"
-    if dropout and on_cpu and not compiling:
+    if dropout and cpu:
         return "blocked", "attention dropout on CPU (SDPA's CPU kernels would materialise it)"
-    if learned_bias and on_cpu and not compiling:
+    if learned_bias and cpu:
         return "biased-sdpa", "a bias with a gradient (SDPA's math path would keep [B, H, Lq, Lk] tensors)"
     if has_terms:
+        if not on_cpu:
+            return "sdpa", "the encoding's terms as SDPA's additive mask (portable: no CPU kernels on this call)"
         return "sdpa", "the encoding's terms as SDPA's additive mask"
     return "sdpa", "no extra terms: SDPA's own kernel"
 
@@ -503,7 +580,8 @@ class AttentionCore(nn.Module):
         enc, ctx, q, k = self.encoding, call.ctx, call.q, call.k
         reference = ctx.reference
         p_drop = self.dropout if self.training else 0.0
-        on_cpu = q.device.type == "cpu"
+        # the CPU kernels (CPU flash op, native code, row-blocked loops): CPU tensors, the portable plan not forced
+        on_cpu = q.device.type == "cpu" and not portable_forced()
         compiling = torch.compiler.is_compiling()
         form = None
         fast_form = (
@@ -574,7 +652,8 @@ class AttentionCore(nn.Module):
             compiling=compiling,
         )
         terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
-        return Plan(kernel, reason, ctx.contiguous, terms, p_drop), form, offsets if offsets is not None else blocks
+        plan = Plan(kernel, reason, ctx.contiguous, terms, p_drop, portable=not on_cpu or compiling)
+        return plan, form, offsets if offsets is not None else blocks
 
     # ---------------------------------------------------------------- the kernels
     def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
@@ -616,7 +695,8 @@ class AttentionCore(nn.Module):
             e0, e1 = e[:, :, 0, 0:1], e[:, :, 0, 1:2]  # [B, H, 1]: the same segment or not
             add = torch.where(same[:, None, 0, :], e0, e1) * scale  # [B, H, Lk]
         if call.allowed is not None:
-            mask = torch.zeros(call.allowed.shape, dtype=call.q.dtype).masked_fill_(~call.allowed, float("-inf"))
+            mask = torch.zeros(call.allowed.shape, dtype=call.q.dtype, device=call.q.device)
+            mask = mask.masked_fill_(~call.allowed, float("-inf"))
             mask = mask[:, :, 0]
             add = mask if add is None else add + mask
         out = native.decode_attention(
@@ -1045,9 +1125,10 @@ class MultiHeadAttention(AttentionCore):
 
 
 def _cpu_flash(q: Tensor, plan: Plan) -> bool:
-    """Whether the CPU flash kernel can run this call directly (eager, CPU, float, no dropout)."""
+    """Whether the CPU flash kernel can run this call directly (eager, CPU, float, no dropout, not portable)."""
     return (
-        q.device.type == "cpu"
+        not plan.portable
+        and q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
         and plan.dropout == 0.0
         and not torch.compiler.is_compiling()

@@ -330,11 +330,18 @@ def test_runs_are_pure_functions_of_config_and_seed():
     assert c["curve"] != a["curve"]
 
 
+# lr 1e-2 (the old setting) made this a coin toss across CPUs: the sequence accuracy of seeds 0-5 ranged 0.28-1.0
+# (encoder) and 0.77-1.0 (decoder) and moved with the kernels' rounding. At these learning rates it converges:
+# sequence accuracy at length 5 over seeds 0-5, with the native kernels (avx2 build) and without them,
+#   encoder, lr 3e-3, 200 steps: 1.0 for all 12 runs (final / first loss 0.003-0.08)
+#   decoder, lr 5e-3, 150 steps: 1.0 for all 12 runs (final / first loss 0.015-0.04)
+# (the neighbours encoder lr 5e-3 and decoder lr 3e-3 had a worst seed of 0.91). The threshold 0.6 sits well below
+# every seed and far above chance (1 / 32 for five binary symbols; token accuracy 0.5).
 @pytest.mark.parametrize(
-    "model, steps, target",
-    [("encoder", 200, 0.9), ("decoder", 150, 0.8)],
+    "model, steps, lr",
+    [("encoder", 200, 3e-3), ("decoder", 150, 5e-3)],
 )
-def test_copy_is_learnable_with_rope(model, steps, target):
+def test_copy_is_learnable_with_rope(model, steps, lr):
     cfg = tiny(
         "copy",
         model=model,
@@ -344,12 +351,13 @@ def test_copy_is_learnable_with_rope(model, steps, target):
         batch_size=32,
         d_model=32,
         n_layers=2,
-        lr=1e-2,
+        lr=lr,
         eval_samples=128,
         task_options={"symbols": 2},
+        seed=0,
     )
     out = run_one(cfg)
-    assert out["metrics"]["5"] >= target, out["metrics"]
+    assert out["metrics"]["5"] >= 0.6, out["metrics"]
     assert out["curve"][-1][1] < 0.3 * out["curve"][0][1]
 
 

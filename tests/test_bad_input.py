@@ -5,8 +5,8 @@ that names the value and what would be right, and every valid edge case gives th
 (the value and the fix). Generated cases cover every registered encoding: NaN / infinite float settings, sizes of 0,
 and empty input (refused, the same way for every encoding; see :class:`posenc.PositionalEncoding`). The tests after
 it check the valid edge cases: fully-masked rows, ALiBi with a number of heads that is not a power of two, Shaw with
-clip k = 0, and that only ``normalized`` (length-dependent by definition) changes when a sequence is padded beside
-a longer one.
+clip k = 0, and that no encoding (``normalized``, which divides by the length, included) changes a sequence's outputs
+when it is padded beside a longer one.
 """
 
 from __future__ import annotations
@@ -71,6 +71,25 @@ def half_filled():
 
 def cli(*argv):
     return lambda: cli_main(list(argv))
+
+
+def _offset_bias(vals_len=None, lk=5, vlk=None, causal=False, q3=False):
+    from posenc.offset_bias import offset_bias_attention
+
+    q = torch.randn(1, 2, 5, 4)
+    k = torch.randn(1, 2, lk, 4)
+    v = torch.randn(1, 2, vlk or lk, 4)
+    vals = torch.randn(2, vals_len or 5 + lk - 1)
+    return offset_bias_attention(q[0] if q3 else q, k, v, vals, 0.5, causal=causal)
+
+
+def _block_bias():
+    from posenc.block_bias import block_bias_attention
+
+    q, k = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    return block_bias_attention(
+        q, k, torch.randn(1, 2, 4, 4), lambda p, r0, r1, ke: torch.zeros(1, r1 - r0, ke), [], 1.0
+    )
 
 
 C = ConfigError
@@ -203,7 +222,18 @@ CASES: list[tuple[str, object, type[Exception], str]] = [
     ("mha-pos-neg-frac", lambda: mha()(x(), positions=torch.tensor([-0.5, 0, 1, 2, 3])), P, r">= 0, got .*-0\.5"),
     ("mha-pos-bool", lambda: mha()(x(), positions=torch.ones(5, dtype=torch.bool)), P, r"integers .*torch.bool"),
     ("mha-pos-length", lambda: mha()(x(), positions=torch.arange(4)), P, r"positions describe 4 tokens .*has 5"),
-    ("mha-pos-batch", lambda: mha()(x(), positions=torch.arange(5).expand(3, 5)), P, r"batch size 1 or 2"),
+    (
+        "mha-pos-batch",
+        lambda: mha()(x(), positions=torch.arange(5).expand(3, 5)),
+        P,
+        r"positions have batch size 3 \(shape \(3, 5\)\) but x has batch size 2.*\[2, L\]",
+    ),
+    (
+        "mha-keypos-batch",
+        lambda: mha()(x(), key_value=x(2, 3), key_positions=torch.arange(3).expand(3, 3)),
+        P,
+        r"key_positions have batch size 3 .*x has batch size 2",
+    ),
     ("mha-pos-3d", lambda: mha()(x(), positions=torch.zeros(1, 1, 5, dtype=torch.long)), P, r"\[L\] or \[B, L\]"),
     ("mha-keypos-length", lambda: mha()(x(), key_value=x(2, 3), key_positions=torch.arange(4)), P, r"describe 4 .* 3"),
     (
@@ -296,7 +326,12 @@ CASES: list[tuple[str, object, type[Exception], str]] = [
     ),
     ("model-pos-neg", lambda: lm("sinusoidal")(toks(1, 2), positions=torch.tensor([-3, 0])), P, r">= 0, got .*-3"),
     ("model-pos-length", lambda: lm()(toks(1, 3), positions=torch.arange(2)), P, r"describe 2 tokens .*has 3"),
-    ("model-pos-batch", lambda: lm()(toks(2, 3), positions=torch.arange(3).expand(3, 3)), P, r"batch size 1 or 2"),
+    (
+        "model-pos-batch",
+        lambda: lm()(toks(2, 3), positions=torch.arange(3).expand(3, 3)),
+        P,
+        r"batch size 1 or 2, got shape \(3, 3\)",
+    ),
     ("model-pos-list", lambda: lm()(toks(1, 3), positions=[0, 1, 2]), P, r"positions must be a tensor"),
     ("model-learned-beyond", lambda: lm("learned")(toks(1, 2), positions=torch.tensor([0, 40])), P, r"max_len=32"),
     ("model-am-shape", lambda: lm()(toks(2, 3), attention_mask=torch.ones(2, 2)), C, r"attention_mask must have shape"),
@@ -343,7 +378,50 @@ CASES: list[tuple[str, object, type[Exception], str]] = [
         r"layers \[0, 1, 2\] .*2 layers",
     ),
     ("model-cache-same-size", lambda: lm()(toks(1, 1), kv_cache=filled(lm())), C, r"filled by another attention"),
-    ("model-cache-width", lambda: lm(d_model=32)(toks(1, 1), kv_cache=filled(lm())), C, r"filled by another|head_dim"),
+    (
+        "model-cache-width",
+        lambda: lm(d_model=32)(toks(1, 1), kv_cache=filled(lm())),
+        C,
+        r"filled by another attention module \(d_model=16, n_heads=2, head_dim=8\) and is read by one of "
+        r"d_model=32, n_heads=2, head_dim=16",
+    ),
+    (
+        "mha-cache-width",
+        lambda: posenc.MultiHeadAttention(32, 4)(x(1, 1).repeat(1, 1, 2), kv_cache=mha_filled(mha())),
+        C,
+        r"\(d_model=16, n_heads=2, head_dim=8\).* d_model=32, n_heads=4, head_dim=8",
+    ),
+    (
+        "offset-bias-vals-length",
+        lambda: _offset_bias(vals_len=7),
+        C,
+        r"vals must be \[2\|1, Lq \+ Lk - 1 = 9\] .*Lq=5 queries and Lk=5 keys, got \(2, 7\)",
+    ),
+    ("offset-bias-causal-keys", lambda: _offset_bias(lk=3, causal=True), C, r"Lk=3 < Lq=5"),
+    ("offset-bias-3d", lambda: _offset_bias(q3=True), C, r"q must be a tensor \[batch, heads, length, head_dim\]"),
+    ("offset-bias-mismatch", lambda: _offset_bias(lk=4, vlk=5), C, r"do not match; k and v must be \[1, 2, Lk, 4\]"),
+    ("block-bias-mismatch", lambda: _block_bias(), C, r"block_bias_attention: .*do not match"),
+    ("rope-all-odd-head-dim", lambda: posenc.get("rope", head_dim=15), C, r"even, got 15.*rotary_dim=14"),
+    ("rope-rotary-odd", lambda: posenc.get("rope", head_dim=15, rotary_dim=13), C, r"in 2\.\.14 .*got 13"),
+    ("rope-rotary-wide", lambda: posenc.get("rope", head_dim=15, rotary_dim=16), C, r"in 2\.\.14 .*got 16"),
+    (
+        "rope-forward-nan",
+        lambda: posenc.get("rope", head_dim=8)(x(1, 3, torch.float32)[..., :8], torch.tensor([0.0, math.nan, 2.0])),
+        P,
+        r"finite numbers, got nan",
+    ),
+    (
+        "rope-forward-inf",
+        lambda: posenc.get("rope-interleaved", head_dim=8)(torch.randn(1, 2, 3, 8), torch.tensor([0, math.inf, 2])),
+        P,
+        r"finite numbers, got inf",
+    ),
+    (
+        "xpos-forward-nan",
+        lambda: posenc.get("xpos", head_dim=8)(torch.randn(1, 3, 8), torch.tensor([0.0, 1.0, math.nan])),
+        P,
+        r"finite numbers, got nan",
+    ),
     ("model-cache-half", half_filled, C, r"holds only layers \[0\] of this model's 2: a forward failed part way"),
     (
         "model-cache-overlap",
@@ -543,10 +621,60 @@ def _padded_difference(name, causal, side):
 
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_padding_beside_a_longer_sequence_changes_only_normalized(side, causal):
+def test_padding_beside_a_longer_sequence_changes_nothing(side, causal):
     changed = [n for n in NAMES if _padded_difference(n, causal, side) > 1e-4]
-    # normalized divides by N = the row's largest position + 1, padding included: length-dependent by definition
-    assert changed == (["normalized"] if side == "right" else []), changed
+    # normalized divides by N = the row's largest position + 1: the models hide the padding from it (issue 24)
+    assert changed == [], changed
+
+
+@pytest.mark.parametrize("kind", ["lm", "classifier"])
+def test_normalized_logits_of_a_sequence_do_not_depend_on_its_padded_batch_mates(kind):
+    """Issue 24: a sequence right-padded beside a longer one gave other logits (0.26) than alone, because N
+    counted the padding. Its logits (every real position; the pooled class logits) are now those it gets alone."""
+    torch.manual_seed(0)
+    common = dict(d_model=D, n_heads=H, n_layers=2, max_len=32, encoding="normalized")
+    if kind == "lm":
+        model = posenc.LanguageModel(V, **common).eval()
+    else:
+        model = posenc.SequenceClassifier(V, 3, **common).eval()
+    short, long = toks(1, 5), toks(1, 11)
+    batch = torch.zeros(2, 11, dtype=torch.long)
+    mask = torch.zeros(2, 11, dtype=torch.bool)
+    batch[0, :5], mask[0, :5] = short[0], True
+    batch[1], mask[1] = long[0], True
+    with torch.no_grad():
+        alone = model(short)[0]
+        padded = model(batch, attention_mask=mask)[0]
+        # the codes themselves: t / (N - 1) with N = 5, the short sequence's own length
+        codes = model.trunk.encoding.codes(torch.arange(5))
+    if kind == "lm":
+        padded = padded[:5]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(codes[:, 0], torch.arange(5.0) / 4)
+    # and the long sequence is as it is alone too
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch, attention_mask=mask)[1], model(long)[0], atol=1e-5, rtol=1e-4)
+
+
+def test_rope_odd_head_dim_with_an_even_rotary_dim_is_the_partial_rotation():
+    """head_dim=15, rotary_dim=14: the first 14 dimensions rotate (rotate-half over them, θ_i = base^(-2i/14)) and
+    the 15th passes through, as HF's partial rotary (GPT-NeoX's rotary_pct) does; written out in float64."""
+    enc = posenc.get("rope", head_dim=15, rotary_dim=14)
+    q = torch.randn(2, 3, 6, 15, dtype=torch.float64)
+    pos = torch.tensor([0, 1, 2, 5, 9, 40])
+    got = enc(q, pos)
+    theta = 10000.0 ** (-torch.arange(0, 14, 2, dtype=torch.float64) / 14)
+    ang = pos[:, None].double() * theta  # [6, 7]
+    c, s_ = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    rot = q[..., :14]
+    half = torch.cat([-rot[..., 7:], rot[..., :7]], -1)
+    want = torch.cat([rot * c + half * s_, q[..., 14:]], -1)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)  # the phases are float32 (HF's): m·θ to ~m·2^-24 rad
+    attn = posenc.MultiHeadAttention(30, 2, enc)
+    ref = posenc.MultiHeadAttention(30, 2, enc, path="reference")
+    ref.load_state_dict(attn.state_dict())
+    inp = torch.randn(2, 7, 30)
+    torch.testing.assert_close(attn(inp, causal=True), ref(inp, causal=True), atol=1e-5, rtol=1e-4)
 
 
 def test_normalized_padded_gives_the_unpadded_codes_with_padding_at_position_0():

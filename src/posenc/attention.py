@@ -285,6 +285,8 @@ class KVCache:
     owners: dict[int, int] = field(default_factory=dict, repr=False)
     # layer -> the preallocated storage behind that layer's entry (see :meth:`_append`)
     _buffers: dict[int, _KVBuffer] = field(default_factory=dict, repr=False, compare=False)
+    # layer -> the sizes of the attention module that filled it, in words (named when another module reads it)
+    _sizes: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
@@ -888,8 +890,13 @@ class MultiHeadAttention(AttentionCore):
                 "with memory and explicit query positions, pass key_positions for all "
                 f"{n_new_keys} keys (memory + sequence)"
             )
-        if q_pos.shape[0] not in (1, b) or k_pos.shape[0] not in (1, b):
-            raise PositionError(f"positions must have batch size 1 or {b}")
+        for what, rows, given in (("positions", q_pos, positions), ("key_positions", k_pos, key_positions)):
+            if rows.shape[0] not in (1, b):
+                shape = tuple(given.shape) if isinstance(given, Tensor) else tuple(rows.shape)
+                raise PositionError(
+                    f"{what} have batch size {rows.shape[0]} (shape {shape}) but x has batch size {b}; "
+                    f"give one row of positions for the whole batch ([L] or [1, L]) or one per sequence ([{b}, L])"
+                )
         return q_pos, k_pos
 
     def _project_rotate(self, x: Tensor, src: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
@@ -910,9 +917,12 @@ class MultiHeadAttention(AttentionCore):
         past = kv_cache.get(self.layer)
         owner = kv_cache.owners.get(self.layer)
         if past is not None and owner is not None and owner != id(self):
+            pk = past[0]
+            theirs = kv_cache._sizes.get(self.layer) or f"n_heads={pk.shape[1]}, head_dim={pk.shape[3]}"
             raise ConfigError(
-                f"this KVCache's layer {self.layer} was filled by another attention module (another model?); "
-                "a cache belongs to the model that filled it: start a new posenc.KVCache() for this one"
+                f"this KVCache's layer {self.layer} was filled by another attention module ({theirs}) and is read "
+                f"by one of {self._sizes()} (another model?); a cache belongs to the model that filled it: start "
+                "a new posenc.KVCache() for this one"
             )
         if past is not None:
             pk, pv, ppos, pseg = past
@@ -941,7 +951,12 @@ class MultiHeadAttention(AttentionCore):
                 ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
         kv_cache.update(self.layer, k, v, ctx.k_pos, ctx.k_segments)
         kv_cache.owners[self.layer] = id(self)
+        kv_cache._sizes[self.layer] = self._sizes()
         return k, v
+
+    def _sizes(self) -> str:
+        """This module's sizes in words (the width first), for messages about a KV cache of another model."""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}"
 
     def _prepare(
         self,

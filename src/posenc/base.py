@@ -245,6 +245,10 @@ class PositionalEncoding(nn.Module):
     * ``logits_read_scores``: the ``logits`` hook computes ``q·kᵀ`` itself (CoPE's gates). A call with one query
       (a decoding step) then takes the materialised kernel, which computes ``q·kᵀ`` once and hands it to the hook
       as ``ctx.scores``, instead of SDPA reading the keys a second time.
+    * ``codes_read_the_row``: the ``embed`` hook's code for a token depends on the other positions of its row
+      (``normalized``: ``t / (N - 1)`` with ``N`` the row's largest position + 1). The models then give the
+      padding tokens of an ``attention_mask`` position 0 for the ``embed`` hook, so that a sequence's codes do not
+      depend on the longer sequences it is padded beside.
     * ``fused_min_pairs``: the attention uses :meth:`relative_form` (the row-blocked kernel of
       :mod:`posenc.fused`) only from this many query-key pairs ``Lq·Lk`` on; below it the per-block
       loop costs more than the ``[B, H, Lq, Lk]`` tensors it saves (measured in benchmarks/README.md).
@@ -295,6 +299,7 @@ class PositionalEncoding(nn.Module):
     scale_token_embeddings: ClassVar[bool] = False
     fused_min_pairs: ClassVar[int] = 256 * 256
     logits_read_scores: ClassVar[bool] = False
+    codes_read_the_row: ClassVar[bool] = False
     example_options: ClassVar[Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] = MappingProxyType({})
     claims: ClassVar[Mapping[str, bool | None]] = MappingProxyType({})
     randomized_variant: ClassVar[bool] = False

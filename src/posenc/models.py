@@ -180,9 +180,23 @@ class Transformer(nn.Module):
         )
         self.final_norm: nn.Module = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
 
-    def embed_tokens(self, tokens: Tensor, positions: Tensor) -> Tensor:
+    def embed_tokens(self, tokens: Tensor, positions: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Token embeddings plus the encoding's ``embed`` hook; ``attention_mask`` ``[B, M + L]`` is the key padding.
+
+        An encoding whose codes read the whole row (``codes_read_the_row``: ``normalized`` divides by the row's
+        length) sees the padding tokens at position 0, so a sequence padded beside a longer one keeps its codes."""
         x = self.factor(self.tok(tokens) * self.embed_scale)
         if "embed" in self.encoding.hooks():
+            b, n = tokens.shape
+            if (
+                self.encoding.codes_read_the_row
+                and isinstance(attention_mask, Tensor)
+                and attention_mask.dim() == 2
+                and attention_mask.shape[0] == b
+                and attention_mask.shape[1] >= n
+            ):  # (a mask of another shape is refused by the attention, naming it)
+                real = attention_mask[:, attention_mask.shape[1] - n :].bool()
+                positions = positions.expand(b, n).masked_fill(~real, 0)
             x = self.encoding.embed(x, positions, tokens=tokens)
         return self.drop(x)
 
@@ -329,7 +343,7 @@ class Transformer(nn.Module):
             q_pos = self.encoding.positions(q_pos.expand(b, -1) if self.training else q_pos, self.training)
             if key_positions is not None:
                 key_positions = torch.cat([key_positions[:, :m].expand(q_pos.shape[0], -1), q_pos], dim=1)
-        x = self.embed_tokens(tokens, q_pos)
+        x = self.embed_tokens(tokens, q_pos, attention_mask)
         new_memory: list[Tensor] = []
         for i, block in enumerate(self.blocks):
             if return_memory:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .errors import ConfigError
+
 # query rows per block of the forward's flash calls (each recomputes nothing; the block only bounds the wasted
 # upper triangle of a causal diagonal square: 256 rows waste ~6 % at L = 2048)
 FORWARD_ROWS = 256
@@ -109,15 +111,24 @@ class _OffsetBiasAttention(torch.autograd.Function):
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, what: str) -> None:
-    """The checks shared by the CPU block kernels: matching ``q, k, v``, enough keys for ``causal``, CPU tensors."""
+    """The checks shared by the CPU block kernels: matching ``q, k, v``, enough keys for ``causal``, CPU tensors.
+
+    Raises :class:`~posenc.errors.ConfigError` (a :class:`ValueError`) naming the shapes or lengths."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ConfigError(f"{what}: {name} must be a tensor [batch, heads, length, head_dim], got {shape}")
     b, h, lq, d = q.shape
     lk = k.shape[2]
     if k.shape != (b, h, lk, d) or v.shape != k.shape:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
+        raise ConfigError(
+            f"{what}: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match; k and v must be "
+            f"[{b}, {h}, Lk, {d}] (q's batch, heads and head_dim) with one length Lk"
+        )
     if causal and lk < lq:
-        raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
+        raise ConfigError(f"{what}: causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
     if q.device.type != "cpu":
-        raise ValueError(f"{what} runs the CPU flash kernel; got q on {q.device}")
+        raise ConfigError(f"{what} runs the CPU flash kernel; got q on {q.device} (the portable plan takes SDPA there)")
 
 
 def offset_bias_attention(q: Tensor, k: Tensor, v: Tensor, vals: Tensor, scale: float, causal: bool = False) -> Tensor:
@@ -133,8 +144,12 @@ def offset_bias_attention(q: Tensor, k: Tensor, v: Tensor, vals: Tensor, scale: 
     check_inputs(q, k, v, causal, "offset_bias_attention")
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    if vals.dim() != 2 or vals.shape[0] not in (1, h) or vals.shape[1] != lq + lk - 1:
-        raise ValueError(f"vals must be [{h}|1, Lq + Lk - 1 = {lq + lk - 1}], got {tuple(vals.shape)}")
+    if not isinstance(vals, Tensor) or vals.dim() != 2 or vals.shape[0] not in (1, h) or vals.shape[1] != lq + lk - 1:
+        shape = tuple(vals.shape) if isinstance(vals, Tensor) else type(vals).__name__
+        raise ConfigError(
+            f"offset_bias_attention: vals must be [{h}|1, Lq + Lk - 1 = {lq + lk - 1}] (a bias per head, or one for "
+            f"all, per offset) for Lq={lq} queries and Lk={lk} keys, got {shape}"
+        )
     return _OffsetBiasAttention.apply(q, k, v, vals.to(q.dtype), float(scale), bool(causal))
 
 

@@ -87,11 +87,11 @@ class NormalizedPosition(AdditiveAbsolute):
     N = 3, 0.33 at N = 4), so nothing learned about "the next word" transfers
     across lengths.
 
-    Padding: ``N`` counts every position of the row, padding included, so a sequence right-padded beside a longer
-    one (default positions ``0 .. L-1``) gets other codes than alone; this encoding is length-dependent by
-    definition, and the only one that changes so (tests/test_bad_input.py tries every encoding). To get the
-    unpadded codes, give the padding position 0 (``positions=torch.arange(L) * attention_mask``), or fix
-    ``length``.
+    Padding: ``N`` is the sequence's own length, not the padded batch's. The models give the padding tokens of
+    an ``attention_mask`` position 0 for this code (``codes_read_the_row``), so a sequence right-padded beside a
+    longer one gets the codes (and the outputs) it gets alone (tests/test_bad_input.py). Called directly (``embed``,
+    ``forward``, ``codes``) it sees positions only: give the padding position 0 there
+    (``positions=torch.arange(L) * attention_mask``), or fix ``length``.
     """
 
     info = Card(
@@ -106,6 +106,7 @@ class NormalizedPosition(AdditiveAbsolute):
         shortcoming="inconsistent across lengths: offset 1 is 1/(N-1)",
     )
     claims = {"bounded": True, "unique": True}  # the article: bounded, inconsistent across lengths
+    codes_read_the_row = True  # N is the row's largest position + 1: the models hide the padding from it
 
     def __init__(self, d_model: int, length: int | None = None):
         super().__init__()

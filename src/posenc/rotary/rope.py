@@ -17,8 +17,8 @@ Layouts (which dimensions form a pair):
   anon., "Positional encoding of the Transformer"): dimension 2i pairs with 2i + 1.
 
 Both accept a partial ``rotary_dim`` (only the first ``rotary_dim`` dimensions
-rotate, as GPT-NeoX's ``rotary_pct``), compute the phases in float32 whatever
-the input dtype, and keep a cos/sin table of the first positions (up to
+rotate, as GPT-NeoX's ``rotary_pct``; an odd ``head_dim`` with an even ``rotary_dim`` too),
+compute the phases in float32 whatever the input dtype, and keep a cos/sin table of the first positions (up to
 ``RoPE.table_limit``) that every layer shares.
 
 Precision of the phases (:func:`rope_angles`). ``θ_i`` is float32 and, for
@@ -215,14 +215,26 @@ class RoPE(PositionalEncoding):
         super().__init__()
         if not isinstance(head_dim, int) or head_dim <= 0:
             raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
-        if head_dim % 2:
+        if head_dim % 2 and rotary_dim is None:
+            # an odd head_dim is fine with a partial rotation (the last dimensions pass through, as GPT-NeoX's
+            # rotary_pct and HF's partial rotary factor do); rotating all of it is not
             raise ConfigError(
                 f"RoPE rotates pairs of dimensions, so head_dim must be even, got {head_dim}; "
-                f"use head_dim={head_dim - 1} or {head_dim + 1}, or rotate part of it with rotary_dim"
+                f"use head_dim={head_dim - 1} or {head_dim + 1}, or rotate an even part of it with rotary_dim "
+                f"(e.g. rotary_dim={head_dim - 1}: the last dimension then passes through unrotated)"
+                if head_dim > 1
+                else f"RoPE rotates pairs of dimensions, so head_dim must be even, got {head_dim}; use head_dim=2"
             )
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+            raise ConfigError(f"rotary_dim must be an even integer in 2..{head_dim}, got {rotary_dim!r}")
         if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
-            raise ConfigError(f"rotary_dim must be even and in 2..{head_dim}, got {rotary_dim}")
+            top = head_dim - head_dim % 2
+            raise ConfigError(
+                f"rotary_dim must be even and in 2..{top} (it rotates pairs of the head_dim={head_dim} "
+                f"dimensions), got {rotary_dim}"
+                + (f"; the largest is {top}" if top >= 2 else "; head_dim=1 has no pair to rotate: use head_dim >= 2")
+            )
         if base <= 1:
             raise ConfigError(f"base must be > 1, got {base}")
         self.head_dim, self.rotary_dim, self.base = head_dim, rotary_dim, base
@@ -331,6 +343,8 @@ class RoPE(PositionalEncoding):
         if x.dim() not in (3, 4):
             raise ConfigError(f"expected (b, l, d) or (b, h, l, d), got {tuple(x.shape)}")
         rows = as_position_rows(positions, x.shape[-2], x.device)
+        if rows.is_floating_point():  # integer positions are checked where the table is read (cos_sin)
+            check_positions(rows, integer=False)  # NaN / inf / negative: refused, as the attention does
         cos, sin = self.cos_sin(rows)
         if x.dim() == 4:
             cos, sin = cos[:, None], sin[:, None]

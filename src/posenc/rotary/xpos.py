@@ -49,7 +49,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..base import AttentionContext, Card, as_position_rows
+from ..base import AttentionContext, Card, as_position_rows, check_positions
 from ..errors import ConfigError, PositionError
 from ..registry import register
 from .rope import RoPE
@@ -185,6 +185,8 @@ class XPos(RoPE):
         if x.dim() not in (3, 4):
             raise ConfigError(f"expected (b, l, d) or (b, h, l, d), got {tuple(x.shape)}")
         rows = as_position_rows(positions, x.shape[-2], x.device)
+        if rows.is_floating_point():
+            check_positions(rows, integer=False)  # NaN / inf / negative: refused, as the attention does
         if center is None:
             center = 0.0 if self.center == "auto" else float(self.center)
         cos, sin = self.scaled_cos_sin(rows, float(center), -1 if downscale else +1, x.dtype)

@@ -213,4 +213,4 @@ def test_report_only_without_suite_reports_the_suite_of_the_stored_runs(tmp_path
     assert main(["bench", "--report-only", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"1 of {len(load_suite('shaw-k').jobs())} runs of suite 'shaw-k'" in out
-    assert f"| {job.label} | 75.0 ± 0.0 |" in out
+    assert f"| {job.label} | 75.0 (1 seed) |" in out and "± 0.0" not in out  # one seed: no spread to show

@@ -226,7 +226,7 @@ def _stored_suite(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .report import leaderboard, markdown_table, write_report
+    from .report import leaderboard, learning_warnings, markdown_table, write_report
     from .runner import run_suite
     from .store import open_store
     from .suites import describe_suites
@@ -308,12 +308,15 @@ def run(args: argparse.Namespace) -> int:
     files = write_report(
         list(res), out, title, published=suite.published, failures=failures, description=suite.description
     )
+    rows = leaderboard(list(res))
     print()
-    print(markdown_table(leaderboard(list(res))))
+    print(markdown_table(rows))
     if suite.published:
         from .report import published_table
 
-        print(published_table(suite.published, leaderboard(list(res))))
+        print(published_table(suite.published, rows))
+    for text in learning_warnings(rows):  # what only the report said before: a run that learned nothing
+        print(f"posenc bench: warning: {text}", file=sys.stderr)
     print(f"finished in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in files.values()))
     if failures:
         print(

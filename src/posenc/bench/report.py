@@ -61,15 +61,21 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         labels = [str(n) for n in lengths] + sorted(
             {k for r in runs for k in r["metrics"] if not k.endswith("_error") and k not in map(str, lengths)}
         )
+        runs = sorted(runs, key=lambda r: r["config"]["seed"])
         per_len: dict[str, tuple[float, float] | None] = {}
+        per_seed: dict[str, list[float]] = {}
         for n in labels:
             vals = [r["metrics"].get(n) for r in runs]
             per_len[n] = None if any(v is None for v in vals) else _mean_std([float(v) for v in vals])
+            per_seed[n] = [float(v) for v in vals if isinstance(v, int | float)]
         chance = _row_chance(runs, labels)
         worst = 0.0 if higher else float("inf")
         ind = [per_len[str(n)][0] for n in lengths if n <= train_max and per_len[str(n)] is not None]
         ood = [per_len[str(n)][0] if per_len[str(n)] is not None else worst for n in lengths if n > train_max]
         ranked_by = ranking_labels(cfg, labels)
+        seed_scores = {
+            int(r["config"]["seed"]): _run_score(r["metrics"], lengths, train_max, ranked_by, higher) for r in runs
+        }
         if ranked_by:  # the task's ranking labels, or a split task's "test": the other labels do not count
             ind = [per_len[k][0] if per_len[k] is not None else worst for k in ranked_by]  # type: ignore[index]
             ood = []
@@ -85,6 +91,9 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "higher_is_better": higher,
                 "seeds": len(runs),
                 "values": per_len,
+                # each seed's value per label (seed order), and each seed's ranking score (the verdict's pairs)
+                "per_seed": per_seed,
+                "seed_scores": seed_scores,
                 "in_distribution": statistics.fmean(ind) if ind else float("nan"),
                 "extrapolation": statistics.fmean(ood) if ood else float("nan"),
                 "train_max": train_max,
@@ -98,8 +107,34 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
         rows[-1]["learned"] = _learned(rows[-1])[0]
+        rows[-1]["split"] = {
+            k: seeds_disagree(per_seed[k], chance.get(k), metric, higher) for k in labels if per_len[k] is not None
+        }
     rows.sort(key=lambda r: (r["task"], _rank(r["extrapolation"], r), _rank(r["in_distribution"], r)))
     return rows
+
+
+def _run_score(
+    metrics: dict[str, Any], lengths: list[int], train_max: int, ranked_by: list[str] | None, higher: bool
+) -> float:
+    """One run's ranking score, as :func:`leaderboard` ranks rows: the mean of the ranking labels, else of the
+    lengths beyond training (a length not reached counts as the worst value), else of the lengths trained on."""
+    worst = 0.0 if higher else float("inf")
+
+    def val(k: str) -> float:
+        v = metrics.get(k)
+        return float(v) if isinstance(v, int | float) else worst
+
+    if ranked_by:
+        return statistics.fmean(val(k) for k in ranked_by)
+    ood = [val(str(n)) for n in lengths if n > train_max]
+    if ood:
+        return statistics.fmean(ood)
+    ind = [float(metrics[str(n)]) for n in lengths if isinstance(metrics.get(str(n)), int | float)]
+    if ind:
+        return statistics.fmean(ind)
+    rest = [float(v) for k, v in metrics.items() if not k.endswith("_error") and isinstance(v, int | float)]
+    return statistics.fmean(rest) if rest else float("nan")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -174,11 +209,20 @@ def _fmt(x: float, metric: str) -> str:
     return f"{100 * x:.1f}" if _pct(metric) else f"{x:.2f}"
 
 
-def _cell(v: tuple[float, float] | None, metric: str = "accuracy") -> str:
+def _cell(
+    v: tuple[float, float] | None, metric: str = "accuracy", row: dict[str, Any] | None = None, key: str = ""
+) -> str:
+    """``mean ± std``; one seed: ``value (1 seed)`` (never ``± 0.0``); seeds that disagree (:func:`seeds_disagree`):
+    the seeds' values after it, e.g. ``74.5 ± 36.0 (seeds split: 49.0 / 100.0)``."""
     if v is None:
         return "n/a"
     m, s = v
-    return f"{_fmt(m, metric)} ± {_fmt(s, metric)}"
+    if row is not None and row.get("seeds") == 1:
+        return f"{_fmt(m, metric)} (1 seed)"
+    text = f"{_fmt(m, metric)} ± {_fmt(s, metric)}"
+    if row is not None and row.get("split", {}).get(key):
+        text += " (seeds split: " + " / ".join(_fmt(x, metric) for x in sorted(row["per_seed"][key])) + ")"
+    return text
 
 
 def _label(n: str, train_max: int) -> str:
@@ -209,12 +253,16 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         better = "higher" if sub[0]["higher_is_better"] else "lower"
         trained = f", {_trained_text(sub)}" if _trained_text(sub) else ""
         out.append(f"**{task}** — {unit} ({better} is better; mean ± std over seeds){trained}\n")
+        out.append(f"**Verdict:** {verdict(sub)}\n")
         if task in mixed:
             out.append(f"> **Warning:** {mixed[task]}.\n")
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for i, r in enumerate(sub, 1):
-            cells = [str(i), r["label"], *[_cell(r["values"].get(n), metric) for n in labels]]
+            cells = [str(i), r["label"]]
+            for n in labels:
+                text = _cell(r["values"].get(n), metric, r, n)
+                cells.append(f"*{text}*" if _cell_at_chance(r, n) else text)
             value = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
             cells += [_fmt(value, metric), f"{r['seconds']:.1f}"]
             out.append("| " + " | ".join(cells) + " |")
@@ -223,6 +271,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             out.append(
                 "|  | _chance_ | " + " | ".join("?" if c is None else _fmt(c, metric) for c in chance) + " |  |  |"
             )
+        out.append("")
+        out.append(f"_{TABLE_NOTE}_")
         out.append("")
     return "\n".join(out)
 
@@ -251,7 +301,7 @@ def published_table(published: dict[str, Any], rows: list[dict[str, Any]] | None
             rank, ourv = "—", "—"
             if lab in ours:
                 i, r = ours[lab]
-                rank = str(i)
+                rank = str(i) + (" (did not learn: at chance)" if r.get("learned") is False else "")
                 v = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
                 ourv = _fmt(v, r["metric"])
             out.append("| " + " | ".join([lab, *map(str, vals), rank, ourv]) + " |")
@@ -358,6 +408,37 @@ def _ind_keys(row: dict[str, Any]) -> list[str]:
     return keys
 
 
+def at_chance(value: float, chance: float | None, metric: str, higher: bool = True) -> bool | None:
+    """Whether ``value`` is *at chance*: it closes less than :data:`LEARNED_SHARE` of the gap between the chance
+    level and a perfect score (for a metric without a perfect score: not better than chance); None if unknown.
+
+    The one rule of the report: the tables' grey (HTML) or italic (Markdown) cells, the Failures list's rows
+    that did not learn, and the terminal's warnings all ask this function.
+    """
+    if chance is None or value != value:
+        return None
+    share = _gap_closed(value, chance, metric, higher)
+    if share is not None:
+        return share < LEARNED_SHARE
+    if _pct(metric) or metric in PPL_METRICS:  # chance at the perfect score itself: nothing to learn
+        return None
+    return value <= chance if higher else value >= chance
+
+
+def _cell_at_chance(row: dict[str, Any], key: str) -> bool:
+    v = row["values"].get(key)
+    return v is not None and bool(at_chance(v[0], row["chance"].get(key), row["metric"], row["higher_is_better"]))
+
+
+#: the note under every table (Markdown); the HTML report says the same with grey for italics
+TABLE_NOTE = (
+    f"Italics: at chance (less than {LEARNED_SHARE:.0%} of the way from chance to a perfect score). "
+    "One seed: its value and (1 seed), no ±. Seeds split: the seeds disagree (some on each side of half-way "
+    "between chance and a perfect score), each seed's value shown. s/run: mean training seconds of a run "
+    "(wall time of the training loop; it depends on the machine and its load)."
+)
+
+
 def _learned(row: dict[str, Any]) -> tuple[bool | None, float | None]:
     """(whether the row learned its task in distribution, the chance level of its in-distribution mean)."""
     keys = _ind_keys(row)
@@ -365,8 +446,139 @@ def _learned(row: dict[str, Any]) -> tuple[bool | None, float | None]:
     if not keys or any(c is None for c in cs):
         return None, None
     c = statistics.fmean(cs)  # type: ignore[arg-type]
-    share = _gap_closed(row["in_distribution"], c, row["metric"], row["higher_is_better"])
-    return (None if share is None else share >= LEARNED_SHARE), c
+    low = at_chance(row["in_distribution"], c, row["metric"], row["higher_is_better"])
+    return (None if low is None else not low), c
+
+
+def run_learned(record: dict[str, Any]) -> bool | None:
+    """Whether one run learned its task in distribution (:func:`at_chance` of its mean at the training lengths, or
+    at its ranking labels); None where the chance level is unknown. The live board warns with it."""
+    cfg = record["config"]
+    metric = record.get("metric", "accuracy")
+    higher = record.get("higher_is_better", True)
+    vals = {k: v for k, v in record["metrics"].items() if not k.endswith("_error")}
+    ranked = ranking_labels(cfg, vals)
+    tm = cfg["train_lengths"][1]
+    keys = ranked or [k for k in vals if k.isdigit() and int(k) <= tm] or [k for k in vals if not k.isdigit()]
+    keys = [k for k in keys if isinstance(vals.get(k), int | float)]
+    cs = [chance_level(cfg, k) for k in keys]
+    if not keys or any(c is None for c in cs):
+        return None
+    low = at_chance(statistics.fmean(float(vals[k]) for k in keys), statistics.fmean(cs), metric, higher)  # type: ignore[arg-type]
+    return None if low is None else not low
+
+
+def seeds_disagree(values: list[float], chance: float | None, metric: str, higher: bool = True) -> bool:
+    """Whether the seeds of one cell split (a bimodal cell, whose mean sits where no seed is): with a chance level
+    and a perfect score, some seeds close less than half the gap between them and some more, at least
+    :data:`SPLIT_SHARE` apart; without one, a spread (max − min) of at least :data:`SPLIT_SHARE` of the mean's
+    size. One seed never splits."""
+    xs = [x for x in values if x == x and math.isfinite(x)]
+    if len(xs) < 2:
+        return False
+    c = chance if chance is not None else (0.0 if _pct(metric) and higher else None)
+    shares = [_gap_closed(x, c, metric, higher) for x in xs] if c is not None else [None]
+    if all(sh is not None for sh in shares):
+        lo, hi = min(shares), max(shares)  # type: ignore[type-var]
+        return lo < 0.5 <= hi and hi - lo >= SPLIT_SHARE  # type: ignore[operator]
+    size = abs(statistics.fmean(xs))
+    return size > 0 and (max(xs) - min(xs)) >= SPLIT_SHARE * size
+
+
+#: seeds "split" when their shares of the gap from chance to perfect lie on both sides of one half and at least
+#: this far apart (adjacent/normalized: one seed at 100 %, one at 49 % of a 50 % chance: shares 1.0 and 0)
+SPLIT_SHARE = 0.4
+
+#: two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom (beyond: the normal's 1.96)
+T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def paired_interval(diffs: list[float]) -> tuple[float, float] | None:
+    """The 95 % t interval of the mean of paired per-seed differences (None for fewer than 2 pairs)."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    m, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    half = (T975[n - 2] if n - 1 <= len(T975) else 1.96) * sd / math.sqrt(n)
+    return m - half, m + half
+
+
+def _amount(x: float, metric: str) -> str:
+    return f"{100 * x:.1f} points" if _pct(metric) else f"{x:.2f} in {metric}"
+
+
+def verdict(sub: list[dict[str, Any]]) -> str:
+    """One sentence on a task's rows (ranked, as :func:`leaderboard` gives them): who won, by how much, and how
+    sure: the 95 % paired t interval of the per-seed difference between the first and the second row (seeds in
+    common), "not separable" where it includes 0 or there is one seed; and whether the rows learned the task."""
+    first = sub[0]
+    metric, higher = first["metric"], first["higher_is_better"]
+    what = _summary_name(sub)
+    score = first["extrapolation"] if what == "mean > train" else first["in_distribution"]
+    unit = " %" if _pct(metric) else ""
+    if len(sub) == 1:
+        n = first["seeds"]
+        text = f"only {first['label']} was run ({what} {_fmt(score, metric)}{unit}, {n} seed{'s' if n != 1 else ''})."
+    else:
+        second = sub[1]
+        shared = sorted(set(first["seed_scores"]) & set(second["seed_scores"]))
+        sign = 1.0 if higher else -1.0
+        diffs = [sign * (first["seed_scores"][k] - second["seed_scores"][k]) for k in shared]
+        other = second["extrapolation"] if what == "mean > train" else second["in_distribution"]
+        gap = sign * (score - other)
+        a, b = first["label"], second["label"]
+        vs = f"{what} {_fmt(score, metric)}{unit} against {_fmt(other, metric)}{unit}"
+        if not all(math.isfinite(d) for d in diffs) or not math.isfinite(gap):
+            text = f"{a} wins ({what} {_fmt(score, metric)}{unit}); {b} could not evaluate every length."
+        elif len(shared) < 2:
+            seeds = "one seed" if shared else "no seed in common"
+            text = (
+                f"{a} is ahead of {b} by {_amount(gap, metric)} ({vs}) on {seeds}: not separable "
+                "(one seed gives no interval; run more seeds)."
+            )
+        else:
+            lo, hi = paired_interval(diffs)  # type: ignore[misc]
+            k = 100.0 if _pct(metric) else 1.0
+            ci = f"{k * lo:+.1f} to {k * hi:+.1f}"
+            n = len(shared)
+            if lo > 0:
+                text = (
+                    f"{a} wins, {_amount(gap, metric)} ahead of {b} ({vs}); the 95% paired interval of the "
+                    f"difference over {n} seeds, {ci}, excludes 0."
+                )
+            else:
+                text = (
+                    f"{a} and {b} are not separable: {a} leads by {_amount(gap, metric)} ({vs}), but the 95% "
+                    f"paired interval of the difference over {n} seeds, {ci}, includes 0."
+                )
+    learned = [r.get("learned") for r in sub]
+    if learned and all(x is False for x in learned):
+        text += " No encoding learned the task in distribution (at chance): the ranking means little."
+    elif first.get("learned") is False:
+        text += f" {first['label']} did not learn the task in distribution (at chance)."
+    return text
+
+
+def learning_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """Warnings for the terminal: a task no encoding learned in distribution, and the rows that did not."""
+    out = []
+    for task in sorted({r["task"] for r in rows}):
+        sub = [r for r in rows if r["task"] == task]
+        weak = [r for r in sub if r.get("learned") is False]
+        if weak and len(weak) == len(sub):
+            out.append(
+                f"no encoding learned task {task!r} in distribution (every row at chance): its ranking means "
+                "nothing; train longer (--steps) or check the task's settings"
+            )
+        elif weak:
+            out.append(
+                f"{task}: did not learn in distribution (at chance; their extrapolation means little): "
+                + ", ".join(f"{r['label']} ({_fmt(r['in_distribution'], r['metric'])})" for r in weak)
+            )
+    return out
 
 
 def _task_chance(sub: list[dict[str, Any]], key: str) -> float | None:
@@ -440,6 +652,105 @@ def _errors(mean: float, std: float, rng: tuple[float, float] | None) -> tuple[f
     return max(0.0, min(std, mean - rng[0])), max(0.0, min(std, rng[1] - mean))
 
 
+#: a task with more rows than this is drawn as a heatmap (rows × lengths), not as lines
+HEATMAP_ROWS = 8
+SEED_STYLE = {"linestyle": "none", "ms": 3.5, "mfc": "none", "mew": 0.8, "alpha": 0.65, "zorder": 2.5}
+
+
+def _use_heatmap(sub: list[dict[str, Any]]) -> bool:
+    return len(sub) > HEATMAP_ROWS and any(k.isdigit() for r in sub for k in r["values"])
+
+
+def _seed_points(ax: Any, xs_of: dict[str, float], r: dict[str, Any], k: float, style: dict[str, Any]) -> bool:
+    """Each seed's value of row ``r`` as a small hollow marker at the x of its key; whether any was drawn."""
+    xs, ys = [], []
+    for key, x in xs_of.items():
+        vals = r.get("per_seed", {}).get(key, [])
+        if len(vals) > 1:
+            xs += [x] * len(vals)
+            ys += [k * v for v in vals]
+    if xs:
+        ax.plot(xs, ys, marker=style.get("marker", "o"), color=style.get("color"), label="_nolegend_", **SEED_STYLE)
+    return bool(xs)
+
+
+def _chance_off_axis(ax: Any, sub: list[dict[str, Any]], keys: list[str], k: float, lo: float, hi: float) -> bool:
+    """For a metric without a fixed range (perplexity): the chance level far outside the data's range [lo, hi] is
+    written in the panel instead of drawn (a line at 10⁴ would squash curves at 340–480 into a thin band)."""
+    cs = [c for key in keys if (c := _task_chance(sub, key)) is not None]
+    if not cs:
+        return True
+    span = max(hi - lo, 1e-9 * max(abs(hi), 1.0))
+    c = statistics.fmean(cs)
+    if lo - span <= k * c <= hi + span:
+        return False
+    where = "above" if k * c > hi else "below"
+    ax.text(
+        0.02,
+        0.97 if where == "above" else 0.03,
+        f"chance: {_fmt(c, sub[0]['metric'])} ({where} the axis)",
+        transform=ax.transAxes,
+        va="top" if where == "above" else "bottom",
+        fontsize=8,
+        color="0.35",
+    )
+    return True
+
+
+def _heatmap_panel(ax: Any, sub: list[dict[str, Any]]) -> Any:
+    """Rows (ranked) × test lengths, coloured by the mean over seeds; each cell gives the mean and, below it, each
+    seed's value; an orange frame marks seeds that disagree (:func:`seeds_disagree`). Returns the image."""
+    from matplotlib.patches import Rectangle
+
+    task, metric, tm = sub[0]["task"], sub[0]["metric"], sub[0]["train_max"]
+    higher = sub[0]["higher_is_better"]
+    k = 100.0 if _pct(metric) else 1.0
+    lengths = sorted({int(n) for r in sub for n, v in r["values"].items() if v is not None and n.isdigit()})
+    grid = [[float("nan")] * len(lengths) for _ in sub]
+    for i, r in enumerate(sub):
+        for j, n in enumerate(lengths):
+            v = r["values"].get(str(n))
+            if v is not None:
+                grid[i][j] = k * v[0]
+    finite = [x for row in grid for x in row if x == x]
+    vmin, vmax = (0.0, 100.0) if _pct(metric) else (min(finite, default=0.0), max(finite, default=1.0))
+    cmap = "viridis" if higher else "viridis_r"
+    im = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    for i, r in enumerate(sub):
+        for j, n in enumerate(lengths):
+            x = grid[i][j]
+            if x != x:
+                ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="0.4")
+                continue
+            shade = (x - vmin) / max(vmax - vmin, 1e-12)  # viridis is dark at 0 (viridis_r at 1)
+            dark = shade < 0.55 if higher else shade > 0.45
+            color = "white" if dark else "black"
+            seeds = r.get("per_seed", {}).get(str(n), [])
+            many = len(seeds) > 1
+            mean = f"{x:.0f}" if _pct(metric) else f"{x:.3g}"
+            ax.text(
+                j, i - (0.14 if many else 0), mean, ha="center", va="center", fontsize=8, color=color, weight="bold"
+            )
+            if many:
+                each = " ".join(f"{k * v:.0f}" if _pct(metric) else f"{k * v:.3g}" for v in seeds)
+                ax.text(j, i + 0.22, each, ha="center", va="center", fontsize=5.5, color=color)
+            if r.get("split", {}).get(str(n)):
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, ec="#ff7f0e", lw=2))
+    ax.set_xticks(range(len(lengths)), [f"{n}\n(train)" if n <= tm else str(n) for n in lengths])
+    ax.set_yticks(range(len(sub)), [r["label"] for r in sub], fontsize=8)
+    trained = [j for j, n in enumerate(lengths) if n <= tm]
+    if trained and len(trained) < len(lengths):
+        ax.axvline(trained[-1] + 0.5, color="white", lw=3)
+    ax.set_xlabel("test length")
+    said = _trained_text(sub)
+    ax.set_title(
+        f"{task}" + (f" ({said})" if said else "") + f"\n{metric}{' %' if _pct(metric) else ''}, mean over seeds "
+        "(bold) and each seed (below); orange frame: seeds split",
+        fontsize=9,
+    )
+    return im
+
+
 def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str, Any]]) -> None:
     from matplotlib.ticker import NullLocator
 
@@ -447,6 +758,14 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
     k = 100.0 if _pct(metric) else 1.0
     rng = _range(metric)
     lengths = sorted({int(n) for r in sub for n, v in r["values"].items() if v is not None and n.isdigit()})
+    seeds_drawn = False
+    # the data's range (mean ± std): where a metric without a fixed range puts its axis
+    spans = [
+        (k * (m - sd), k * (m + sd)) for r in sub for v in r["values"].values() if v is not None for m, sd in [v]
+    ] + [(k * x, k * x) for r in sub for xs in r.get("per_seed", {}).values() for x in xs]
+    spans = [(a, b) for a, b in spans if math.isfinite(a) and math.isfinite(b)]
+    lo_data = min((a for a, _ in spans), default=0.0)
+    hi_data = max((b for _, b in spans), default=1.0)
     if lengths:
         logs = [math.log2(n) for n in lengths]
         gap = min((b - a for a, b in zip(logs, logs[1:])), default=1.0)
@@ -467,12 +786,16 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
                 label=r["label"],
                 **styles[r["label"]],
             )
-        chance = [(n, _task_chance(sub, str(n))) for n in lengths]
-        chance = [(n, c) for n, c in chance if c is not None]
-        if chance and max(c for _, c in chance) - min(c for _, c in chance) < 1e-9:
-            ax.axhline(k * chance[0][1], label="chance", **CHANCE_STYLE)
-        elif chance:
-            ax.plot([n for n, _ in chance], [k * c for _, c in chance], label="chance", **CHANCE_STYLE)
+            seeds_drawn |= _seed_points(ax, {str(n): n * 2**off for n, _ in pts}, r, k, styles[r["label"]])
+        keys = [str(n) for n in lengths]
+        off_axis = rng is None or rng[1] == float("inf")
+        if not (off_axis and _chance_off_axis(ax, sub, keys, k, lo_data, hi_data)):
+            chance = [(n, _task_chance(sub, str(n))) for n in lengths]
+            chance = [(n, c) for n, c in chance if c is not None]
+            if chance and max(c for _, c in chance) - min(c for _, c in chance) < 1e-9:
+                ax.axhline(k * chance[0][1], label="chance", **CHANCE_STYLE)
+            elif chance:
+                ax.plot([n for n, _ in chance], [k * c for _, c in chance], label="chance", **CHANCE_STYLE)
         ax.set_xscale("log", base=2)
         lo, hi = lengths[0] / 2 ** (0.5 * gap), lengths[-1] * 2 ** (0.5 * gap)
         ax.set_xlim(lo, hi)
@@ -506,20 +829,29 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
                 label=r["label"],
                 **{**styles[r["label"]], "linestyle": "none"},
             )
+            xs_of = {keys[i]: i + off * 3 for i, _ in pts}
+            seeds_drawn |= _seed_points(ax, xs_of, r, k, {**styles[r["label"]], "linestyle": "none"})
         chance = [(i, c) for i, key in enumerate(keys) if (c := _task_chance(sub, key)) is not None]
-        if chance:  # one segment per split
+        off_axis = rng is None or rng[1] == float("inf")
+        if chance and not (off_axis and _chance_off_axis(ax, sub, keys, k, lo_data, hi_data)):
             ys, xs = [k * c for _, c in chance], [i for i, _ in chance]
             ax.hlines(ys, [x - 0.4 for x in xs], [x + 0.4 for x in xs], label="chance", **CHANCE_STYLE)
         ax.set_xticks(range(len(keys)), keys)
         ax.set_xlim(-0.6, len(keys) - 0.4)
         ax.set_xlabel("evaluation split")
         ax.set_title(task, fontsize=10)
+    if seeds_drawn:  # one legend entry for the seeds' hollow marks
+        ax.plot([], [], marker="o", color="0.3", label="each seed (hollow)", **SEED_STYLE)
     better = "higher" if sub[0]["higher_is_better"] else "lower"
     ax.set_ylabel(f"{metric} {'%' if _pct(metric) else ''} ({better} is better)".replace("  ", " "))
     if _pct(metric):
         ax.set_ylim(-3, 103)
-    elif metric in PPL_METRICS:
-        ax.set_yscale("log")
+    else:  # a linear axis around the data (a far chance level is written, not drawn: _chance_off_axis)
+        pad = 0.08 * max(hi_data - lo_data, 1e-9 * max(abs(hi_data), 1.0))
+        low = lo_data - pad
+        if rng is not None:
+            low = max(low, k * rng[0] - pad)
+        ax.set_ylim(low, hi_data + pad)
     ax.grid(axis="y", color="0.9", lw=0.8)
     ax.set_axisbelow(True)
 
@@ -541,18 +873,26 @@ def metric_figure(
     if not tasks:
         return None
     styles = styles or encoding_styles(r["label"] for r in rows)
-    fig = _new_figure(4.6 * len(tasks) + 1.6, 3.9)
+    subs = {task: [r for r in rows if r["task"] == task] for task in tasks}
+    heat = [t for t in tasks if _use_heatmap(subs[t])]
+    height = max([3.9] + [0.42 * len(subs[t]) + 1.6 for t in heat])
+    fig = _new_figure(4.6 * len(tasks) + 1.6 + 1.2 * len(heat), height)
     if fig is None:
         return None
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks):
-        _metric_panel(ax, [r for r in rows if r["task"] == task], styles)
-    _shared_legend(fig, axes, styles)
+        if task in heat:
+            fig.colorbar(_heatmap_panel(ax, subs[task]), ax=ax, shrink=0.6, pad=0.02)
+        else:
+            _metric_panel(ax, subs[task], styles)
+    if len(heat) < len(tasks):
+        _shared_legend(fig, axes, styles)
     return fig
 
 
 def curves_figure(results: list[dict[str, Any]], *, styles: dict[str, dict[str, Any]] | None = None) -> Any:
-    """Training loss against step, one panel per task, one line per encoding (mean over seeds); a Figure or None.
+    """Training loss against step, one panel per task, one line per encoding (mean over seeds, each seed thin
+    beneath it); a Figure or None.
 
     Lines carry their encoding's colour, marker (every few points, staggered so that lines lying on
     top of each other still show each marker) and dash pattern.
@@ -578,6 +918,18 @@ def curves_figure(results: list[dict[str, Any]], *, styles: dict[str, dict[str, 
             # a marker every few points, each line starting at another point: lines on top of each other
             # show every line's marker (one per line and period, up to half the points)
             every = max(1, min(max(len(steps) // 6, n_lines), len(steps) // 2))
+            style = styles.get(lab, {})
+            if len(runs) > 1:  # each seed thin beneath the mean: a split (one seed learns, one not) shows
+                for r in runs:
+                    xy = sorted((int(st), float(v)) for st, v in r["curve"])
+                    ax.plot(
+                        [a for a, _ in xy],
+                        [b for _, b in xy],
+                        color=style.get("color"),
+                        lw=0.7,
+                        alpha=0.3,
+                        label="_nolegend_",
+                    )
             ax.plot(
                 steps,
                 ys,
@@ -588,7 +940,7 @@ def curves_figure(results: list[dict[str, Any]], *, styles: dict[str, dict[str, 
                 label=lab,
                 **styles.get(lab, {}),
             )
-        ax.set_title(f"{task}: training loss (mean over seeds)", fontsize=10)
+        ax.set_title(f"{task}: training loss (mean over seeds; thin: each seed)", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel("loss (smoothed, log scale)")
         ax.set_yscale("log")
@@ -837,8 +1189,9 @@ def problems(rows: list[dict[str, Any]], failures: list[dict[str, Any]] | None) 
 PROBLEM_TEXT = {
     "failed": "Runs that failed (not in the tables; fix the cause and run the same command again to retry them)",
     "not learned": (
-        "Did not learn the task in distribution: the mean at the training lengths closes less than "
-        f"{LEARNED_SHARE:.0%} of the gap between chance and a perfect score (their extrapolation means little)"
+        "Did not learn the task in distribution: at chance, i.e. the mean at the training lengths closes less than "
+        f"{LEARNED_SHARE:.0%} of the gap between chance and a perfect score (the rule of the tables' grey or "
+        "italic cells; their extrapolation means little)"
     ),
     "not reached": "Lengths an encoding could not evaluate (n/a in the tables)",
 }
@@ -896,6 +1249,7 @@ th{background:#f3f3f3} td:nth-child(2),th:nth-child(2){text-align:left}
 table.left td,table.left th{text-align:left}
 tr.chance td{color:#777;font-style:italic;background:#fafafa}
 td.best{font-weight:bold} td.low{color:#999}
+.verdict{background:#eef5ee;padding:.3em .5em;border-left:3px solid #5a5}
 .sw{font-size:110%} img{max-width:100%}
 pre{white-space:pre-wrap;font-size:85%;background:#f7f7f7;padding:.4em;margin:.2em 0}
 .note{color:#555;font-size:90%} .warn{color:#8a4b00;background:#fff4e0;padding:.3em .5em}
@@ -913,10 +1267,15 @@ def _results_html(rows: list[dict[str, Any]], styles: dict[str, dict[str, Any]])
         summary = _summary_name(sub)
         unit = f"{metric} %" if _pct(metric) else metric
         body.append(f"<h3>{html.escape(task)}</h3>")
+        body.append(f"<p class=verdict><strong>Verdict:</strong> {html.escape(verdict(sub))}</p>")
         body.append(
             f"<p class=note>{html.escape(unit)} ({'higher' if higher else 'lower'} is better), mean ± std over seeds"
             + (f"; {_trained_text(sub)}" if _trained_text(sub) else "")
-            + "; best value of each column in bold, values not above chance in grey.</p>"
+            + f"; best value of each column in bold; in grey: at chance (less than {LEARNED_SHARE:.0%} of the way "
+            "from chance to a perfect score; the Failures list uses the same rule); one seed: its value, no ±; "
+            "seeds split: seeds on both sides of half-way between chance and a perfect score, each shown; "
+            "s/run: mean training seconds of a run (wall time of the training loop, which depends on the machine "
+            "and its load).</p>"
         )
         if task in mixed:
             body.append(f"<p class=warn><strong>Warning:</strong> {html.escape(mixed[task])}.</p>")
@@ -931,13 +1290,13 @@ def _results_html(rows: list[dict[str, Any]], styles: dict[str, dict[str, Any]])
             cells = [str(i), _swatch(styles.get(r["label"])) + html.escape(r["label"])]
             for n in labels:
                 v = r["values"].get(n)
-                c = r["chance"].get(n)
                 cls = ""
-                if v is not None and n in best and v[0] == best[n]:
-                    cls = "best"
-                elif v is not None and c is not None and (v[0] <= c if higher else v[0] >= c):
+                if _cell_at_chance(r, n):
                     cls = "low"
-                cells.append(f"<span class={cls}>{_cell(v, metric)}</span>" if cls else _cell(v, metric))
+                elif v is not None and n in best and v[0] == best[n]:
+                    cls = "best"
+                text = html.escape(_cell(v, metric, r, n))
+                cells.append(f"<span class={cls}>{text}</span>" if cls else text)
             value = r["extrapolation"] if summary == "mean > train" else r["in_distribution"]
             cells += [_fmt(value, metric), str(r["seeds"]), f"{r['seconds']:.1f}"]
             table.append(cells)
@@ -1084,7 +1443,10 @@ def write_report(
                 body.append(f'<h3>{alt.capitalize()}</h3><p><img src="data:image/png;base64,{data}" alt="{alt}"></p>')
         body.append(
             "<p class=note>One colour and marker per encoding in every panel; grey band: chance; shaded: "
-            "lengths longer than training; error bars: ± std over seeds, cut at the metric's range.</p>"
+            "lengths longer than training; error bars: ± std over seeds, cut at the metric's range; small hollow "
+            "marks: each seed; a task with more than "
+            f"{HEATMAP_ROWS} rows is a heatmap (mean over seeds, each seed below it, seeds that disagree framed); "
+            "a chance level far off the data (perplexity) is written in the panel, not drawn.</p>"
         )
     else:
         body.append("<p>No plots: matplotlib is not installed (<code>pip install 'posenc[plots]'</code>).</p>")
@@ -1129,11 +1491,10 @@ def write_report(
         "(the runs may have run in other processes or on other machines).</p>"
     )
     body.append(_html_table(["", ""], [[html.escape(k), html.escape(v)] for k, v in env.items()], "left"))
-    body.append(
-        "<p class=note>Files beside this page: "
-        + ", ".join(html.escape(p.name) for p in files.values())
-        + ", report.html.</p>"
-    )
+    beside = [p.name for p in files.values()]
+    if (out_dir / "results.sqlite").exists():
+        beside.insert(0, "results.sqlite (every finished run and failure: the store the next run resumes from)")
+    body.append("<p class=note>Files beside this page: " + ", ".join(map(html.escape, beside)) + ", report.html.</p>")
 
     files["report"] = out_dir / "report.html"
     files["report"].write_text(

@@ -142,21 +142,6 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return runs, failures
 
 
-def load_suites(suites: list[str | Path] | None) -> list[SuiteData]:
-    """The suites of the page: ``suites`` as given (each must load: an unknown name or a broken file given on the
-    command line is a :class:`~posenc.errors.PosencError`), or every built-in suite (:func:`builtin_order`; one
-    that does not load here gets a section saying why)."""
-    if suites is None:
-        return [_load(given) for given in builtin_order()]
-    loaded = [_load(given) for given in suites]
-    bad = [d for d in loaded if d.suite is None]
-    if bad:
-        raise ConfigError(
-            "--suite: " + "; ".join(d.error for d in bad) + " (see posenc bench --list-suites for the built-in suites)"
-        )
-    return loaded
-
-
 def collect(
     suites: list[str | Path] | None, data_dir: Path, *, loaded: list[SuiteData] | None = None
 ) -> list[SuiteData]:
@@ -164,7 +149,7 @@ def collect(
     from ``<data_dir>/<suite>.jsonl``."""
     out = []
     if loaded is None:
-        loaded = load_suites(suites)
+        loaded = [_load(given) for given in (suites if suites is not None else builtin_order())]
     for data in loaded:
         path = data_dir / f"{data.name}.jsonl"
         if path.is_file():
@@ -629,7 +614,7 @@ def write_page(
     page = Path(page)
     ddir, idir = _dirs(page, data_dir and Path(data_dir), img_dir and Path(img_dir))
     exported: list[Path] = []
-    loaded = load_suites(suites)
+    loaded = [_load(given) for given in (suites if suites is not None else builtin_order())]
     if stores is not None:
         if not Path(stores).is_dir():
             raise ConfigError(
@@ -764,6 +749,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``posenc results``: write or check the page; 0 when done or up to date, 1 when ``--check`` finds it stale."""
+    # a suite named on the command line must load: a typo would otherwise give a page of one empty section
+    bad = [d for d in (_load(given) for given in args.suites or ()) if d.suite is None]
+    if bad:
+        raise ConfigError(
+            "--suite: " + "; ".join(d.error for d in bad) + " (posenc bench --list-suites lists the built-in suites)"
+        )
     if args.check:
         if args.stores:
             raise ConfigError("--check reads the committed data only; leave out --stores")

@@ -8,10 +8,20 @@
 
 Every rank builds the same model and draws the same batches from the same seed;
 each keeps its share of the rows (:func:`posenc.bench.executors.shard`) and DDP
-averages the gradients, so the run is the same run as on one process (up to
-floating-point summation order). Rank 0 writes the result (to ``--store`` or
+averages the gradients, so the run is the same run as on one process (the same batches
+and, in exact arithmetic, the same full-batch gradient at every step). Rank 0 writes the result (to ``--store`` or
 ``--result-json``); every rank checks that its parameters equal rank 0's at the end.
 The backend is gloo (CPU) unless ``--backend nccl`` is given.
+
+The numbers are not bit for bit a local run's, and cannot be: each rank sums its half of the batch and the ranks'
+sums are added, in another order than one process adds them, with other threads. Training amplifies such
+last-bit differences, as it does another CPU's or another thread count's: at the longest (extrapolation) lengths
+two such runs of one seed can differ by several points of accuracy. Randomized positions and attention dropout
+also draw per rank, for the rank's rows. The record says so (``extra.ddp``: ``data_parallel``, ``threads``,
+``numerics``): compare a DDP run's numbers with other seeds' spread, not with one local run's. A task whose
+loop does not call :func:`~posenc.bench.executors.ddp_wrap` (the built-in language-modelling, tagging, text and
+context-extension tasks among them) is run whole on every rank: ``data_parallel`` is then false and rank 0 says
+so on stderr.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
@@ -41,6 +52,22 @@ def _config(args: argparse.Namespace) -> RunConfig:
     if args.test_lengths:
         d["test_lengths"] = tuple(args.test_lengths)
     return RunConfig(**d)
+
+
+def _numerics(data_parallel: bool, world: int) -> str:
+    """What a DDP run's numbers are, against a local run of the same config (stored in ``extra.ddp.numerics``)."""
+    if data_parallel:
+        return (
+            f"data parallel over {world} ranks: the local run's batches and full-batch gradient, summed in another "
+            "order (and with other threads) than one process sums them; training amplifies such rounding, so the "
+            "metrics can differ from a local run of this seed as much as from a run on another CPU (randomized "
+            "positions and dropout also draw per rank)"
+        )
+    return (
+        f"not data parallel: the task's loop does not call posenc.bench.executors.ddp_wrap, so each of the {world} "
+        "ranks ran the whole run alone (a local run with this process's threads); make the loop use ddp_wrap(model), "
+        "shard(*batch) and mean_over_ranks(loss), or run it without --ddp"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "world_size": world,
                 "backend": args.backend,
                 "wrapped": model is not None,
+                "data_parallel": model is not None,
+                "threads": torch.get_num_threads(),
+                "numerics": _numerics(model is not None, world),
                 "parameter_checksums": sums,
                 "in_sync": model is not None and all(abs(s - sums[0]) <= 1e-9 * max(1.0, abs(sums[0])) for s in sums),
             },
@@ -106,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             open_store(args.store).add({**record, "label": Job(RunConfig.from_dict(record["config"])).label})
         if error:
             print(f"posenc.bench.ddp: {error}", file=sys.stderr)
-        else:
+        elif record is not None and not record["extra"]["ddp"]["data_parallel"]:
+            print(f"posenc.bench.ddp: {record['extra']['ddp']['numerics']}", file=sys.stderr)
+        if not error:
             print(json.dumps({"key": record["key"], "metrics": record["metrics"], "ddp": record["extra"]["ddp"]}))
     dist.destroy_process_group()
     return 0 if error is None else 1

@@ -45,6 +45,7 @@ from ..attention import KVCache
 from ..errors import ConfigError
 from ..models import LanguageModel, TokenTagger
 from .api import OnStep, Task
+from .executors import ddp_wrap, distributed, mean_over_ranks, shard
 from .runner import RunConfig
 from .steps import one_cycle, optimise
 
@@ -289,13 +290,35 @@ def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnSt
     model = build_model(cfg, vocab, max_len)
     collate = decoder_batch if cfg.model == "decoder" else encoder_batch
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    # under torchrun (posenc bench --ddp N): DistributedDataParallel, each rank its share of every batch
+    trained = ddp_wrap(model)
+    ranks = distributed()
 
     def loss_at(step: int) -> Tensor:
+        # every rank draws the same full batch (the same rng), then keeps its rows
         tokens, mask, targets = collate(task.make(cfg.batch_size, cfg.train_lengths, rng, opts))
-        logits = model(tokens, attention_mask=mask)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        if ranks is None:
+            logits = model(tokens, attention_mask=mask)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+        # the mean over the full batch's target tokens, not over this rank's: the shards hold different numbers
+        # of them, and DDP averages the ranks' gradients, so each rank's sum is scaled by world / (all targets)
+        count = int((targets != -100).sum().clamp(min=1))
+        tokens, mask, targets = shard(tokens, mask, targets)
+        logits = trained(tokens, attention_mask=mask)
+        total = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+        return total * (ranks[1] / count)
 
-    curve, train_s = optimise(model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, loss_at, on_step=on_step)
+    curve, train_s = optimise(
+        model,
+        opt,
+        one_cycle(opt, cfg.lr, cfg.steps),
+        cfg.steps,
+        loss_at,
+        on_step=on_step,
+        reduce=mean_over_ranks,
+    )
     metrics: dict[str, Any] = {}
     for n in cfg.test_lengths:
         examples = task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)

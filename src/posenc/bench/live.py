@@ -7,8 +7,11 @@ the current leaders of its task (mean over the seeds finished so far), e.g.::
 
     [ 7/24] order/rope/seed0  L=16 99.6  L=32 97.3  L=64 88.1  (11.2 s)  | order: rope 92.7 > t5 90.1 > learned 71.0
 
-and, without a bar, the time left: ``ETA 0:02:48`` is the mean wall time of the runs
-finished so far × the runs left / the runs that go in parallel (``workers``).
+and, without a bar, the time left: ``ETA 0:02:48`` weighs each run left by its measured cost: the
+mean wall time of the finished runs of the same task and encoding, else of the same task (scaled by
+the runs' steps), else of every finished run; their sum / the runs that go in parallel (``workers``).
+A run that did not learn its task in distribution (at chance: :func:`posenc.bench.report.run_learned`)
+says so at the end of its line.
 """
 
 from __future__ import annotations
@@ -66,8 +69,13 @@ class LiveBoard:
         self.t0 = clock()
         self.finish_times: list[float] = []
         self.durations: list[float] = []
+        # the measured wall time of each finished run of ours, by (task, label) and by task (per step)
+        self.cost: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.task_cost: dict[str, list[float]] = defaultdict(list)
+        self.left: dict[str, Job] = {}
         done = set() if fresh else store.keys()
         self.todo = [j for j in self.jobs if j.key not in done]
+        self.left = {j.key: j for j in self.todo}
         self.n_done = 0
         self.steps_seen: dict[str, int] = {}
         self.total = len(self.todo)
@@ -126,12 +134,26 @@ class LiveBoard:
         elif self.live or err:
             print(line, file=out, flush=True)
 
+    def predicted(self, job: Job) -> float:
+        """The wall time ``job`` is expected to take: the mean of the finished runs of its task and encoding, else
+        of its task (per step, times its steps), else of every finished run."""
+        same = self.cost.get((job.config.task, job.label))
+        if same:
+            return statistics.fmean(same)
+        per_step = self.task_cost.get(job.config.task)
+        if per_step:
+            return statistics.fmean(per_step) * max(1, job.config.steps)
+        return statistics.fmean(self.durations)
+
     def eta(self) -> float | None:
-        """Seconds left: mean wall time per finished run × runs left / runs in parallel (None before any)."""
+        """Seconds left: the predicted wall time of each run left (:meth:`predicted`, by its measured cost) summed,
+        / runs in parallel (None before any run finished)."""
         if not self.durations:
             return None
-        left = self.total - self.n_done
-        return statistics.fmean(self.durations) * left / min(self.workers, max(1, self.total))
+        todo = list(self.left.values())
+        missing = max(0, self.total - self.n_done - len(todo))  # runs counted but not known by key
+        total = sum(self.predicted(j) for j in todo) + missing * statistics.fmean(self.durations)
+        return total / min(self.workers, max(1, self.total))
 
     def _eta_text(self) -> str:
         if self.bar is not None:  # the bar shows its own
@@ -157,6 +179,7 @@ class LiveBoard:
         # The k-th run to finish started when the (k - workers)-th finished (or at the start):
         # exact with one worker, and with a pool as long as runs are handed out in order.
         now = self.clock()
+        self.left.pop(job.key, None)
         if elsewhere:  # not a run of ours: it tells nothing about our rate
             self.n_done += 1
             if self.bar is not None:
@@ -165,6 +188,8 @@ class LiveBoard:
         k = len(self.finish_times)
         started = self.finish_times[k - self.workers] if k >= self.workers else self.t0
         self.durations.append(now - started)
+        self.cost[(job.config.task, job.label)].append(now - started)
+        self.task_cost[job.config.task].append((now - started) / max(1, job.config.steps))
         self.finish_times.append(now)
         self.n_done += 1
         if self.bar is not None and self.per_step:  # a run that stopped early: count its remaining steps
@@ -192,10 +217,18 @@ class LiveBoard:
             if not k.endswith("_error")
         )
         w = len(str(self.total))
+        warn = ""
+        try:
+            from .report import run_learned
+
+            if run_learned(rec) is False:
+                warn = "  !! did not learn (at chance in distribution)"
+        except Exception:  # noqa: BLE001 -- a warning must never stop the suite
+            pass
         self.write(
             f"[{self.n_done:>{w}}/{self.total}] {job.title}  {cells}  "
             + ("(by another process)" if elsewhere else f"({rec.get('train_seconds', 0):.1f} s)")
-            + f"  | {job.config.task}: {self.leaders(job.config.task)}{self._eta_text()}"
+            + f"{warn}  | {job.config.task}: {self.leaders(job.config.task)}{self._eta_text()}"
         )
 
     def failed(self, job: Job, error: str) -> None:

@@ -2,7 +2,8 @@
 
 ``with posenc.attention.portable():`` makes the plan skip every CPU-only kernel (the CPU flash op, the row-blocked
 kernels, the C code of posenc.native), as it does on any non-CPU device. Every registered encoding must then give the
-reference path's outputs and gradients, in a training step, with padding, and in KV-cache decoding, and every call
+reference path's outputs and gradients (a training step, right padding, packed documents, Transformer-XL memory,
+KV-cache decoding), and every call
 must report a portable kernel. The models here use ``fused_min_pairs = 1``, so outside the forced plan these same
 calls take the CPU kernels (blocked, offset-bias, block-bias, biased-sdpa, decode): the contrast is checked too.
 """
@@ -110,7 +111,7 @@ def test_the_portable_plan_calls_no_native_code_and_no_cpu_flash(monkeypatch):
 # ---------------------------------------------------------------- every encoding
 @pytest.mark.parametrize("name", names())
 def test_every_encoding_under_the_portable_plan_equals_the_reference_with_gradients(name):
-    """A training step (causal LM) and a right-padded bidirectional-style call: the reference path's values and
+    """A training step (causal LM), a right-padded batch and packed documents: the reference path's values and
     gradients, every layer on a portable kernel."""
     fast, ref = pair(name)
     with portable():
@@ -125,6 +126,13 @@ def test_every_encoding_under_the_portable_plan_equals_the_reference_with_gradie
     with portable():
         assert_same(fast, ref, lambda m: weighted(m(TOKENS, attention_mask=mask, **seg(name))[:, :9]))
     assert_portable(fast)
+    # packed documents restarting at 0: arbitrary positions (the hooks' gather forms)
+    docs = torch.tensor([[0] * 5 + [1] * 9, [0] * 8 + [1] * 6])
+    pos = torch.stack([torch.cat([torch.arange(5), torch.arange(9)]), torch.cat([torch.arange(8), torch.arange(6)])])
+    with portable():
+        assert_same(fast, ref, lambda m: weighted(m(TOKENS, positions=pos, document_ids=docs, **seg(name))))
+    assert_portable(fast)
+    assert not any(p.contiguous for p in plans(fast))
 
 
 @pytest.mark.parametrize("name", [n for n in names() if n not in LENGTH_DEPENDENT])
@@ -140,6 +148,21 @@ def test_every_encoding_decodes_under_the_portable_plan_as_the_full_reference_fo
                 steps.append(fast(TOKENS[:, t : t + 1], kv_cache=cache, **seg(name, sl=slice(t, t + 1))))
                 assert_portable(fast)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", [n for n in names() if n not in NEEDS_SEGMENTS])
+def test_every_encoding_with_memory_under_the_portable_plan_equals_the_reference(name):
+    """Transformer-XL recurrence: a segment attends to the previous one's hidden states, values and gradients."""
+    fast, ref = pair(name)
+    fast.eval(), ref.eval()
+
+    def run(m):
+        _, mem = m(TOKENS[:, :6], return_memory=True)
+        return weighted(m(TOKENS[:, 6:], memory=mem))
+
+    with portable():
+        assert_same(fast, ref, run)
+    assert_portable(fast)
 
 
 @pytest.mark.parametrize("name", ["shaw", "t5", "fire", "alibi", "rope", "transformer-xl"])

@@ -3,9 +3,9 @@
 ``with posenc.attention.portable():`` makes the plan skip every CPU-only kernel (the CPU flash op, the row-blocked
 kernels, the C code of posenc.native), as it does on any non-CPU device. Every registered encoding must then give the
 reference path's outputs and gradients (a training step, right padding, packed documents, Transformer-XL memory,
-KV-cache decoding), and every call
-must report a portable kernel. The models here use ``fused_min_pairs = 1``, so outside the forced plan these same
-calls take the CPU kernels (blocked, offset-bias, block-bias, biased-sdpa, decode): the contrast is checked too.
+KV-cache decoding), and every call must report a portable kernel. The models here use ``fused_min_pairs = 1``, so
+outside the forced plan these same calls take the CPU kernels (blocked, offset-bias, block-bias, biased-sdpa,
+decode): the contrast is checked too.
 """
 
 from __future__ import annotations

@@ -190,3 +190,23 @@ def test_the_plan_reports_portable_for_multi_head_attention_and_says_why():
     with portable():
         p = attn.plan(x, causal=True)
     assert p.kernel == "sdpa" and p.portable and "portable" in p.reason and "portable plan" in str(p)
+
+
+def test_posenc_portable_in_the_environment_forces_it_for_the_process():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, posenc\n"
+        "from posenc import native\n"
+        "from posenc.attention import portable_forced\n"
+        "enc = posenc.get('t5', n_heads=2, causal=True); enc.fused_min_pairs = 1\n"
+        "attn = posenc.MultiHeadAttention(16, 2, enc)\n"
+        "p = attn.plan(torch.randn(2, 9, 16), causal=True)\n"
+        "print(portable_forced(), native.enabled, p.kernel, p.portable)\n"
+    )
+    env = {**os.environ, "POSENC_PORTABLE": "1", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "False", "sdpa", "True"]

@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_cli.add_parser(sub)
     results_page.add_parser(sub)
+    from .extend import cli as extend_cli
+
+    extend_cli.add_parser(sub)
 
     try:
         from .analysis import cli as inspect_cli

@@ -1,0 +1,131 @@
+"""``posenc extend``: the command line of :mod:`posenc.extend`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .runner import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig
+
+DESCRIPTION = f"""\
+Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,
+and measure it on real text: the loss of every position of a long document (one chunked forward per document
+and scaling, through the KV cache) and passkey retrieval over a grid of context lengths and depths. Writes
+extend.jsonl (every finished cell: an interrupted run resumes from it), report.md, report.html,
+extend-loss.png and extend-passkey.png into --out, and prints the tables and the verdicts.
+
+Needs the real-model extra and the model package: bash scripts/extend.sh sets both up and runs this command.
+"""
+
+EPILOG = f"""\
+modes:
+  --quick   {len(QUICK.documents)} document, {len(QUICK.scalings)} scalings (as trained, YaRN), loss to
+            {QUICK.loss_extension:g}L, passkey at L and 2L at depth 50% (SmolLM2: about 10 min on 2 quiet cores)
+  --full    (default) loss to 4L for every scaling on hamlet; passkey for 5 scalings at 0.5L..2L, depths 0/50/100%
+            (SmolLM2: about 3 h on 2 quiet cores; --max-cells N stops early, the next run goes on)
+
+examples:
+  posenc extend --quick
+  posenc extend --scalings as-trained rope-yarn rope-linear --loss-extension 2 --no-passkey
+  posenc extend --report-only --out posenc-results/extend
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "extend",
+        help="stretch a real model's context with each RoPE scaling, measured on real text",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the quick mode (see below)")
+    mode.add_argument("--full", action="store_true", help="the full grid (the default)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="a packaged model name, a .gguf file or a transformers folder (default: smollm2-135m)")
+    p.add_argument("--out", help="the results folder (default: posenc-results/extend or extend-quick)")
+    p.add_argument("--documents", nargs="+", metavar="DOC",
+                   help=f"long documents for the loss curves: {', '.join(DOCUMENTS)}")
+    p.add_argument("--scalings", nargs="+", metavar="NAME",
+                   help=f"for the loss curves: {AS_TRAINED} and/or {', '.join(SCALINGS)}")
+    p.add_argument("--passkey-scalings", nargs="+", metavar="NAME", help="for the passkey grid (same names)")
+    p.add_argument("--loss-extension", type=float, metavar="X", help="loss curves to X times the trained length")
+    p.add_argument("--passkey-lengths", type=float, nargs="+", metavar="X",
+                   help="passkey context lengths, as multiples of the trained length")
+    p.add_argument("--passkey-depths", type=float, nargs="+", metavar="D", help="key depths in [0, 1]")
+    p.add_argument("--no-passkey", action="store_true", help="loss curves only")
+    p.add_argument("--chunk", type=int, metavar="N", help="tokens per forward of the chunked prefill (2048)")
+    p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's)")
+    p.add_argument("--max-cells", type=int, metavar="N", help="stop after N new cells (the next run goes on)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the report from the stored cells")
+    p.set_defaults(func=run)
+    return p
+
+
+def config_from(args: argparse.Namespace) -> ExtendConfig:
+    cfg = QUICK if args.quick else FULL
+    changes: dict[str, Any] = {"model": args.model}
+    if args.documents:
+        changes["documents"] = tuple(args.documents)
+    if args.scalings:
+        changes["scalings"] = tuple(args.scalings)
+        changes["loss_long_scalings"] = tuple(args.scalings)
+    if args.passkey_scalings:
+        changes["passkey_scalings"] = tuple(args.passkey_scalings)
+    if args.loss_extension:
+        changes["loss_extension"] = args.loss_extension
+    if args.passkey_lengths:
+        changes["passkey_lengths"] = tuple(args.passkey_lengths)
+    if args.passkey_depths:
+        changes["passkey_depths"] = tuple(args.passkey_depths)
+    if args.no_passkey:
+        changes["passkey_scalings"] = ()
+    if args.chunk:
+        changes["chunk"] = args.chunk
+    if len(changes) > 1:
+        changes["mode"] = f"{cfg.mode}, changed"
+    return replace(cfg, **changes)
+
+
+def _command(argv: list[str]) -> str:
+    return "posenc " + " ".join(argv) if argv else "posenc extend"
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import report
+    from .runner import Store
+    from .runner import run as run_cells
+
+    cfg = config_from(args)
+    out = Path(args.out or ("posenc-results/extend-quick" if args.quick else "posenc-results/extend"))
+    if args.threads:
+        import torch
+
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.max_cells is not None and args.max_cells < 0:
+        raise ConfigError(f"--max-cells must be 0 or more, got {args.max_cells}")
+    t0 = time.perf_counter()
+    if args.report_only:
+        records = Store(out).records()
+        if not records:
+            raise ConfigError(f"{out / 'extend.jsonl'} holds no cells: run posenc extend first")
+    else:
+        records = run_cells(cfg, out, max_cells=args.max_cells)
+    argv = sys.argv[1:] if sys.argv and os.path.basename(sys.argv[0]) in ("posenc", "__main__.py") else []
+    paths = report.write(records, out, command=_command(argv))
+    text = report.ppl_table(records) + report.passkey_table(records)
+    print("\n".join(text))
+    print("verdicts:")
+    for v in report.verdicts(records):
+        print(f"  {v.verdict:>15}: {v.finding} -- {v.evidence}")
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({time.perf_counter() - t0:.0f} s)")
+    return 0

@@ -1,0 +1,161 @@
+"""The two measurements of a long context: per-token loss along one long document, and passkey retrieval.
+
+**Per-token loss.** :func:`token_losses` feeds a document of ``N`` tokens through a causal LM in chunks of
+``chunk`` tokens, each chunk attending to the KV cache of all earlier ones (transformers' ``DynamicCache``),
+and returns the ``N - 1`` next-token losses ``-log p(x_{t+1} | x_{<=t})``. Memory is bounded by the cache and
+one chunk's activations, and for an encoding that depends on positions only (every static RoPE scaling) the
+losses equal one full forward's (tests/test_extend.py). A *dynamic* scaling (``rope-dynamic``, LongRoPE past
+its original length) picks its frequencies from the longest position of each call, so chunked it behaves as
+it does in generation with a cache: each chunk's keys keep the rotation of their own chunk.
+
+**Passkey retrieval** (Mohtashami and Jaggi 2023, "Landmark Attention"): a random number hidden at a chosen
+depth in filler text that repeats, asked for at the end::
+
+    There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz
+    you about the important information there. The grass is green. The sky is blue. ... The pass key is
+    68548. Remember it. 68548 is the pass key. ... The grass is green. ... What is the pass key? The pass
+    key is 68548
+
+:func:`passkey_ids` builds it to an exact number of tokens (the filler is cut at a token) with the key
+sentence at ``depth`` (0: right after the instruction, 1: right before the question). :func:`passkey_score`
+takes one forward of the prompt with the answer appended, and the example counts as retrieved when every
+answer token is the model's argmax (teacher-forced, which is greedy decoding for as long as every token is
+right).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+
+INSTRUCTION = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."
+)
+FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+KEY_SENTENCE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+ANSWER = " {key}"
+
+
+def _cache():
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+@torch.no_grad()
+def token_losses(
+    model: nn.Module,
+    ids: Tensor,
+    *,
+    chunk: int = 2048,
+    progress: Callable[[int, int], None] | None = None,
+) -> Tensor:
+    """The next-token losses of one document ``ids`` (``[N]`` or ``[1, N]``), in nats: ``[N - 1]`` float32.
+
+    The document goes through ``model`` ``chunk`` tokens at a time with a KV cache; ``progress(done, total)``
+    is called after each chunk.
+    """
+    if chunk < 1:
+        raise ConfigError(f"chunk must be a positive number of tokens, got {chunk}")
+    ids = ids.reshape(1, -1)
+    n = ids.shape[1]
+    if n < 2:
+        raise ConfigError(f"a document of {n} token(s) has no next-token loss; pass at least 2 tokens")
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    cache = _cache()
+    out = torch.empty(n - 1, dtype=torch.float32)
+    for start in range(0, n - 1, chunk):
+        stop = min(start + chunk, n - 1)
+        logits = model(input_ids=ids[:, start:stop], past_key_values=cache, use_cache=True).logits[0]
+        targets = ids[0, start + 1 : stop + 1]
+        out[start:stop] = F.cross_entropy(logits.float(), targets, reduction="none").cpu()
+        del logits
+        if progress is not None:
+            progress(stop, n - 1)
+    return out
+
+
+@dataclass(frozen=True)
+class PasskeyPrompt:
+    """One passkey example: its token ids (the answer at the end), where the answer starts, the key."""
+
+    ids: Tensor  # [n] long: prompt + answer
+    answer_start: int  # ids[answer_start:] are the answer's tokens
+    key: str
+    depth: float
+    key_at: int  # the token index where the key sentence starts
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def passkey_ids(tokenizer: Any, n: int, depth: float, key: str) -> PasskeyPrompt:
+    """A passkey example of exactly ``n`` tokens with the key sentence at ``depth`` in [0, 1]."""
+    if not 0.0 <= depth <= 1.0 or math.isnan(depth):
+        raise ConfigError(f"depth is a fraction of the filler in [0, 1], got {depth}")
+    if not key.isdigit():
+        raise ConfigError(f"the pass key is a number, got {key!r}")
+    head = _encode(tokenizer, INSTRUCTION)
+    sentence = _encode(tokenizer, KEY_SENTENCE.format(key=key))
+    question = _encode(tokenizer, QUESTION)
+    answer = _encode(tokenizer, ANSWER.format(key=key))
+    filler_unit = _encode(tokenizer, FILLER)
+    fixed = len(head) + len(sentence) + len(question) + len(answer)
+    room = n - fixed
+    if room < 0:
+        raise ConfigError(f"a passkey example needs at least {fixed} tokens with this tokenizer, got n={n}")
+    reps = room // len(filler_unit) + 1
+    filler = (filler_unit * reps)[:room]
+    # the key sentence goes between two whole filler sentences: at the unit boundary nearest to depth
+    units = room // len(filler_unit)
+    before = min(room, round(depth * units) * len(filler_unit))
+    ids = [*head, *filler[:before], *sentence, *filler[before:], *question, *answer]
+    assert len(ids) == n
+    return PasskeyPrompt(torch.tensor(ids, dtype=torch.long), n - len(answer), key, depth, len(head) + before)
+
+
+def random_key(rng: random.Random, digits: int = 5) -> str:
+    """A key of ``digits`` digits, without a leading zero."""
+    return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+
+
+@torch.no_grad()
+def passkey_score(model: nn.Module, prompt: PasskeyPrompt, *, chunk: int = 2048) -> dict[str, Any]:
+    """Whether ``model`` retrieves the key: one chunked forward of prompt + answer, argmax at each answer token.
+
+    Returns ``{"correct": bool, "tokens_right": share of answer tokens right, "answer_loss": mean nats}``.
+    """
+    losses, hits = [], []
+    ids = prompt.ids.reshape(1, -1).to(next(model.parameters()).device)
+    n = ids.shape[1]
+    cache = _cache()
+    first = prompt.answer_start - 1  # the logit at this position predicts the first answer token
+    for start in range(0, n - 1, chunk):
+        stop = min(start + chunk, n - 1)
+        # only the chunk(s) holding answer positions need logits (skip the vocabulary matmul elsewhere)
+        keep = max(0, stop - max(start, first))
+        out = model(input_ids=ids[:, start:stop], past_key_values=cache, use_cache=True, logits_to_keep=max(keep, 1))
+        if keep:
+            logits = out.logits[0, -keep:].float()
+            targets = ids[0, stop - keep + 1 : stop + 1]
+            losses.append(F.cross_entropy(logits, targets, reduction="none"))
+            hits.append(logits.argmax(-1) == targets)
+    right = torch.cat(hits)
+    return {
+        "correct": bool(right.all()),
+        "tokens_right": float(right.float().mean()),
+        "answer_loss": float(torch.cat(losses).mean()),
+    }

@@ -1,0 +1,495 @@
+"""What ``posenc extend`` shows: loss against position, perplexity at fixed lengths, passkey heatmaps, and a
+verdict per published shape, computed from the stored cells (never written by hand, so never stale).
+
+The published shapes (7B-scale models; a 135M model need not follow them, which is what the verdicts say):
+
+* plain RoPE past the trained length ``L``: the loss rises steeply within about 1.2-1.5 L (Chen et al. 2023,
+  Press et al. 2022);
+* position interpolation without fine-tuning: worse inside ``L``, smoother past it (Chen et al. 2023);
+* NTK-aware and dynamic NTK beat PI without fine-tuning (bloc97 2023; Peng et al. 2023);
+* YaRN is the best scaling without fine-tuning (Peng et al. 2023);
+* passkey: plain RoPE fails past ``L``; the scalings retrieve past it (Chen et al. 2023; Peng et al. 2023;
+  Mohtashami and Jaggi 2023).
+
+Each verdict is ``reproduced``, ``partly``, ``not reproduced`` or ``not measured`` (its cells are not in the
+store yet), with the numbers it was decided on.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .runner import AS_TRAINED, LABELS, SCALINGS
+
+ORDER = (AS_TRAINED, *SCALINGS)
+COLOURS = {
+    AS_TRAINED: "#000000",
+    "rope-linear": "#d62728",
+    "rope-ntk": "#2ca02c",
+    "rope-dynamic": "#17becf",
+    "rope-yarn": "#1f77b4",
+    "rope-llama3": "#ff7f0e",
+    "rope-longrope": "#9467bd",
+}
+NOTE_QUANT = (
+    "The model is SmolLM2-135M-Instruct with 4-bit (Q4_1) GGUF weights, de-quantised to float32: "
+    "a quantised checkpoint, not the bf16 original."
+)
+
+
+def label(scaling: str, factor: float | None = None) -> str:
+    base = LABELS.get(scaling, scaling)
+    return base if scaling == AS_TRAINED or not factor else f"{base}, s={factor:g}"
+
+
+def _order(names: Sequence[str]) -> list[str]:
+    return sorted(set(names), key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+def loss_records(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{document: {scaling: record}}`` (the longest curve where a cell was measured at two lengths)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") != "loss":
+            continue
+        cur = out.setdefault(r["document"], {}).get(r["scaling"])
+        if cur is None or r["tokens"] > cur["tokens"]:
+            out[r["document"]][r["scaling"]] = r
+    return out
+
+
+def mean_loss(record: dict[str, Any], start: int, stop: int) -> float | None:
+    """The mean next-token loss of the positions ``[start, stop)`` (position t predicts token t + 1), from the
+    stored bins; ``None`` where the curve does not reach ``stop``. Exact where ``start`` and ``stop`` fall on
+    bin edges (multiples of the bin, or the curve's end: the table's lengths do); a bin cut by them counts
+    with its mean."""
+    n = record["tokens"] - 1  # losses stored
+    if stop > n or start >= stop:
+        return None
+    b = record["bin"]
+    bins = record["loss_bins"]
+    total = weight = 0.0
+    for i, v in enumerate(bins):
+        lo, hi = i * b, min((i + 1) * b, n)
+        overlap = min(hi, stop) - max(lo, start)
+        if overlap > 0:
+            total += v * overlap
+            weight += overlap
+    return total / weight if weight else None
+
+
+def perplexity(record: dict[str, Any], start: int, stop: int) -> float | None:
+    m = mean_loss(record, start, stop)
+    return None if m is None else math.exp(m)
+
+
+def table_lengths(trained: int, longest: int) -> list[int]:
+    """Prefix lengths for the table: 1/4, 1/2, 1, 1.5, 2, 3, 4 ... times L, up to the longest curve."""
+    mults = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+    return [int(m * trained) for m in mults if int(m * trained) <= longest]
+
+
+def passkey_grid(records: Sequence[dict[str, Any]]) -> dict[str, dict[tuple[int, float], dict[str, Any]]]:
+    out: dict[str, dict[tuple[int, float], dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "passkey":
+            out.setdefault(r["scaling"], {})[(r["tokens"], float(r["depth"]))] = r
+    return out
+
+
+def passkey_accuracy(cells: dict[tuple[int, float], dict[str, Any]], lo: int, hi: int) -> tuple[float, int] | None:
+    """The share of retrieved keys among the cells of length in ``(lo, hi]``, and their count."""
+    got = [bool(r["correct"]) for (n, _), r in cells.items() if lo < n <= hi]
+    return (sum(got) / len(got), len(got)) if got else None
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+@dataclass(frozen=True)
+class Verdict:
+    finding: str
+    source: str
+    verdict: str  # reproduced | partly | not reproduced | not measured
+    evidence: str
+
+
+def _fmt(x: float | None) -> str:
+    return "—" if x is None else (f"{x:.1f}" if x >= 100 else f"{x:.2f}")
+
+
+def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
+    """One verdict per published shape, from the first document's curves and the passkey grid."""
+    losses = loss_records(records)
+    doc = next(iter(losses), None)
+    curves = losses.get(doc, {}) if doc else {}
+    trained = next((r["trained_length"] for r in records), 0)
+    L = trained
+    out: list[Verdict] = []
+
+    def ppl(scaling: str, start: int, stop: int) -> float | None:
+        r = curves.get(scaling)
+        return perplexity(r, start, stop) if r else None
+
+    # 1. plain RoPE past L
+    inside, past = ppl(AS_TRAINED, L // 2, L), ppl(AS_TRAINED, L, int(1.5 * L))
+    if inside is None or past is None:
+        out.append(Verdict("Plain RoPE fails within about 1.2-1.5x the trained length", "Chen et al. 2023; "
+                           "Press et al. 2022", "not measured", "needs the as-trained loss curve to 1.5 L"))
+    else:
+        ratio = past / inside
+        v = "reproduced" if ratio >= 2 else "partly" if ratio >= 1.2 else "not reproduced"
+        out.append(Verdict(
+            "Plain RoPE fails within about 1.2-1.5x the trained length", "Chen et al. 2023; Press et al. 2022", v,
+            f"{doc}: perplexity {_fmt(inside)} over positions L/2..L, {_fmt(past)} over L..1.5L "
+            f"(x{ratio:.1f}; reproduced at x2 or more, partly from x1.2)",
+        ))
+
+    # 2. PI: worse inside L, smoother past it
+    longest = {s: r["tokens"] - 1 for s, r in curves.items()}
+    far = min([longest.get(AS_TRAINED, 0), longest.get("rope-linear", 0)])
+    a_in, p_in = ppl(AS_TRAINED, 0, L), ppl("rope-linear", 0, L)
+    a_out, p_out = ppl(AS_TRAINED, L, far), ppl("rope-linear", L, far)
+    if None in (a_in, p_in, a_out, p_out) or far <= L:
+        out.append(Verdict("PI without fine-tuning: worse inside L, smoother past it", "Chen et al. 2023",
+                           "not measured", "needs the as-trained and rope-linear curves past L"))
+    else:
+        worse_in, better_out = p_in > a_in, p_out < a_out
+        v = "reproduced" if worse_in and better_out else "partly" if worse_in or better_out else "not reproduced"
+        out.append(Verdict(
+            "PI without fine-tuning: worse inside L, smoother past it", "Chen et al. 2023", v,
+            f"{doc}: inside L {_fmt(p_in)} vs as trained {_fmt(a_in)}; over L..{far / L:g}L {_fmt(p_out)} vs "
+            f"{_fmt(a_out)}",
+        ))
+
+    # 3./4. comparisons past L among the scalings
+    scal = [s for s in SCALINGS if s in curves]
+    reach = min((longest[s] for s in scal), default=0)
+    beyond = {s: ppl(s, L, reach) for s in scal} if reach > L else {}
+    ntk_like = [s for s in ("rope-ntk", "rope-dynamic") if s in beyond]
+    if "rope-linear" not in beyond or not ntk_like:
+        out.append(Verdict("NTK-aware and dynamic NTK beat PI without fine-tuning", "bloc97 2023; Peng et al. 2023",
+                           "not measured", "needs rope-linear and rope-ntk / rope-dynamic curves past L"))
+    else:
+        wins = [s for s in ntk_like if beyond[s] < beyond["rope-linear"]]  # type: ignore[operator]
+        v = "reproduced" if len(wins) == len(ntk_like) else "partly" if wins else "not reproduced"
+        out.append(Verdict(
+            "NTK-aware and dynamic NTK beat PI without fine-tuning", "bloc97 2023; Peng et al. 2023", v,
+            f"{doc}, perplexity over L..{reach / L:g}L: PI {_fmt(beyond['rope-linear'])}, "
+            + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ntk_like),
+        ))
+    if "rope-yarn" not in beyond or len(beyond) < 2:
+        out.append(Verdict("YaRN is the best scaling without fine-tuning", "Peng et al. 2023", "not measured",
+                           "needs rope-yarn and another scaling's curve past L"))
+    else:
+        ranked = sorted(beyond, key=lambda s: beyond[s])  # type: ignore[arg-type,return-value]
+        rank = ranked.index("rope-yarn") + 1
+        v = "reproduced" if rank == 1 else "partly" if rank <= 2 else "not reproduced"
+        out.append(Verdict(
+            "YaRN is the best scaling without fine-tuning", "Peng et al. 2023", v,
+            f"{doc}, perplexity over L..{reach / L:g}L, best first: "
+            + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ranked),
+        ))
+
+    # 5. passkey
+    grid = passkey_grid(records)
+    plain = grid.get(AS_TRAINED, {})
+    at_in = passkey_accuracy(plain, 0, L) if plain else None
+    at_out = passkey_accuracy(plain, L, 10**9) if plain else None
+    scaled = {s: passkey_accuracy(c, L, 10**9) for s, c in grid.items() if s != AS_TRAINED}
+    scaled = {s: a for s, a in scaled.items() if a is not None}
+    if at_in is None or at_out is None or not scaled:
+        out.append(Verdict("Passkey: plain RoPE fails past L, the scalings retrieve past it",
+                           "Chen et al. 2023; Peng et al. 2023", "not measured",
+                           "needs passkey cells inside and past L, as trained and scaled"))
+    else:
+        fails = at_out[0] <= 0.5 * at_in[0] if at_in[0] > 0 else False
+        best = max(scaled.values(), key=lambda a: a[0])[0]
+        helps = best > at_out[0]
+        v = "reproduced" if fails and helps else "partly" if fails or helps else "not reproduced"
+        out.append(Verdict(
+            "Passkey: plain RoPE fails past L, the scalings retrieve past it", "Chen et al. 2023; Peng et al. 2023",
+            v,
+            f"as trained: {at_in[0]:.0%} of {at_in[1]} keys up to L, {at_out[0]:.0%} of {at_out[1]} past L; past L "
+            + ", ".join(f"{LABELS.get(s, s)} {a[0]:.0%}" for s, a in sorted(scaled.items(), key=lambda x: -x[1][0])),
+        ))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def _smooth(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def plot_losses(records: Sequence[dict[str, Any]], path: Path, window_tokens: int = 512) -> Path | None:
+    """Loss against position, one panel per document, one line per scaling, the trained length marked."""
+    losses = loss_records(records)
+    if not losses:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = list(losses)
+    fig, axes = plt.subplots(1, len(docs), figsize=(7.5 * len(docs), 4.8), squeeze=False)
+    for ax, doc in zip(axes[0], docs):
+        curves = losses[doc]
+        trained = next(iter(curves.values()))["trained_length"]
+        for s in _order(list(curves)):
+            r = curves[s]
+            b = r["bin"]
+            ys = _smooth(r["loss_bins"], max(1, window_tokens // b))
+            xs = [(i + 1) * b for i in range(len(ys))]
+            ax.plot(xs, ys, color=COLOURS.get(s), lw=1.6 if s in (AS_TRAINED, "rope-yarn") else 1.1,
+                    label=label(s, r.get("factor")))
+        ax.axvline(trained, color="grey", ls="--", lw=1)
+        ax.text(trained, 0.98, f" trained context L = {trained}", transform=ax.get_xaxis_transform(), va="top",
+                fontsize=8, color="grey")
+        ax.set_xlabel("position (tokens)")
+        ax.set_ylabel(f"next-token loss (nats; mean over the last {window_tokens} tokens)")
+        ax.set_title(f"{doc}: loss against position, no fine-tuning", fontsize=10)
+        top = max(max(r["loss_bins"][: max(1, trained // r["bin"])]) for r in curves.values())
+        ax.set_ylim(bottom=0, top=max(top * 2.2, 1.0))  # a blown-up curve leaves the axis rather than squash the rest
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    model = next(iter(records))["model"].get("name", "")
+    quant = str(next(iter(records))["model"].get("quantization", "")).split(" (")[0]
+    fig.suptitle(f"{model}{f' ({quant} weights)' if quant else ''}: each RoPE scaling, no fine-tuning", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_passkey(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Passkey retrieval as a heatmap per scaling: length on x, depth on y, retrieved (share of the key's
+    tokens right) as colour, the trained length marked."""
+    grid = passkey_grid(records)
+    if not grid:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = _order(list(grid))
+    lengths = sorted({n for c in grid.values() for n, _ in c})
+    depths = sorted({d for c in grid.values() for _, d in c})
+    trained = next(r["trained_length"] for r in records if r.get("kind") == "passkey")
+    cols = min(len(names), 4)
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols + 1.2, 2.6 * rows + 0.8), squeeze=False)
+    image = None
+    for k, ax in enumerate(axes.flat):
+        if k >= len(names):
+            ax.axis("off")
+            continue
+        s = names[k]
+        cells = grid[s]
+        values = [[float("nan")] * len(lengths) for _ in depths]
+        for (n, d), r in cells.items():
+            values[depths.index(d)][lengths.index(n)] = r["tokens_right"]
+        image = ax.imshow(values, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto", origin="upper")
+        for (n, d), r in cells.items():
+            ax.text(lengths.index(n), depths.index(d), "✓" if r["correct"] else "✗", ha="center", va="center",
+                    fontsize=10, color="black")
+        ax.set_xticks(range(len(lengths)), [f"{n / 1024:g}k" for n in lengths], fontsize=8)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=8)
+        beyond = [i for i, n in enumerate(lengths) if n > trained]
+        if beyond:
+            ax.axvline(beyond[0] - 0.5, color="black", lw=1.5, ls="--")
+        factor = next(iter(cells.values())).get("factor")
+        ax.set_title(label(s, factor), fontsize=9)
+        ax.set_xlabel("context length (tokens)", fontsize=8)
+        ax.set_ylabel("depth of the key", fontsize=8)
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+        bar.set_label("share of the key's tokens right (✓ all right)", fontsize=8)
+    fig.suptitle(f"passkey retrieval, one example per cell; dashed: the trained context L = {trained}", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- text
+def ppl_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown: per document, the perplexity of the first n tokens (one forward: the causal prefix) and of
+    the positions past L."""
+    lines: list[str] = []
+    for doc, curves in loss_records(records).items():
+        trained = next(iter(curves.values()))["trained_length"]
+        longest = max(r["tokens"] - 1 for r in curves.values())
+        lengths = table_lengths(trained, longest)
+        head = " | ".join(f"{n / 1024:g}k" for n in lengths)
+        lines += [
+            f"**{doc}** ({next(iter(curves.values())).get('about', '')}): perplexity of the first n tokens, "
+            f"and of the positions past L = {trained} alone",
+            "",
+            f"| scaling | {head} | past L |",
+            "|---|" + "---:|" * (len(lengths) + 1),
+        ]
+        for s in _order(list(curves)):
+            r = curves[s]
+            cells = [_fmt(perplexity(r, 0, n)) for n in lengths]
+            past = perplexity(r, trained, r["tokens"] - 1) if r["tokens"] - 1 > trained else None
+            lines.append(f"| {label(s, r.get('factor'))} | " + " | ".join(cells) + f" | {_fmt(past)} |")
+        lines.append("")
+    return lines
+
+
+def passkey_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    grid = passkey_grid(records)
+    if not grid:
+        return []
+    lengths = sorted({n for c in grid.values() for n, _ in c})
+    lines = [
+        "Passkey: keys retrieved (all digits right) over the depths, per context length",
+        "",
+        "| scaling | " + " | ".join(f"{n / 1024:g}k" for n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for s in _order(list(grid)):
+        cells = grid[s]
+        row = []
+        for n in lengths:
+            got = [r for (m, _), r in cells.items() if m == n]
+            row.append(f"{sum(r['correct'] for r in got)}/{len(got)}" if got else "—")
+        factor = next(iter(cells.values())).get("factor")
+        lines.append(f"| {label(s, factor)} | " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
+def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the store holds: the model, the cells, the time they took, the machines."""
+    from ..bench.runenv import describe
+
+    model = records[0]["model"] if records else {}
+    seconds = sum(float(r.get("seconds", 0)) for r in records)
+    envs = sorted({describe(r.get("env")) for r in records})
+    return {"model": model, "cells": len(records), "seconds": seconds, "machines": envs}
+
+
+def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#", command: str = "") -> str:
+    """The report (or the results page's section) as Markdown; the plots are ``extend-loss.png`` and
+    ``extend-passkey.png`` under ``img_rel``."""
+    from .runner import _fmt as duration
+
+    s = summary(records)
+    model = s["model"]
+    lines = [f"{heading} Stretching a real model's context: {model.get('name', '?')}", ""]
+    if not records:
+        return "\n".join([*lines, "No cells measured yet.", ""])
+    trained = records[0]["trained_length"]
+    lines += [
+        f"{model.get('description', model.get('name', ''))}; trained context L = {trained}. "
+        f"{NOTE_QUANT if 'Q4_1' in str(model.get('quantization', '')) else ''}",
+        "",
+        f"- **Model file:** {model.get('file', '?')} ({model.get('package', model.get('source', ''))}), "
+        f"sha256 `{str(model.get('sha256', '?'))[:16]}…`",
+        "- **What was done:** each RoPE scaling patched into the pretrained model with `posenc.hf.patch`, "
+        "no fine-tuning; the loss of every position of one long document in one chunked forward (KV cache), "
+        "and passkey retrieval (one example per length and depth). LongRoPE is its mechanism with YaRN's "
+        "per-pair factors, not a searched set.",
+    ]
+    if command:
+        lines.append(f"- **Produced by:** `{command}`")
+    lines += [
+        f"- **Cells:** {s['cells']} ({sum(1 for r in records if r['kind'] == 'loss')} loss curves, "
+        f"{sum(1 for r in records if r['kind'] == 'passkey')} passkey examples), {duration(s['seconds'])} of "
+        "compute in all",
+        "- **Machine:** " + "; ".join(s["machines"]),
+        "",
+        f"![loss against position]({img_rel}/extend-loss.png)",
+        "",
+        *ppl_table(records),
+    ]
+    if passkey_grid(records):
+        lines += [f"![passkey retrieval]({img_rel}/extend-passkey.png)", "", *passkey_table(records)]
+    lines += [
+        f"{heading}# Verdicts beside the published shapes",
+        "",
+        "| published shape | source | verdict | our numbers |",
+        "|---|---|---|---|",
+    ]
+    for v in verdicts(records):
+        lines.append(f"| {v.finding} | {v.source} | **{v.verdict}** | {v.evidence} |")
+    lines += [
+        "",
+        "The papers' models have 7B+ parameters and were trained on far longer contexts; a 135M model that was "
+        "quantised to 4 bits need not follow them. The verdicts are computed from the cells above by the rules "
+        "in `posenc/extend/report.py`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(records: Sequence[dict[str, Any]], out: str | Path, *, command: str = "") -> dict[str, Path]:
+    """Write ``report.md``, ``report.html`` and the two plots into ``out``; returns their paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name, fn in (("loss", plot_losses), ("passkey", plot_passkey)):
+        p = fn(records, out / f"extend-{name}.png")
+        if p:
+            paths[name] = p
+    text = markdown(records, command=command)
+    (out / "report.md").write_text(text)
+    paths["markdown"] = out / "report.md"
+    (out / "report.html").write_text(_html(text))
+    paths["html"] = out / "report.html"
+    return paths
+
+
+def _html(md: str) -> str:
+    """A small, dependency-free rendering of the report's Markdown (headings, lists, tables, images)."""
+    body: list[str] = []
+    table: list[list[str]] = []
+
+    def inline(t: str) -> str:
+        t = html.escape(t)
+        import re
+
+        t = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", t)
+        return re.sub(r"`(.+?)`", r"<code>\1</code>", t)
+
+    def flush() -> None:
+        if table:
+            rows = [r for r in table if not all(set(c) <= set("-:") for c in r)]
+            body.append("<table>" + "".join(
+                "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{inline(c)}</{'th' if i == 0 else 'td'}>" for c in r)
+                + "</tr>" for i, r in enumerate(rows)) + "</table>")
+            table.clear()
+
+    for line in md.splitlines():
+        if line.startswith("|"):
+            table.append([c.strip() for c in line.strip("|").split("|")])
+            continue
+        flush()
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{inline(line.lstrip('#').strip())}</h{level}>")
+        elif line.startswith("!["):
+            alt, src = line[2:].split("](", 1)
+            src = html.escape(src.rstrip(")"))
+            body.append(f'<p><img src="{src}" alt="{html.escape(alt)}" style="max-width:100%"></p>')
+        elif line.startswith("- "):
+            body.append(f"<ul><li>{inline(line[2:])}</li></ul>")
+        elif line.strip():
+            body.append(f"<p>{inline(line)}</p>")
+    flush()
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+             "font-size:90%}th{background:#f3f3f3}code{background:#f3f3f3}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>posenc extend</title><style>{style}</style>"
+            f"</head><body>{''.join(body)}</body></html>\n")

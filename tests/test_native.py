@@ -166,11 +166,105 @@ def test_without_a_compiler_rope_keeps_its_pytorch_path(tmp_path):
         envs.append({"CC": "false"})
     for env in envs:
         full = {**os.environ, "POSENC_CACHE_DIR": str(tmp_path / "cache"), **env}
+        full.pop("POSENC_NATIVE_ISA", None)
         out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True)
         avail, line, err = out.stdout.strip().splitlines()
         assert avail == "False"
         assert "off (" in line and "PyTorch ops are used instead" in line
         assert float(err) < 1e-12
+        # one line on stderr says the kernels are off and why, unless POSENC_NATIVE=0 asked for it
+        said = [ln for ln in out.stderr.splitlines() if "posenc: native CPU kernels off" in ln]
+        if "POSENC_NATIVE" in env:
+            assert said == []
+        else:
+            assert len(said) == 1 and "using the PyTorch paths" in said[0], out.stderr
+            assert ("no C compiler" in said[0]) == ("PATH" in env)
+
+
+def test_the_build_follows_the_cpu_flags(monkeypatch):
+    """The runtime dispatch: the best build whose flags the CPU has; only the baseline off x86 or without cpuinfo."""
+    monkeypatch.setattr(native, "_is_x86", lambda: True)
+    cases = [
+        ({"sse2", "avx", "avx2", "fma", "avx512f"}, ["avx512", "avx2", "baseline"]),
+        ({"sse2", "avx", "avx2", "fma"}, ["avx2", "baseline"]),
+        ({"sse2", "avx", "avx2"}, ["baseline"]),  # AVX2 without FMA (some VIA / emulators): -mfma would trap
+        ({"sse2", "avx512f"}, ["baseline"]),
+        (None, ["baseline"]),  # no /proc/cpuinfo
+    ]
+    for flags, want in cases:
+        monkeypatch.setattr(native, "_cpu_flags", lambda f=flags: f)
+        monkeypatch.delenv("POSENC_NATIVE_ISA", raising=False)
+        assert native.supported_isas() == want
+        assert native.isa() == want[0]
+    monkeypatch.setattr(native, "_is_x86", lambda: False)
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    assert native.supported_isas() == ["baseline"]
+
+
+def test_a_forced_build_is_checked(monkeypatch):
+    monkeypatch.setattr(native, "_is_x86", lambda: True)
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"sse2", "avx2", "fma"})
+    for value, want in [("baseline", "baseline"), ("AVX2", "avx2"), ("native", "native"), ("auto", "avx2")]:
+        monkeypatch.setenv("POSENC_NATIVE_ISA", value)
+        assert native.isa() == want
+    monkeypatch.setenv("POSENC_NATIVE_ISA", "avx3")
+    with pytest.raises(posenc.errors.ConfigError, match="'avx3' names no build; use one of auto, baseline, avx2"):
+        native.isa()
+    monkeypatch.setenv("POSENC_NATIVE_ISA", "avx512")
+    with pytest.raises(posenc.errors.ConfigError, match="this CPU lacks avx512f; it runs avx2, baseline"):
+        native.isa()
+    monkeypatch.setattr(native, "_is_x86", lambda: False)
+    monkeypatch.setenv("POSENC_NATIVE_ISA", "avx2")
+    with pytest.raises(posenc.errors.ConfigError, match="is not x86"):
+        native.isa()
+
+
+# every kernel once, on fixed inputs: a child process per build prints its outputs' bytes (hex)
+_KERNELS = """
+import sys, torch
+from posenc import native
+assert native.available(), native.status()
+g = torch.Generator().manual_seed(0)
+out = []
+for dt in (torch.float32, torch.float64):
+    x = torch.randn(2, 3, 37, 64, generator=g, dtype=dt)
+    ang = torch.rand(1, 1, 37, 32, generator=g, dtype=dt) * 30
+    out += [native.rope_rotate(x, ang.cos(), ang.sin(), 64, il) for il in (False, True)]
+    knots = torch.sort(torch.randn(7, generator=g, dtype=dt)).values
+    xs = torch.randn(5, 40, generator=g, dtype=dt).requires_grad_()
+    a = torch.randn(8, 3, generator=g, dtype=dt).requires_grad_()
+    b = torch.randn(8, 3, generator=g, dtype=dt).requires_grad_()
+    f = native.fire_bias(xs, knots, a, b)
+    out += [f, *torch.autograd.grad((f * torch.randn(f.shape, generator=g, dtype=dt)).sum(), (xs, a, b))]
+    q, k, v = torch.randn(2, 3, 48, generator=g, dtype=dt), *torch.randn(2, 2, 3, 33, 48, generator=g, dtype=dt)
+    tab, idx = torch.randn(40, 3, 48, generator=g, dtype=dt), torch.randint(0, 40, (33,), generator=g)
+    out.append(native.decode_attention(q, k, v, 0.3, query_term=(q.flip(-1), tab, idx), key_table=(tab, None)))
+    out.append(native.rows_dot(k, tab, idx))
+print(native.build())
+for t in out:
+    print(t.detach().contiguous().numpy().tobytes().hex())
+"""
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
+def test_every_build_this_cpu_runs_gives_the_same_numbers(tmp_path):
+    """The portable builds add vector instructions, not other arithmetic: without -ffast-math, and with C99 keeping
+    the compiler from fusing multiply-adds, the baseline, AVX2 and -march=native builds agree to the last bit. (The
+    AVX-512 build's hand-written RoPE uses fused multiply-adds: there, float32 rounding.)"""
+    outs = {}
+    for name in [*native.supported_isas(), "native"]:
+        env = {**os.environ, "POSENC_NATIVE_ISA": name, "POSENC_CACHE_DIR": str(tmp_path / "cache")}
+        env.pop("POSENC_NATIVE", None)
+        res = subprocess.run([sys.executable, "-c", _KERNELS], env=env, capture_output=True, text=True, check=True)
+        got, *lines = res.stdout.split()
+        assert got == name
+        outs[name] = lines
+    assert len(outs["baseline"]) == 16  # 8 outputs a dtype
+    fma = "avx512f" in (native._cpu_flags() or set())  # the AVX-512 code of the avx512 and native builds
+    for name, lines in outs.items():
+        if name in ("avx512", "native") and fma:
+            continue
+        assert lines == outs["baseline"], name
 
 
 def fire_literal(x, knots, slope, intercept):

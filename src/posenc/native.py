@@ -8,12 +8,18 @@ last dimension, e.g. the ``[B, L, H, d] -> [B, H, L, d]`` view a projection give
 than a cache (the store then skips reading the destination first), so it runs at about the speed of a
 copy (``benchmarks/README.md``).
 
-The C source below is compiled once per machine into ``$POSENC_CACHE_DIR`` (default
-``~/.cache/posenc``) with ``cc -O3 -march=native``; a file name carrying the hash of the source, the flags
-and the CPU keeps builds from different machines apart, and the build is written to a temporary name and
-renamed, so concurrent processes never load half a file. Where there is no compiler, the build fails, or
-``POSENC_NATIVE=0`` is set, :func:`available` is ``False`` and every caller keeps its PyTorch path (the
-same numbers; tests/test_native.py compares both). Large tensors are split over
+The C source below is compiled on first use into ``$POSENC_CACHE_DIR`` (default ``~/.cache/posenc``) with
+portable flags, in one of a few builds chosen at run time from the CPU's flags (``/proc/cpuinfo``): ``baseline``
+(``-O3``, the compiler's default target), ``avx2`` (``-mavx2 -mfma``) or ``avx512`` (adds ``-mavx512f`` and the
+kernels' AVX-512 code). ``POSENC_NATIVE_ISA=baseline|avx2|avx512|native`` forces one (``native``:
+``-march=native``, this CPU only); :func:`build` says which is in use, and the benchmark records it with every
+run. A file name carrying the hash of the source, the compiler and the flags keeps builds apart, and a build is
+written to a temporary name and renamed, so concurrent processes never load half a file. The builds compute the
+same sums in the same order (no ``-ffast-math``; ``-std=c99`` keeps the compiler from fusing multiply-adds), so
+they agree to the last bit except where the AVX-512 code uses explicit fused multiply-adds (tests/test_native.py
+compares them). Where there is no compiler or the build fails, :func:`available` is ``False``, one line on stderr
+says so, and every caller keeps its PyTorch path (the same numbers up to rounding; tests/test_native.py compares
+both); ``POSENC_NATIVE=0`` turns the kernels off without that line. Large tensors are split over
 ``torch.get_num_threads()`` threads (ctypes releases the GIL during the call).
 """
 
@@ -25,6 +31,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +49,9 @@ _SOURCE = r"""
 #include <immintrin.h>
 #endif
 
-/* RoPE on the rows [row0, row1) of the flattened (n0, n1, n2) leading dims of x [n0, n1, n2, d] (element strides
+/* No fused multiply-adds anywhere (the AVX-512 code multiplies and adds apart; C99 keeps the compiler from fusing
+   the rest): every build rounds as the scalar code does, so all give the same bits.
+   RoPE on the rows [row0, row1) of the flattened (n0, n1, n2) leading dims of x [n0, n1, n2, d] (element strides
    xs0..xs2, last dim contiguous); out is contiguous with the same shape. c, s hold h = r / 2 phases a row, with
    strides cs0..cs2 (0 where they broadcast). half = 1 pairs (i, i + h), half = 0 pairs (2i, 2i + 1); sign = -1
    rotates back (the backward); dims r .. d - 1 are copied. nt: non-temporal stores (out rows 64-byte aligned). */
@@ -89,8 +98,8 @@ _SOURCE = r"""
         for (int64_t i = 0; i < (H); i += 16) {                                                              \
             __m512 x1 = _mm512_loadu_ps(xr + i), x2 = _mm512_loadu_ps(xr + i + (H));                         \
             __m512 cc = _mm512_loadu_ps(cr + i), ss = _mm512_mul_ps(sg, _mm512_loadu_ps(sr + i));           \
-            STORE(o + i, _mm512_fmsub_ps(x1, cc, _mm512_mul_ps(x2, ss)));                                    \
-            STORE(o + i + (H), _mm512_fmadd_ps(x2, cc, _mm512_mul_ps(x1, ss)));                              \
+            STORE(o + i, _mm512_sub_ps(_mm512_mul_ps(x1, cc), _mm512_mul_ps(x2, ss)));                       \
+            STORE(o + i + (H), _mm512_add_ps(_mm512_mul_ps(x2, cc), _mm512_mul_ps(x1, ss)));                 \
         }                                                                                                    \
         for (int64_t j = r; j < d; j++) o[j] = xr[j];                                                        \
     } while (0)
@@ -102,8 +111,10 @@ _SOURCE = r"""
             __m512 cc = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cr + i)));         \
             __m512 ss = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(sr + i)));         \
             __m512 sw = _mm512_mul_ps(_mm512_permute_ps(xv, 0xB1), ss); /* (x_odd s, x_even s) */            \
-            /* even lanes x c -/+ sw, odd lanes x c +/- sw: the sign of the rotation picks which */            \
-            STORE(o + 2 * i, back ? _mm512_fmsubadd_ps(xv, cc, sw) : _mm512_fmaddsub_ps(xv, cc, sw));        \
+            __m512 xc = _mm512_mul_ps(xv, cc);                                                               \
+            /* even lanes x c -/+ sw, odd lanes x c +/- sw: the sign of the rotation picks which (odd: 0xAAAA) */ \
+            STORE(o + 2 * i, back ? _mm512_mask_sub_ps(_mm512_add_ps(xc, sw), 0xAAAA, xc, sw)                  \
+                                  : _mm512_mask_add_ps(_mm512_sub_ps(xc, sw), 0xAAAA, xc, sw));                \
         }                                                                                                    \
         for (int64_t j = r; j < d; j++) o[j] = xr[j];                                                        \
     } while (0)
@@ -336,18 +347,93 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
+#: the builds of the kernels, by name: the flags added to the common ones (:data:`_COMMON_FLAGS`). One source,
+#: compiled for the instruction set that :func:`isa` picks from the CPU's flags (the runtime dispatch); the
+#: vector code of each build is only what its flags allow, so a build runs on every CPU that has them.
+ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "baseline": (),  # the compiler's default target: x86-64 (SSE2) on x86, armv8-a on arm64 ...
+    "avx2": ("-mavx2", "-mfma"),  # the vector units of x86-64-v3 (Haswell, Zen and later)
+    "avx512": ("-mavx512f", "-mavx2", "-mfma"),  # adds the kernels' AVX-512 code (Skylake-X, Zen 4 ...)
+    "native": ("-march=native",),  # this CPU exactly: only when asked for (POSENC_NATIVE_ISA=native)
+}
+#: the /proc/cpuinfo flags a build needs (every flag its compiler options let the compiler use)
+ISA_NEEDS: dict[str, tuple[str, ...]] = {
+    "baseline": (),
+    "avx2": ("avx2", "fma"),
+    "avx512": ("avx512f", "avx2", "fma"),
+    "native": (),
+}
+_COMMON_FLAGS = ("-O3", "-ffp-contract=off", "-fno-tree-slp-vectorize", "-shared", "-fPIC", "-std=c99")
+_OFF = ("0", "false", "no", "off")
+
+
+def _cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux; the kernel lists only what the OS enables), or
+    ``None`` where there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags") and ":" in line:
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+
+
+def supported_isas() -> list[str]:
+    """The builds this CPU can run, best first (``native`` left out: it is always "this CPU").
+
+    ``avx2`` and ``avx512`` only on x86 with the flags :data:`ISA_NEEDS` lists (read from ``/proc/cpuinfo``;
+    elsewhere only ``baseline``, the one build known to run)."""
+    flags = _cpu_flags() if _is_x86() else None
+    out = ["baseline"]
+    if flags is not None:
+        out = [name for name in ("avx512", "avx2") if set(ISA_NEEDS[name]) <= flags] + out
+    return out
+
+
+def isa() -> str:
+    """The build to use: ``$POSENC_NATIVE_ISA`` (``baseline``, ``avx2``, ``avx512`` or ``native``) if set, else the
+    best one :func:`supported_isas` finds for this CPU.
+
+    Raises:
+        ConfigError: ``POSENC_NATIVE_ISA`` names no build, or a build this CPU cannot run (it would die of an
+            illegal instruction).
+    """
+    from .errors import ConfigError
+
+    want = os.environ.get("POSENC_NATIVE_ISA", "").strip().lower()
+    if want in ("", "auto"):
+        return supported_isas()[0]
+    if want not in ISA_FLAGS:
+        raise ConfigError(f"POSENC_NATIVE_ISA={want!r} names no build; use one of auto, {', '.join(ISA_FLAGS)}")
+    flags = _cpu_flags() if _is_x86() else None
+    missing = [f for f in ISA_NEEDS[want] if flags is not None and f not in flags]
+    if missing or (ISA_NEEDS[want] and not _is_x86()):
+        why = f"lacks {', '.join(missing)}" if missing else f"is not x86 ({platform.machine()})"
+        raise ConfigError(
+            f"POSENC_NATIVE_ISA={want!r}: this CPU {why}; it runs {', '.join(supported_isas())} (or unset it)"
+        )
+    return want
+
+
 def _cpu_tag() -> str:
-    flags = ""
+    """The CPU's model and flags: part of the cache key of a ``native`` build only (the others are portable)."""
+    tag = ""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith(("flags", "model name")):
-                    flags += line
+                    tag += line
                 if line.startswith("flags"):
                     break
     except OSError:
         pass
-    return flags or platform.processor() or platform.machine()
+    return tag or platform.processor() or platform.machine()
 
 
 def cache_dir() -> Path:
@@ -363,43 +449,59 @@ def _compiler() -> str | None:
     return None
 
 
-_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
+def flags(name: str) -> list[str]:
+    """The compiler flags of the build ``name`` (a key of :data:`ISA_FLAGS`)."""
+    return [*_COMMON_FLAGS, *ISA_FLAGS[name]]
 
 
-def _build() -> ctypes.CDLL | None:
-    if os.environ.get("POSENC_NATIVE", "1") in ("0", "false", "no", "off"):
-        _state["error"] = "disabled by POSENC_NATIVE"
-        return None
-    cc = _compiler()
-    if cc is None:
-        _state["error"] = "no C compiler (cc, gcc or clang) on PATH"
-        return None
-    key = hashlib.sha256("\n".join([_SOURCE, cc, *_FLAGS, _cpu_tag(), platform.machine()]).encode()).hexdigest()
-    name = f"native-{key[:16]}.so"
+def _compile(cc: str, name: str) -> tuple[Path | None, str]:
+    """Compile the build ``name`` into the cache (once: the file name carries the hash of the source, compiler and
+    flags) and return ``(path, "")``, or ``(None, why)``."""
+    opts = flags(name)
+    parts = [_SOURCE, cc, *opts, platform.machine()] + ([_cpu_tag()] if name == "native" else [])
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    file = f"native-{name}-{key[:16]}.so"
     errors = []
     # the cache directory, else a private one under the temporary directory (a read-only home)
     for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"posenc-{os.getuid() if hasattr(os, 'getuid') else 0}"):
-        lib_path = folder / name
+        lib_path = folder / file
         if lib_path.exists():
-            break
+            return lib_path, ""
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 src = Path(tmp) / "posenc_native.c"
                 src.write_text(_SOURCE)
                 so = Path(tmp) / "posenc_native.so"
-                res = subprocess.run([cc, *_FLAGS, "-o", str(so), str(src)], capture_output=True, text=True)
+                res = subprocess.run([cc, *opts, "-o", str(so), str(src)], capture_output=True, text=True)
                 if res.returncode:
                     why = res.stderr.strip()[:500] or "no message"
-                    _state["error"] = f"{cc} exited with status {res.returncode} building the kernels: {why}"
-                    return None
+                    return None, f"{cc} exited with status {res.returncode} building the {name} kernels: {why}"
                 os.replace(so, lib_path)  # atomic: a concurrent process loads the old file or the new one
-            break
+            return lib_path, ""
         except OSError as exc:
             errors.append(f"could not build in {folder}: {exc}")
-    else:
-        _state["error"] = "; ".join(errors)
+    return None, "; ".join(errors)
+
+
+def _build() -> ctypes.CDLL | None:
+    if os.environ.get("POSENC_NATIVE", "1").strip().lower() in _OFF:
+        _state["error"] = "disabled by POSENC_NATIVE"
         return None
+    want = isa()  # raises ConfigError for a POSENC_NATIVE_ISA this CPU cannot run
+    cc = _compiler()
+    if cc is None:
+        return _off("no C compiler (cc, gcc or clang) on PATH")
+    # a compiler too old for a vector build's flags: the next build down (only when the build was not asked for)
+    forced = os.environ.get("POSENC_NATIVE_ISA", "").strip().lower() not in ("", "auto")
+    names = [want] if forced else supported_isas()[supported_isas().index(want) :]
+    why = ""
+    for chosen in names:
+        lib_path, why = _compile(cc, chosen)
+        if lib_path is not None:
+            break
+    else:
+        return _off(why)
     lib = ctypes.CDLL(str(lib_path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name, real in (("posenc_rope_f32", ctypes.c_float), ("posenc_rope_f64", ctypes.c_double)):
@@ -425,8 +527,19 @@ def _build() -> ctypes.CDLL | None:
         fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64]
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
-    _state["path"] = str(lib_path)
+    _state["path"], _state["isa"] = str(lib_path), chosen
     return lib
+
+
+def _off(why: str) -> None:
+    """Record why the kernels are off and say so in one line on stderr (once a process): the PyTorch paths give
+    the same results, slower. Not said where POSENC_NATIVE=0 asked for it."""
+    _state["error"] = why
+    first = why.splitlines()[0] if why else "unknown"
+    sys.stderr.write(
+        f"posenc: native CPU kernels off ({first}); using the PyTorch paths (POSENC_NATIVE=0 hides this)\n"
+    )
+    return None
 
 
 def _lib() -> ctypes.CDLL | None:
@@ -442,12 +555,18 @@ def available() -> bool:
     return enabled and _lib() is not None
 
 
+def build() -> str | None:
+    """The name of the build in use (a key of :data:`ISA_FLAGS`: ``baseline``, ``avx2``, ``avx512`` or ``native``),
+    or ``None`` where the kernels are off. Builds the kernels on first call, as :func:`available` does."""
+    return str(_state["isa"]) if available() else None
+
+
 def status() -> str:
     """A line saying whether the kernels are in use, and from where or why not (``posenc info`` prints it)."""
     if not enabled:
         return "native CPU kernels: off (posenc.native.enabled is False); PyTorch ops are used instead"
     if available():
-        return f"native CPU kernels: {_state['path']}"
+        return f"native CPU kernels: {_state['path']} ({build()} build: {' '.join(flags(str(build())))})"
     return f"native CPU kernels: off ({_state.get('error', 'unknown')}); PyTorch ops are used instead"
 
 
@@ -757,4 +876,16 @@ def decode_attention(
     return out
 
 
-__all__ = ["available", "cache_dir", "decode_attention", "fire_bias", "rope_rotate", "rows_dot", "status"]
+__all__ = [
+    "available",
+    "build",
+    "cache_dir",
+    "decode_attention",
+    "fire_bias",
+    "rope_rotate",
+    "rows_dot",
+    "status",
+    "supported_isas",
+    "isa",
+    "flags",
+]

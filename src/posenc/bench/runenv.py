@@ -1,9 +1,10 @@
 """The environment a run was trained in, stored with it (``record["env"]``).
 
 Results can differ in the last digits between machines: the native C kernels
-(:mod:`posenc.native`) are compiled with ``-march=native``, so two CPUs may run
-different instructions, and torch versions and thread counts change summation
-orders. :func:`run_environment` is called by :func:`posenc.bench.runner.run_one`,
+(:mod:`posenc.native`) are compiled for the instruction set the CPU has (a baseline,
+AVX2 or AVX-512 build, or ``-march=native`` where asked for), torch's BLAS picks its
+kernels by CPU, and torch versions and thread counts change summation orders. The
+``kernels`` entry names the build that ran. :func:`run_environment` is called by :func:`posenc.bench.runner.run_one`,
 that is in the process that trains the run (a worker process, a Ray task, torchrun's
 rank 0), not in the parent that stores it. The report lists the environments of a
 suite and warns where the runs of one table come from different ones
@@ -65,19 +66,21 @@ def cpu_model() -> str:
 
 
 def kernel_path() -> str:
-    """Which kernels this process runs rotary / FIRE positions with: the native C ones or PyTorch's.
+    """Which kernels this process runs rotary / FIRE positions with: the native C ones (and which build of them:
+    ``"native C (avx2: -mavx2 -mfma)"``, ``"native C (baseline)"``) or PyTorch's.
 
-    Asks :func:`posenc.native.available` (builds the kernels on the first call of a
+    Asks :func:`posenc.native.build` (builds the kernels on the first call of a
     machine, then loads the cached build), as every caller of the kernels does.
     """
     from .. import native
 
-    flags = " ".join(f for f in getattr(native, "_FLAGS", ()) if f.startswith("-march"))
     if not native.enabled:
         return "PyTorch (posenc.native.enabled is False)"
     try:
-        if native.available():
-            return f"native C ({flags})" if flags else "native C"
+        name = native.build()
+        if name is not None:
+            extra = " ".join(native.ISA_FLAGS.get(name, ()))
+            return f"native C ({name}: {extra})" if extra else f"native C ({name})"
     except Exception as exc:  # noqa: BLE001 -- a record must not fail for this
         return f"PyTorch (native kernels failed: {type(exc).__name__})"
     why = str(getattr(native, "_state", {}).get("error", "unavailable"))

@@ -18,6 +18,12 @@ i.e. the .venv's, and OMP_NUM_THREADS=1):
   lines that start with ``$ ``.
 * ``toml``: a suite file (docs/bench.md), loaded and validated by ``posenc.bench.load_suite``.
 
+Every Python block that runs is also linted with ruff under the project's own configuration
+(pyproject.toml), as a user's file would be after pasting it: an example that fails ``ruff check``
+(unsorted imports ...) fails here. A block may use the names that the earlier blocks of its file
+define (they are given to ruff as builtins), except in the files of :data:`STANDALONE` (the README):
+each of their blocks runs on its own, in a namespace of its own, and must define what it uses.
+
 A block without a language, or ``text``, is not code. Any other language must be marked.
 Every ``posenc ...`` line of a shell block, run or marked, must parse with posenc's own
 argument parser, so that a renamed option cannot hide in a block that is not run.
@@ -48,6 +54,8 @@ TEXT = {"", "text"}
 MARK = re.compile(r"<!--\s*not run:(.*?)-->")
 FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)[^`]*$")
 TIMEOUT = 600
+#: files whose Python blocks must each run on their own (a reader copies one block, not the page)
+STANDALONE = {"README.md", "docs/bench.md"}
 
 
 @dataclasses.dataclass
@@ -137,8 +145,11 @@ def test_every_block_is_run_or_marked(doc):
 # with its own file name and line numbers, so that a traceback points into the Markdown.
 DRIVER = r"""
 import json, sys, traceback
+standalone = sys.argv[1] == "standalone"
 ns = {"__name__": "__main__"}
 for path, line, code in json.load(sys.stdin):
+    if standalone:
+        ns = {"__name__": "__main__"}
     try:
         exec(compile("\n" * line + code, path, "exec"), ns)
     except BaseException:
@@ -152,8 +163,9 @@ for path, line, code in json.load(sys.stdin):
 def test_python_blocks_run(doc, tmp_path):
     blocks = [b for b in BLOCKS[doc] if b.lang in PYTHON and b.reason is None]
     payload = json.dumps([[str(b.doc), b.line, b.code] for b in blocks])
+    mode = "standalone" if _id(doc) in STANDALONE else "shared"
     r = subprocess.run(
-        [sys.executable, "-c", DRIVER],
+        [sys.executable, "-c", DRIVER, mode],
         input=payload,
         cwd=tmp_path,
         env=_env(),
@@ -162,6 +174,55 @@ def test_python_blocks_run(doc, tmp_path):
         timeout=TIMEOUT,
     )
     assert r.returncode == 0, f"{_id(doc)}: a Python block failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+
+
+def _defined(code: str) -> set[str]:
+    """The names a block defines at its top level (imports, assignments, functions, classes)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def lint(code: str, name: str, builtins: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+    """ruff's findings on ``code`` under the project's configuration ("" when clean); ``builtins``: names that
+    earlier blocks define."""
+    ruff = pathlib.Path(sys.executable).parent / "ruff"
+    if not ruff.exists():
+        pytest.skip("ruff is not installed next to this interpreter (bash scripts/setup.sh test installs it)")
+    cmd = [str(ruff), "check", "--no-cache", "--output-format", "concise", "--stdin-filename", str(ROOT / name), "-"]
+    if builtins:
+        cmd[2:2] = ["--config", f"builtins = {json.dumps(sorted(builtins))}"]
+    r = subprocess.run(cmd, input=code, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return "" if r.returncode == 0 else (r.stdout + r.stderr).strip()
+
+
+@pytest.mark.parametrize("doc", sorted({b.doc for b in _to_run(PYTHON)}, key=DOCS.index), ids=_id)
+def test_python_blocks_pass_ruff(doc):
+    found, earlier = [], set()
+    for b in [b for b in BLOCKS[doc] if b.lang in PYTHON and b.reason is None]:
+        # a name of its own per block: the project's per-file ignores (tests/*, ...) do not apply to it
+        out = lint(b.code, f"doc_block_{doc.stem}_{b.line}.py", set() if _id(doc) in STANDALONE else earlier)
+        if out:
+            found.append(f"{b.where}: ruff check fails on this block as written:\n{out}")
+        earlier |= _defined(b.code)
+    assert not found, "\n\n".join(found)
+
+
+def test_the_linter_sees_an_unsorted_import_and_an_undefined_name():
+    """The check itself: I001 (the MyBias example's old import block) and F821 (a block that is not standalone)."""
+    bad = "import torch\nfrom torch import nn\nfrom posenc.base import Card\n\nprint(torch, nn, Card, prompt)\n"
+    out = lint(bad, "doc_block_x.py")
+    assert "I001" in out and "F821" in out and "prompt" in out
+    assert "F821" not in lint(bad, "doc_block_x.py", {"prompt"})
+    assert _defined("import posenc.hf\nx, y = 1, 2\ndef f(): pass\n") == {"posenc", "x", "y", "f"}
 
 
 def _commands(block: Block) -> str:

@@ -33,6 +33,7 @@ examples:
   posenc bench --task order --encodings rope --ddp 2     one run across 2 torchrun processes
   posenc bench --report-only --out posenc-results/quick  the report of a store, nothing run
   posenc bench --import my_tasks.py --task my-task       a task of your own (docs/tasks.md)
+  posenc bench --task text --data notes.txt --encodings rope alibi   a character LM on your own text
 """
 
 
@@ -59,6 +60,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     what.add_argument("--tasks", "--task", nargs="+", metavar="TASK", dest="tasks", help="tasks (default: the suite's)")
     what.add_argument("--encodings", nargs="+", metavar="NAME", help="encodings ('all' for every one)")
     what.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the suite's; quick: 0 1)")
+    what.add_argument(
+        "--data",
+        metavar="PATH",
+        help="a text file of your own for task 'text' (a character-level LM; implies --task text)",
+    )
+    what.add_argument(
+        "--tokenizer",
+        metavar="NAME|DIR",
+        help="with --data: tokens of this transformers tokenizer instead of characters (a local folder, or "
+        "'smollm2-135m' where posenc's real-model extra is installed)",
+    )
     what.add_argument(
         "--encoding-option",
         action="append",
@@ -190,6 +202,34 @@ def _all_buildable(suite: Any) -> list[str | dict[str, Any]]:
     return entries
 
 
+def _text_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Task ``text``'s options from ``--data`` / ``--tokenizer``: the file (absolute), its digest (in the run key, so
+    that another text is another run) and the tokenizer."""
+    from .tasks.text import file_digest
+
+    path = Path(args.data).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"--data {args.data}: no such file; give a UTF-8 text file")
+    opts: dict[str, Any] = {"path": str(path.resolve()), "digest": file_digest(path)}
+    if args.tokenizer:
+        opts["tokenizer"] = args.tokenizer
+    return opts
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    """``--data`` belongs to task ``text`` alone (and implies it); ``--tokenizer`` needs ``--data``."""
+    if args.tokenizer and not args.data:
+        raise ConfigError("--tokenizer goes with --data PATH (task 'text'): give the text file too")
+    if not args.data:
+        return
+    if args.suite:
+        raise ConfigError("--data is for task 'text' without --suite: posenc bench --task text --data PATH")
+    if not args.tasks:
+        args.tasks = ["text"]
+    elif args.tasks != ["text"]:
+        raise ConfigError(f"--data is a file for task 'text' alone; got --task {' '.join(args.tasks)}")
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
     """The command line's numeric options, before anything runs (``--workers 0`` used to run as if it were 1)."""
     least = {"--workers": (args.workers, 1), "--ddp": (args.ddp, 0), "--steps": (args.steps, 1)}
@@ -232,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
     from .suites import describe_suites
 
     _check_numbers(args)
+    _check_text(args)
     if args.imports:
         from .api import load_tasks
 
@@ -266,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["test_lengths"] = tuple(args.test_lengths)
     if args.model:
         overrides["model"] = args.model
+    if args.data:
+        overrides["task_options"] = _text_options(args)
     jobs = suite.jobs(**filters, overrides=overrides)
     out = Path(args.out or Path("posenc-results") / suite.name)
     store = open_store(args.store or out / "results.sqlite")

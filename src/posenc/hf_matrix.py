@@ -251,7 +251,8 @@ def auto_save_load(make: Callable[[], Any]) -> None:
 
 
 def attn_switch(make: Callable[[], Any]) -> None:
-    """alibi, then ``set_attn_implementation("eager")``: refused (it would drop the encoding)."""
+    """alibi, then ``set_attn_implementation("eager")``: refused, as it would drop the encoding (``yes``: the refusal
+    happens and the patch stays)."""
     import posenc.hf as hf
 
     model = _build(make)
@@ -296,13 +297,13 @@ FEATURES: dict[str, Callable[[Callable[[], Any]], None]] = {
     "static cache": _cached_equals_uncached("alibi", cache_implementation="static"),
     "sliding-window cache": _cached_equals_uncached("alibi", cache_implementation="sliding_window"),
     "quantized cache (fp8)": quantized_cache,
-    "bf16": _dtype_check(torch.bfloat16),
-    "fp16": _dtype_check(torch.float16),
-    "fp64": _dtype_check(torch.float64),
-    "training": training,
-    "save + Auto load": auto_save_load,
-    "set_attn_implementation": attn_switch,
-    "PEFT LoRA": peft_lora,
+    "t5 in bf16": _dtype_check(torch.bfloat16),
+    "t5 in fp16": _dtype_check(torch.float16),
+    "t5 in fp64": _dtype_check(torch.float64),
+    "t5 training": training,
+    "fire: save + Auto load": auto_save_load,
+    "alibi: set_attn_implementation": attn_switch,
+    "t5 under PEFT LoRA": peft_lora,
 }
 
 #: short words for the reasons of refusals (the first that matches the error)

@@ -1,0 +1,42 @@
+"""docs/hf.md's support matrix (model family × feature) is the one posenc.hf_matrix generates by running its
+checks; no check finds a wrong answer (a wrong answer raises, so a row with one fails here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("posenc.hf")
+
+from posenc import hf_matrix  # noqa: E402
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "hf.md"
+ROWS: dict[str, dict[str, str]] = {}
+
+
+@pytest.mark.parametrize("row", list(hf_matrix._models()))
+def test_each_row_of_the_matrix_is_right_or_refused(row):
+    ROWS[row] = cells = hf_matrix.row(row)
+    assert set(cells) == set(hf_matrix.FEATURES)
+    assert all(c == "yes" or c == "n/a" or c.startswith("refused: ") for c in cells.values()), cells
+
+
+def test_docs_hf_md_holds_the_generated_matrix():
+    for row in hf_matrix._models():
+        if row not in ROWS:  # run alone (-k): compute what the row tests above did not
+            ROWS[row] = hf_matrix.row(row)
+    have = hf_matrix.current(DOC.read_text())
+    want = hf_matrix.table({row: ROWS[row] for row in hf_matrix._models()})
+    assert have == want, f"docs/hf.md's support matrix is not the generated one; run: {hf_matrix.COMMAND}"
+
+
+def test_the_check_command_says_when_the_table_is_stale(tmp_path, monkeypatch):
+    doc = tmp_path / "hf.md"
+    doc.write_text(f"intro\n{hf_matrix.START}\n| stale |\n{hf_matrix.END}\nrest\n")
+    monkeypatch.setattr(hf_matrix, "table", lambda cells=None: "| fresh |\n")
+    assert hf_matrix.main(["--check", str(doc)]) == 1
+    assert hf_matrix.main(["--write", str(doc)]) == 0
+    assert doc.read_text() == f"intro\n{hf_matrix.START}\n| fresh |\n{hf_matrix.END}\nrest\n"
+    assert hf_matrix.main(["--check", str(doc)]) == 0

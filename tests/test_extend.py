@@ -54,14 +54,14 @@ def _full_losses(model, ids):
 
 
 @pytest.mark.parametrize("scaling", [None, ("rope-yarn", {"factor": 4}), ("rope-linear", {"factor": 2}), ("alibi", {})])
-@pytest.mark.parametrize("chunk", [1, 7, 64, 500])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 500, None])
 def test_chunked_losses_equal_one_full_forward(tiny, scaling, chunk):
     model, _, _ = tiny
     posenc.hf.unpatch(model)
     if scaling:
         posenc.hf.patch(model, scaling[0], **scaling[1])
     try:
-        ids = torch.randint(3, 262, (150,), generator=torch.Generator().manual_seed(chunk))
+        ids = torch.randint(3, 262, (150,), generator=torch.Generator().manual_seed(chunk or 0))
         got = token_losses(model, ids, chunk=chunk)
         assert got.shape == (149,)
         torch.testing.assert_close(got, _full_losses(model, ids), atol=2e-5, rtol=1e-5)
@@ -84,6 +84,24 @@ def test_dynamic_scaling_chunked_equals_full_within_the_trained_length(tiny):
     try:
         ids = torch.randint(3, 262, (64,), generator=torch.Generator().manual_seed(3))
         torch.testing.assert_close(token_losses(model, ids, chunk=16), _full_losses(model, ids), atol=2e-5, rtol=1e-5)
+    finally:
+        posenc.hf.unpatch(model)
+
+
+@pytest.mark.parametrize("scaling", ["rope-dynamic", "rope-longrope"])
+def test_length_dependent_scalings_take_one_whole_forward(tiny, scaling):
+    """Past the trained length a dynamic scaling's chunked losses are not the whole forward's (its cached keys
+    keep an older rotation); the runner gives such cells the whole forward, which equals transformers' own."""
+    model, _, _ = tiny
+    from posenc.extend.runner import length_dependent, scaling_options
+
+    assert length_dependent(scaling) and not length_dependent("rope-yarn") and not length_dependent(AS_TRAINED)
+    posenc.hf.patch(model, scaling, **scaling_options(scaling, model, 4.0))
+    try:
+        ids = torch.randint(3, 262, (700,), generator=torch.Generator().manual_seed(5))
+        full = _full_losses(model, ids)
+        torch.testing.assert_close(token_losses(model, ids, chunk=None), full, atol=2e-5, rtol=1e-5)
+        assert (token_losses(model, ids, chunk=128) - full).abs().max() > 1e-3
     finally:
         posenc.hf.unpatch(model)
 
@@ -225,6 +243,8 @@ def test_run_stores_resumes_and_reports(tiny, text_document, tmp_path):
         assert report.perplexity(loss, start, stop) == pytest.approx(want, rel=1e-4)
     assert report.mean_loss(loss, 0, 600) is None
     assert loss["model"]["sha256"] and loss["text_sha256"] and loss["env"]["torch"]
+    forward = {r["scaling"]: r["forward"] for r in records if r["kind"] == "loss"}
+    assert forward["rope-dynamic"] == forward["rope-longrope"] == "whole" and forward["rope-yarn"] == "chunked"
     paths = report.write(records, out, command="posenc extend (test)")
     for key in ("loss", "passkey", "markdown", "html"):
         assert paths[key].is_file() and paths[key].stat().st_size > 500

@@ -4,9 +4,12 @@
 ``chunk`` tokens, each chunk attending to the KV cache of all earlier ones (transformers' ``DynamicCache``),
 and returns the ``N - 1`` next-token losses ``-log p(x_{t+1} | x_{<=t})``. Memory is bounded by the cache and
 one chunk's activations, and for an encoding that depends on positions only (every static RoPE scaling) the
-losses equal one full forward's (tests/test_extend.py). A *dynamic* scaling (``rope-dynamic``, LongRoPE past
-its original length) picks its frequencies from the longest position of each call, so chunked it behaves as
-it does in generation with a cache: each chunk's keys keep the rotation of their own chunk.
+losses equal one full forward's (tests/test_extend.py). A *length-dependent* scaling (``rope-dynamic``,
+LongRoPE) picks its frequencies from the longest position of each call: chunked, each chunk's cached keys
+would keep the rotation of their own chunk (what transformers' generate does with such a scaling), which is
+not the method its paper evaluates. So :func:`token_losses` with ``chunk=None`` runs **one whole forward**
+(every key rotated for the whole length) and applies the output layer a slice at a time, which bounds the
+memory of the ``[N, vocabulary]`` logits just the same; ``posenc extend`` does that for those scalings.
 
 **Passkey retrieval** (Mohtashami and Jaggi 2023, "Landmark Attention"): a random number hidden at a chosen
 depth in filler text that repeats, asked for at the end::
@@ -53,27 +56,48 @@ def _cache():
     return DynamicCache()
 
 
+def _whole_losses(model: nn.Module, ids: Tensor, head_rows: int) -> Tensor:
+    """One forward of the whole document through the base model, the output layer ``head_rows`` rows at a time."""
+    head = model.get_output_embeddings()
+    cfg = getattr(model, "config", None)
+    if head is None or getattr(cfg, "final_logit_softcapping", None) or not hasattr(model, "model"):
+        logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
+        return F.cross_entropy(logits.float(), ids[0, 1:], reduction="none").cpu()
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
+    out = torch.empty(hidden.shape[0], dtype=torch.float32)
+    for s in range(0, hidden.shape[0], head_rows):
+        logits = head(hidden[s : s + head_rows]).float()
+        out[s : s + head_rows] = F.cross_entropy(logits, ids[0, s + 1 : s + 1 + head_rows], reduction="none").cpu()
+    return out
+
+
 @torch.no_grad()
 def token_losses(
     model: nn.Module,
     ids: Tensor,
     *,
-    chunk: int = 2048,
+    chunk: int | None = 2048,
     progress: Callable[[int, int], None] | None = None,
 ) -> Tensor:
     """The next-token losses of one document ``ids`` (``[N]`` or ``[1, N]``), in nats: ``[N - 1]`` float32.
 
-    The document goes through ``model`` ``chunk`` tokens at a time with a KV cache; ``progress(done, total)``
-    is called after each chunk.
+    The document goes through ``model`` ``chunk`` tokens at a time with a KV cache, or in one whole forward
+    with ``chunk=None`` (the output layer then runs 2048 rows at a time); ``progress(done, total)`` is called
+    after each chunk.
     """
-    if chunk < 1:
-        raise ConfigError(f"chunk must be a positive number of tokens, got {chunk}")
+    if chunk is not None and chunk < 1:
+        raise ConfigError(f"chunk must be a positive number of tokens (or None: one whole forward), got {chunk}")
     ids = ids.reshape(1, -1)
     n = ids.shape[1]
     if n < 2:
         raise ConfigError(f"a document of {n} token(s) has no next-token loss; pass at least 2 tokens")
     device = next(model.parameters()).device
     ids = ids.to(device)
+    if chunk is None:
+        out = _whole_losses(model, ids, 2048)
+        if progress is not None:
+            progress(n - 1, n - 1)
+        return out
     cache = _cache()
     out = torch.empty(n - 1, dtype=torch.float32)
     for start in range(0, n - 1, chunk):
@@ -133,14 +157,17 @@ def random_key(rng: random.Random, digits: int = 5) -> str:
 
 
 @torch.no_grad()
-def passkey_score(model: nn.Module, prompt: PasskeyPrompt, *, chunk: int = 2048) -> dict[str, Any]:
-    """Whether ``model`` retrieves the key: one chunked forward of prompt + answer, argmax at each answer token.
+def passkey_score(model: nn.Module, prompt: PasskeyPrompt, *, chunk: int | None = 2048) -> dict[str, Any]:
+    """Whether ``model`` retrieves the key: one forward of prompt + answer (chunked through the KV cache, or
+    whole with ``chunk=None``), argmax at each answer token.
 
     Returns ``{"correct": bool, "tokens_right": share of answer tokens right, "answer_loss": mean nats}``.
     """
     losses, hits = [], []
     ids = prompt.ids.reshape(1, -1).to(next(model.parameters()).device)
     n = ids.shape[1]
+    if chunk is None:
+        chunk = n
     cache = _cache()
     first = prompt.answer_start - 1  # the logit at this position predicts the first answer token
     for start in range(0, n - 1, chunk):

@@ -152,6 +152,16 @@ def apply_scaling(model: nn.Module, name: str, factor: float) -> dict[str, Any]:
     return {"factor": opts["factor"]} if name == "rope-longrope" else opts
 
 
+def length_dependent(scaling: str) -> bool:
+    """Whether the scaling's frequencies depend on the length of the call (dynamic NTK, LongRoPE): such a cell
+    runs one whole forward, not a chunked one (:mod:`posenc.extend.evaluate`)."""
+    if scaling == AS_TRAINED:
+        return False
+    from ..registry import resolve
+
+    return bool(getattr(resolve(scaling), "length_dependent", False))
+
+
 def trained_length(model: nn.Module) -> int:
     cfg = model.config
     params = getattr(cfg, "rope_parameters", None) or {}
@@ -373,6 +383,7 @@ def run(
         progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}{eta}")
         t0 = time.perf_counter()
         options = apply_scaling(model, cell.scaling, cell.factor)
+        chunk = None if length_dependent(cell.scaling) else cfg.chunk
         record: dict[str, Any] = {
             "key": cell.key(),
             "kind": cell.kind,
@@ -381,7 +392,8 @@ def run(
             "options": options,
             "tokens": cell.tokens,
             "trained_length": trained,
-            "chunk": cfg.chunk,
+            "chunk": chunk,
+            "forward": "whole" if chunk is None else "chunked",
             "model": ident,
         }
         try:
@@ -391,14 +403,14 @@ def run(
                     docs.clear()
                     docs[key] = document_ids(cell.document, tokenizer, cell.tokens)
                 ids, info = docs[key]
-                losses = token_losses(model, ids, chunk=cfg.chunk, progress=progress.chunk(cell))
+                losses = token_losses(model, ids, chunk=chunk, progress=progress.chunk(cell))
                 record.update(info, bin=BIN, loss_bins=_binned(losses), mean_loss=float(losses.double().mean()))
             else:
                 rng = random.Random(f"{rng_base}|{cell.tokens}|{cell.depth:g}")
                 key_ = random_key(rng)
                 prompt = passkey_ids(tokenizer, cell.tokens, cell.depth, key_)
                 record.update(depth=cell.depth, key_digits=key_, key_at=prompt.key_at, seed=cfg.seed)
-                record.update(passkey_score(model, prompt, chunk=cfg.chunk))
+                record.update(passkey_score(model, prompt, chunk=chunk))
         finally:
             import posenc.hf
 

@@ -1,0 +1,203 @@
+#!/usr/bin/env python
+"""Speed of a real pretrained model patched by posenc.hf: SmolLM2-135M (``posenc.hf.load_pretrained``).
+
+Cases, all on the same weights in one process:
+
+* ``unpatched`` -- the model as loaded (its own RoPE, transformers' SDPA attention);
+* ``hf-yarn`` -- transformers' own YaRN: ``config.rope_parameters = {"rope_type": "yarn", "factor": s, ...}``
+  and a new ``LlamaRotaryEmbedding`` built from it (HF's code path for the same scaling);
+* ``posenc-yarn`` -- ``posenc.hf.patch(model, "rope-yarn", factor=s)`` (the rotary module's cos/sin replaced;
+  the attention stays transformers' own);
+* ``posenc-alibi`` -- ``posenc.hf.patch(model, "alibi")``: an encoding inside posenc's attention function.
+
+Measured: **prefill** (one forward of N tokens with the cache on and ``logits_to_keep=1``, as ``generate``
+does), and **decoding** per token with a cache of ``--decode-context`` tokens (the cache is filled once; each
+case then decodes ``--decode-steps`` tokens from it and crops it back). Rounds alternate the order of the
+cases (ABCD, DCBA, ...); the table gives each round's ratio to ``unpatched`` and the median of the medians.
+Peak memory: the allocator peak of one prefill at the shortest length (``torch.profiler``, profile_memory).
+
+    python benchmarks/bench_real_model.py --lengths 8192 16384 --decode-context 16384 --rounds 2
+    python benchmarks/bench_real_model.py --quick        # 1k / 2k tokens, a smoke test of about a minute
+
+Writes ``benchmarks/results/real-model-<tag>.json`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import posenc.hf
+from posenc.bench.runenv import run_environment
+from posenc.pretrained import identity
+
+HERE = Path(__file__).resolve().parent
+
+
+def load():
+    model, tok = posenc.hf.load_pretrained("smollm2-135m", quiet=True)
+    return model.eval(), tok
+
+
+def hf_yarn_rotary(model, factor: float):
+    """transformers' own YaRN rotary module for ``model`` (its config with rope_parameters set to yarn)."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = copy.deepcopy(model.config)
+    theta = cfg.rope_parameters["rope_theta"]
+    cfg.rope_parameters = {
+        "rope_type": "yarn",
+        "factor": float(factor),
+        "original_max_position_embeddings": int(cfg.max_position_embeddings),
+        "rope_theta": theta,
+    }
+    return LlamaRotaryEmbedding(cfg)
+
+
+class Cases:
+    """Switch one model between the cases (no copies of the weights)."""
+
+    def __init__(self, model, factor: float):
+        self.model = model
+        self.own_rotary = model.model.rotary_emb
+        self.hf_rotary = hf_yarn_rotary(model, factor)
+        self.factor = factor
+
+    def enter(self, name: str) -> None:
+        posenc.hf.unpatch(self.model)
+        self.model.model.rotary_emb = self.own_rotary
+        if name == "hf-yarn":
+            self.model.model.rotary_emb = self.hf_rotary
+        elif name == "posenc-yarn":
+            posenc.hf.patch(self.model, "rope-yarn", factor=self.factor)
+        elif name == "posenc-alibi":
+            posenc.hf.patch(self.model, "alibi")
+        elif name != "unpatched":
+            raise SystemExit(f"unknown case {name}")
+
+
+@torch.no_grad()
+def prefill(model, ids):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    t0 = time.perf_counter()
+    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return time.perf_counter() - t0, cache
+
+
+@torch.no_grad()
+def decode(model, cache, context: int, steps: int, token: int) -> float:
+    """Seconds per token of ``steps`` one-token forwards from a cache of ``context`` tokens (cropped back)."""
+    x = torch.tensor([[token]])
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        model(input_ids=x, past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - t0)
+    cache.crop(context)
+    return statistics.median(times)
+
+
+def peak_memory(model, ids) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prefill(model, ids)
+    peak = cur = 0
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    for e in events:
+        cur += e.cpu_memory_usage
+        peak = max(peak, cur)
+    return peak / 2**20
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--decode-context", type=int, default=16384)
+    p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--factor", type=float, default=2.0)
+    p.add_argument("--cases", nargs="+", default=["unpatched", "hf-yarn", "posenc-yarn", "posenc-alibi"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--quick", action="store_true", help="1k / 2k tokens, decode at 2k: a smoke test")
+    p.add_argument("--tag", default="")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.lengths, args.decode_context, args.decode_steps, args.rounds = [1024, 2048], 2048, 4, 1
+    torch.set_num_threads(args.threads)
+    model, tok = load()
+    cases = Cases(model, args.factor)
+    gen = torch.Generator().manual_seed(0)
+    longest = max([*args.lengths, args.decode_context])
+    ids = torch.randint(100, 40000, (1, longest), generator=gen)
+    # the same text for every case: random token ids are as costly as real ones
+    times: dict[str, dict[str, list[float]]] = {c: {} for c in args.cases}
+    load_avg = []
+    for rnd in range(args.rounds):
+        order = args.cases if rnd % 2 == 0 else list(reversed(args.cases))
+        for n in args.lengths:
+            for c in order:
+                cases.enter(c)
+                load_avg.append(os.getloadavg()[0])
+                t, _ = prefill(model, ids[:, :n])
+                times[c].setdefault(f"prefill-{n}", []).append(t)
+                print(f"round {rnd + 1} prefill {n:>6} {c:>13}: {t:7.2f} s (load {load_avg[-1]:.1f})", flush=True)
+        cases.enter("unpatched")
+        _, cache = prefill(model, ids[:, : args.decode_context])
+        for c in order:
+            cases.enter(c)
+            t = decode(model, cache, args.decode_context, args.decode_steps, 1000)
+            times[c].setdefault(f"decode-{args.decode_context}", []).append(t)
+            print(f"round {rnd + 1} decode @{args.decode_context} {c:>13}: {t * 1e3:7.1f} ms/token", flush=True)
+        del cache
+    memory = {}
+    if not args.no_memory:
+        for c in args.cases:
+            cases.enter(c)
+            memory[c] = peak_memory(model, ids[:, : min(args.lengths)])
+    cases.enter("unpatched")
+    base = times["unpatched"]
+    rows = []
+    for c in args.cases:
+        for k, v in times[c].items():
+            ratios = [a / b for a, b in zip(v, base[k])]
+            rows.append({"case": c, "measure": k, "seconds": v, "ratios": ratios,
+                         "median_ratio": statistics.median(ratios)})
+    out = {
+        "tag": args.tag or time.strftime("%Y%m%d-%H%M"),
+        "args": vars(args),
+        "model": identity(model),
+        "env": run_environment(),
+        "machine": platform.node(),
+        "load_average_during": [min(load_avg), max(load_avg)],
+        "rows": rows,
+        "peak_memory_mib": memory,
+    }
+    path = HERE / "results" / f"real-model-{out['tag']}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\n| case | measure | seconds per round | × unpatched per round | peak MiB (prefill {min(args.lengths)}) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        secs = " / ".join(f"{s:.3f}" for s in r["seconds"])
+        rat = " / ".join(f"{x:.2f}" for x in r["ratios"])
+        mem = memory.get(r["case"])
+        print(f"| {r['case']} | {r['measure']} | {secs} | {rat} | {'' if mem is None else f'{mem:.0f}'} |")
+    print(f"\nload average during the run: {min(load_avg):.1f}-{max(load_avg):.1f}; wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -565,7 +565,16 @@ def render(datas: list[SuiteData], *, img_rel: str = "results/img", data_rel: st
     ]
     for d in datas:
         out += section(d, img_rel=img_rel, data_rel=data_rel)
+    out += extra_sections(img_rel=img_rel, data_rel=data_rel)
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def extra_sections(*, img_rel: str, data_rel: str) -> list[str]:
+    """The Markdown lines of the sections after the suites': the place for the real-model section (a pretrained
+    model's context extended, ``posenc extend``). Like the suites' sections they must come from committed data
+    alone (``<data_rel>``), never from the machine or the date, so that ``posenc results --check`` holds. None
+    yet: an empty list."""
+    return []
 
 
 def _rel(path: Path, page: Path) -> str:

@@ -83,9 +83,15 @@ def lines(pip_output: Iterable[str]) -> Iterator[str]:
             n = len(m.group(1).split())
             yield f"{PREFIX}installed {n} package{'s' if n != 1 else ''}"
             continue
-        m = re.match(r"^\s*Building wheels? for (\S+)", line)
+        m = re.match(r"^\s*Building wheels for collected packages: (.*)", line)
         if m:
-            yield f"{PREFIX}{m.group(1)}: building a wheel from source"
+            yield f"{PREFIX}building {m.group(1).strip()} from source"
+            continue
+        m = re.match(r"^\s*Obtaining (file://)?(\S+)", line)
+        if m:
+            yield f"{PREFIX}{m.group(2)}: from its source folder (editable)"
+            continue
+        if re.match(r"^\s*(Building wheel for |Successfully built )", line):
             continue
         if re.match(r"^\s*(Obtaining|Installing|Building|Running|Created|Stored|  )", line):
             continue  # pip's other progress lines: said above in fewer words

@@ -32,6 +32,10 @@ Requirement already satisfied: tqdm in ./.venv/lib/python3.11/site-packages (4.7
 Downloading torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl (190.5 MB)
 WARNING: Location 'file:///opt/x/' is ignored: it is neither a file nor a directory.
 treebank 0.0.0 requires nltk, which is not installed.
+Obtaining file:///home/me/posenc
+Building wheels for collected packages: posenc
+  Building wheel for posenc (pyproject.toml): started
+Successfully built posenc
 Installing collected packages: numpy, torch
 Successfully installed numpy-2.4.6 torch-2.13.0+cpu
 ERROR: Could not find a version that satisfies the requirement nosuch
@@ -46,6 +50,8 @@ def test_one_line_per_package_with_its_size(tmp_path):
     assert out == [
         "setup:   numpy 2.4.6: cached 16.9 MB",
         "setup:   torch 2.13.0+cpu: downloading 190.5 MB",
+        "setup:   /home/me/posenc: from its source folder (editable)",
+        "setup:   building posenc from source",
         "setup:   installing 2 packages: numpy, torch",
         "setup:   installed 2 packages",
         "ERROR: Could not find a version that satisfies the requirement nosuch",

@@ -29,9 +29,18 @@ def literal(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r: int, inter
     return out
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child, without the switches a test leg may have set (POSENC_NATIVE=0,
+    POSENC_NATIVE_ISA=...), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("POSENC_NATIVE", "POSENC_NATIVE_ISA")}
+    return {**env, **extra}
+
+
 def test_the_kernel_builds_wherever_there_is_a_compiler():
     if not HAVE_CC:
         pytest.skip("no C compiler on this machine")
+    if os.environ.get("POSENC_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        pytest.skip("POSENC_NATIVE turns the kernels off in this run")
     assert native.available(), native.status()
     assert "native CPU kernels: /" in native.status()
 
@@ -165,8 +174,7 @@ def test_without_a_compiler_rope_keeps_its_pytorch_path(tmp_path):
     if shutil.which("false"):
         envs.append({"CC": "false"})
     for env in envs:
-        full = {**os.environ, "POSENC_CACHE_DIR": str(tmp_path / "cache"), **env}
-        full.pop("POSENC_NATIVE_ISA", None)
+        full = _env(POSENC_CACHE_DIR=str(tmp_path / "cache"), **env)
         out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, check=True)
         avail, line, err = out.stdout.strip().splitlines()
         assert avail == "False"
@@ -247,14 +255,13 @@ for t in out:
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
-def test_every_build_this_cpu_runs_gives_the_same_numbers(tmp_path):
+def test_every_build_this_cpu_runs_gives_the_same_numbers():
     """The builds add vector instructions, not other arithmetic: no -ffast-math, no fused multiply-adds (the flags
     forbid the compiler's, the AVX-512 RoPE multiplies and adds apart), so the baseline, AVX2, AVX-512 and
     -march=native builds agree to the last bit (the AVX-512 one only where the CPU runs it)."""
     outs = {}
     for name in [*native.supported_isas(), "native"]:
-        env = {**os.environ, "POSENC_NATIVE_ISA": name, "POSENC_CACHE_DIR": str(tmp_path / "cache")}
-        env.pop("POSENC_NATIVE", None)
+        env = _env(POSENC_NATIVE_ISA=name)  # the builds are cached: compiled once per machine
         res = subprocess.run([sys.executable, "-c", _KERNELS], env=env, capture_output=True, text=True, check=True)
         got, *lines = res.stdout.split()
         assert got == name
@@ -327,7 +334,7 @@ def test_fire_kernel_on_a_large_input_split_over_threads(threads):
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on this machine")
 def test_an_unwritable_cache_falls_back_to_the_temporary_directory(tmp_path):
     code = "from posenc import native; print(native.status())"
-    env = {**os.environ, "POSENC_CACHE_DIR": "/proc/posenc-cannot-write-here", "TMPDIR": str(tmp_path)}
+    env = _env(POSENC_CACHE_DIR="/proc/posenc-cannot-write-here", TMPDIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip().startswith(f"native CPU kernels: {tmp_path}/posenc-")
 

@@ -72,6 +72,8 @@ def expected_kernel(model) -> str:
         return "offset-bias"  # a bias that depends on the offset only, from its values per offset
     if "bias" in enc.hooks() and "logits" not in enc.hooks() and offers_bias_blocks(enc):
         return "block-bias"  # a bias evaluated one block of query rows at a time (FIRE)
+    if "logits" in enc.hooks() and hasattr(enc, "blocked_attention"):
+        return "own-blocked"  # the encoding's own row-blocked attention (CoPE)
     if "logits" in enc.hooks() or ("bias" in enc.hooks() and any(p.requires_grad for p in enc.parameters())):
         return "biased-sdpa"  # terms with a gradient
     if "bias" in enc.hooks():
@@ -164,7 +166,9 @@ def test_choose_kernel_is_one_table():
     assert choose_kernel(**{**base, "one_query": True, "has_form": True, "reference": True})[0] == "materialised"
     assert choose_kernel(**{**base, "has_blocks": True, "has_terms": True, "learned_bias": True})[0] == "block-bias"
     assert choose_kernel(**{**base, "has_offsets": True, "has_blocks": True})[0] == "offset-bias"
-    kernels = {"sdpa", "biased-sdpa", "offset-bias", "block-bias", "decode", "blocked", "materialised"}
+    assert choose_kernel(**{**base, "has_own": True, "has_terms": True, "learned_bias": True})[0] == "own-blocked"
+    assert choose_kernel(**{**base, "has_own": True, "on_cpu": False, "has_terms": True})[0] == "sdpa"
+    kernels = {"sdpa", "biased-sdpa", "offset-bias", "block-bias", "decode", "blocked", "own-blocked", "materialised"}
     assert set(KERNELS) == kernels
 
 

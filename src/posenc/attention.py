@@ -119,6 +119,8 @@ KERNELS = {
     "offset-bias": "posenc.offset_bias: flash on row blocks, the bias a strided view of its per-offset values; a "
     "blocked backward sums its gradient per offset (no [H, Lq, Lk] bias or gradient)",
     "blocked": "posenc.fused.relative_attention: row-blocked, offset tables skewed in place, no [B, H, Lq, Lk] tensor",
+    "own-blocked": "the encoding's own row-blocked attention (blocked_attention; CoPE: its gates, their sums and "
+    "interpolated positions per block of query rows, recomputed in the backward; no [B, H, Lq, Lk] tensor)",
     "materialised": "the logits as one [B, H, Lq, Lk] tensor, softmax, then the values (the formula as written)",
 }
 
@@ -444,6 +446,7 @@ def choose_kernel(
     scores_once: bool = False,
     has_offsets: bool = False,
     has_blocks: bool = False,
+    has_own: bool = False,
     needs_values: bool,
     has_terms: bool,
     learned_bias: bool,
@@ -464,6 +467,7 @@ def choose_kernel(
     ================================================  ==============  ==================================
     ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
     one query, no gradient, a form that fits it (1)   decode          keys, values, tables read once
+    the encoding's own row-blocked attention (1)      own-blocked     no ``[B, H, L, L]`` tensor (CoPE)
     one query whose logits read ``q·kᵀ`` (CoPE)        materialised    ``q·kᵀ`` computed once, shared
     an offset-table form (relative encodings) (1)     blocked         no ``L × L`` or ``L × L × d`` tensor
     a bias given per offset (no dropout, no pad) (1)  offset-bias     no ``[H, L, L]`` bias or gradient
@@ -490,6 +494,8 @@ def choose_kernel(
         return "materialised", "return_weights needs the probabilities"
     if one_query and on_cpu:
         return "decode", "one query (a decoding step): one pass over the keys with the offset tables (native)"
+    if has_own and on_cpu:
+        return "own-blocked", "the encoding attends one block of query rows at a time (blocked_attention)"
     if scores_once:
         return "materialised", "one query whose logits read q·kᵀ: computed once and handed to them (ctx.scores)"
     if has_form and on_cpu:
@@ -630,6 +636,23 @@ class AttentionCore(nn.Module):
             offsets = enc.bias_offsets(ctx)
             if offsets is None:
                 blocks = enc.bias_blocks(ctx)
+        own = None  # the encoding's own row-blocked attention (CoPE), from Lq·Lk >= fused_min_pairs
+        if (
+            enc is not None
+            and self._has["logits"]
+            and not self._has["bias"]
+            and not self._has["values"]
+            and not reference
+            and not return_weights
+            and p_drop == 0
+            and on_cpu
+            and not compiling
+            and q.dtype in (torch.float32, torch.float64)
+            and q.shape[2] > 1
+            and q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs)
+            and hasattr(enc, "blocked_attention")
+        ):
+            own = enc.blocked_attention(ctx)
         has_logits = enc is not None and self._has["logits"] and form is None
         has_bias = enc is not None and self._has["bias"]
         learnable = _learnable(enc)
@@ -646,6 +669,7 @@ class AttentionCore(nn.Module):
             ),
             has_offsets=offsets is not None,
             has_blocks=blocks is not None,
+            has_own=own is not None,
             needs_values=self._has["values"] and form is None,
             has_terms=has_logits or has_bias,
             learned_bias=grads,
@@ -655,7 +679,7 @@ class AttentionCore(nn.Module):
         )
         terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
         plan = Plan(kernel, reason, ctx.contiguous, terms, p_drop, portable=not on_cpu or compiling)
-        return plan, form, offsets if offsets is not None else blocks
+        return plan, form, offsets if offsets is not None else blocks if blocks is not None else own
 
     # ---------------------------------------------------------------- the kernels
     def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
@@ -785,6 +809,9 @@ class AttentionCore(nn.Module):
         elif plan.kernel == "block-bias":
             fn, params = offsets  # (bias_blocks)
             out = block_bias_attention(call.q, call.k, call.v, fn, params, scale, causal=call.causal)
+        elif plan.kernel == "own-blocked":  # (blocked_attention) a mask that is only the causal one goes as causal
+            allowed = None if call.causal and not call.any_padding else call.allowed
+            out = offsets(call.q, call.k, call.v, scale, call.causal, allowed)
         elif plan.kernel == "materialised":
             out, weights = self._run_materialised(call, plan, scale)
         else:

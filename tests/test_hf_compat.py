@@ -113,6 +113,31 @@ def test_gemma3_attention_encoding_acts_in_both_layer_types():
     assert torch.equal(greedy(model, prompt), greedy(model, prompt, use_cache=False))
 
 
+def test_a_rotation_in_the_attention_keeps_smollm3s_layers_without_rope_without_it():
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    model = build(SmolLM3ForCausalLM, SmolLM3Config(**DEC, no_rope_layers=[1, 0], pad_token_id=0))  # layer 1: no RoPE
+    torch.manual_seed(3)
+    hidden = torch.randn(2, 9, 64)
+    one = torch.ones(2, 9, 16)
+    rope = (one, torch.zeros_like(one))
+    layers = [layer.self_attn for layer in model.model.layers]
+    with torch.no_grad():  # sharper attention than a fresh model's near-uniform one, so that position shows
+        for attn in layers:
+            attn.q_proj.weight.mul_(10)
+            attn.k_proj.weight.mul_(10)
+    before = [attn(hidden, position_embeddings=rope, attention_mask=None)[0] for attn in layers]
+    hf.patch(model, "rope-interleaved")  # rotates inside posenc's attention
+    assert [a.layer_idx for a in hf.patched(model).attns] == [0]
+    after = [attn(hidden, position_embeddings=rope, attention_mask=None)[0] for attn in layers]
+    assert (after[0] - before[0]).abs().max() > 1e-3  # rotated now
+    torch.testing.assert_close(after[1], before[1], atol=1e-5, rtol=1e-5)  # still no position
+    hf.patch(model, "alibi")  # not a rotation: every layer
+    assert len(hf.patched(model).cores) == 2
+    prompt = tokens(b=1, n=6)
+    assert torch.equal(greedy(model, prompt), greedy(model, prompt, use_cache=False))
+
+
 # ------------------------------------------------------------------------------------------ attention keywords
 def alibi_by_hand(attn, hidden, *, scaling: float, window: int | None = None) -> torch.Tensor:
     """One Llama-style attention layer with ALiBi, the formula written out (Press et al.), no rotation."""

@@ -42,6 +42,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -234,6 +235,7 @@ class PosencPatch(nn.Module):
         self.cores: list[AttentionCore] = []  # not submodules: they hold the encodings above once more
         self.by_type: dict[str | None, PositionalEncoding] = {}  # the rotary module's layer type -> encoding
         self.layer_ids: list[int] = []  # the cache index of each patched attention layer
+        self.attns: list[nn.Module] = []  # the attention modules the cores serve (plain list: not submodules)
         self.rotary_mode = "none"  # "cos-sin": HF rotates with the encoding's phases; "identity": posenc does
         self.previous_attention: str | None = None
         self.handles: list[Any] = []
@@ -494,6 +496,8 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
     _settle_dtype(state, dtype, device)
     if in_attention:
         for i, (attn, layer_enc) in enumerate(zip(attns, layer_encs, strict=True)):
+            if layer_enc.info.family == "rotary" and not getattr(attn, "use_rope", True):
+                continue  # a layer the model keeps without rotation (SmolLM3's NoPE layers): so does the patch
             idx = getattr(attn, "layer_idx", None)
             core = AttentionCore(
                 int(hf_model.config.num_attention_heads),
@@ -504,6 +508,7 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
             )
             state.cores.append(core)
             state.layer_ids.append(core.layer)
+            state.attns.append(attn)
     base.add_module("posenc", state)
     try:
         _check_dtype(hf_model, state, dtype)
@@ -566,7 +571,7 @@ def _install(model, base, family, state, rotary, attns, in_attention) -> None:
     if rotary is not None:
         state.handles.append(rotary.register_forward_hook(_rotary_output(state), with_kwargs=True))
     if in_attention:
-        for attn, core in zip(attns, state.cores, strict=True):
+        for attn, core in zip(state.attns, state.cores, strict=True):
             object.__setattr__(attn, "_posenc_core", core)
             object.__setattr__(attn, "_posenc_patch", state)
         _register_attention()
@@ -992,7 +997,7 @@ def _probe(
                     rotary(hidden, pos, **({"layer_type": t} if takes_type else {}))
             if state.cores:
                 seen: set[int] = set()
-                for attn, core in zip(attns, state.cores, strict=True):
+                for attn, core in zip(state.attns, state.cores, strict=True):
                     if id(core.encoding) in seen and getattr(attn, "layer_type", None) is None:
                         continue
                     seen.add(id(core.encoding))
@@ -1067,7 +1072,7 @@ def _old_layout(state: PosencPatch, weights: dict[str, Tensor]) -> dict[str, Ten
             out[f"encodings.0.{k[len('encoding.'):]}"] = v
         elif k.startswith("cores."):
             _, i, rest = k.split(".", 2)
-            out[f"encodings.{index[id(state.cores[int(i)].encoding)]}.{rest[len('encoding.'):]}"] = v
+            out[f"encodings.{index[id(state.cores[int(i)].encoding)]}.{rest[len('encoding.') :]}"] = v
         else:
             out[k] = v
     return out
@@ -1237,6 +1242,21 @@ def _install_auto_restore() -> None:
             restore(model)
         return model
 
+    adjust = getattr(PreTrainedModel, "_adjust_missing_and_unexpected_keys", None)
+    if adjust is not None:
+
+        @functools.wraps(adjust)
+        def adjust_keys(self, loading_info, *args, **kwargs):
+            out = adjust(self, loading_info, *args, **kwargs)
+            unexpected = getattr(loading_info, "unexpected_keys", None)
+            if CONFIG_KEY in getattr(getattr(self, "config", None), "__dict__", {}) and unexpected:
+                # the encoding's parameters: restore() loads them (and says so when they are missing)
+                loading_info.unexpected_keys = type(unexpected)(
+                    k for k in unexpected if not re.search(r"(^|\.)posenc\.", k)
+                )
+            return out
+
+        PreTrainedModel._adjust_missing_and_unexpected_keys = adjust_keys  # type: ignore[method-assign]
     PreTrainedModel.from_pretrained = classmethod(from_pretrained_restoring)  # type: ignore[method-assign]
     PreTrainedModel._from_config = classmethod(from_config_restoring)  # type: ignore[method-assign]
 

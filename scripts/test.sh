@@ -1,9 +1,33 @@
 #!/usr/bin/env bash
 # Set up (once), then run the linter and the test suite. Extra arguments go to pytest.
+#
+# Without arguments (what CI runs) a second, shorter pytest leg follows with the native C kernels off
+# (POSENC_NATIVE=0): the PyTorch paths a machine without a C compiler takes, through the tests of the plan,
+# the attention kernels, the models, generation and the encodings that have a C kernel. Both legs print
+# pytest's closing line; the script fails if either fails. POSENC_NATIVE_ISA=baseline runs the first leg
+# with the portable baseline build of the kernels instead of the one this CPU's flags pick (src/posenc/native.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 echo "test: ruff check ."
 .venv/bin/ruff check .
-echo "test: pytest"
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+echo "test: pytest ($(.venv/bin/python -c 'from posenc import native; print(native.status())' 2>&1 | tail -1))"
+status=0
+.venv/bin/python -m pytest -p no:cacheprovider "$@" || status=$?
+if [ "$#" -gt 0 ]; then
+    echo "test: the native-off leg runs only without arguments"
+    exit "$status"
+fi
+# the files that exercise the PyTorch fallbacks of posenc.native's callers (about 2 minutes at a load of 2)
+off_tests=(
+    tests/test_plan.py tests/test_attention.py tests/test_models.py tests/test_offset_bias.py
+    tests/test_block_bias.py tests/test_generate.py tests/test_rope_phases.py tests/test_bias_fire.py
+    tests/test_fused.py
+)
+echo "test: pytest with the native kernels off (POSENC_NATIVE=0)"
+off=0
+POSENC_NATIVE=0 .venv/bin/python -m pytest -p no:cacheprovider "${off_tests[@]}" || off=$?
+if [ "$status" -ne 0 ] || [ "$off" -ne 0 ]; then
+    echo "test: FAILED (pytest exit status $status; with the native kernels off $off)"
+    exit 1
+fi

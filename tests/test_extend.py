@@ -322,3 +322,25 @@ def test_cli_quick_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     assert {r["kind"] for r in records} == {"loss", "passkey"} and len(records) == 2 + 2 * 2
     assert (out / "extend-loss.png").is_file() and (out / "report.html").is_file()
     assert main(["extend", "--report-only", "--out", str(tmp_path / "empty")]) == 2
+
+
+def test_results_page_section_from_an_exported_store(tiny, text_document, tmp_path):
+    """`posenc results --stores DIR` copies DIR/extend/extend.jsonl to the page's data folder; the page's section
+    and its two plots come from that file alone."""
+    model, tok, _ = tiny
+    stores = tmp_path / "posenc-results"
+    cfg = _tiny_config(scalings=(AS_TRAINED, "rope-yarn"), passkey_depths=(0.5,), mode="quick")
+    records = extend_run.run(cfg, stores / "extend-quick", model=model, tokenizer=tok, quiet=True)
+    data = tmp_path / "docs" / "results" / "data"
+    assert report.export_store(tmp_path / "nothing-here", data) is None
+    path = report.export_store(stores, data)
+    assert path == data / report.PAGE_DATA
+    lines = report.page_section(data, img_rel="results/img", img_dir=tmp_path / "img")
+    text = "\n".join(lines)
+    assert text.startswith("## Stretching a real model's context: tiny.gguf")
+    assert "`posenc extend --quick`" in text and "![passkey retrieval](results/img/extend-passkey.png)" in text
+    assert (tmp_path / "img" / "extend-loss.png").is_file() and (tmp_path / "img" / "extend-passkey.png").is_file()
+    # the same records give the same text (the page is a function of its data)
+    again = report.page_section(data, img_rel="results/img")
+    assert again == lines and len(records) == 2 + 2 * 2
+    assert report.page_section(tmp_path / "empty", img_rel="x") == []

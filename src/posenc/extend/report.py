@@ -493,3 +493,53 @@ def _html(md: str) -> str:
              "font-size:90%}th{background:#f3f3f3}code{background:#f3f3f3}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>posenc extend</title><style>{style}</style>"
             f"</head><body>{''.join(body)}</body></html>\n")
+
+
+# ---------------------------------------------------------------------------------------------- the results page
+#: the real model's cells on the results page: ``<data folder>/extend.jsonl``
+PAGE_DATA = "extend.jsonl"
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of an ``extend.jsonl`` store (a line cut by an interrupted write is skipped)."""
+    from .runner import Store
+
+    path = Path(path)
+    return Store(path.parent).records() if path.name == "extend.jsonl" else _read_lines(path)
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def export_store(stores: str | Path, data_dir: str | Path) -> Path | None:
+    """Copy the real model's store under ``stores`` (``extend/``, else ``extend-quick/``) to the page's data
+    folder, sorted by cell; ``None`` where there is none."""
+    import json
+
+    for name in ("extend", "extend-quick"):
+        src = Path(stores) / name / "extend.jsonl"
+        if src.is_file():
+            records = sorted(read_records(src), key=lambda r: r["key"])
+            dst = Path(data_dir) / PAGE_DATA
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+            return dst
+    return None
+
+
+def page_section(data_dir: str | Path, *, img_rel: str, img_dir: str | Path | None = None) -> list[str]:
+    """The results page's section for the real model, from ``<data_dir>/extend.jsonl`` (nothing where the file
+    is not there); with ``img_dir``, its two plots are drawn there too."""
+    path = Path(data_dir) / PAGE_DATA
+    if not path.is_file():
+        return []
+    records = _read_lines(path)
+    if img_dir is not None:
+        plot_losses(records, Path(img_dir) / "extend-loss.png")
+        plot_passkey(records, Path(img_dir) / "extend-passkey.png")
+    modes = sorted({str(r.get("mode", "quick")).split(",")[0] for r in records})
+    command = " and ".join(f"posenc extend --{m}" if m in ("quick", "full") else "posenc extend" for m in modes)
+    return markdown(records, img_rel=img_rel, heading="##", command=command).splitlines() + [""]

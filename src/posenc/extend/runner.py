@@ -394,6 +394,7 @@ def run(
             "trained_length": trained,
             "chunk": chunk,
             "forward": "whole" if chunk is None else "chunked",
+            "mode": cfg.mode,
             "model": ident,
         }
         try:

@@ -216,3 +216,13 @@ def test_files_beside_the_page_include_the_store(tmp_path):
     res = [record("order", "rope", s, lengths(1.0, 0.9)) for s in range(2)]
     text = write_report(res, tmp_path, "t")["report"].read_text()
     assert "Files beside this page: results.sqlite" in text
+
+
+def test_a_row_that_did_not_learn_says_so_beside_the_published_numbers():
+    from posenc.bench.report import published_table
+
+    res = [record("order", enc, s, lengths(v, v)) for s in range(2) for enc, v in (("rope", 0.5), ("alibi", 0.45))]
+    text = published_table(
+        {"source": "a paper", "task": "order", "rows": {"rope": 27.1, "alibi": 26.0}}, leaderboard(res)
+    )
+    assert "| rope | 27.1 | 1 (did not learn: at chance) |" in text

@@ -502,6 +502,13 @@ def _build() -> ctypes.CDLL | None:
             break
     else:
         return _off(why)
+    lib = _load(lib_path)
+    _state["path"], _state["isa"] = str(lib_path), chosen
+    return lib
+
+
+def _load(lib_path: Path) -> ctypes.CDLL:
+    """Load a build and declare its functions' argument types."""
     lib = ctypes.CDLL(str(lib_path))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for name, real in (("posenc_rope_f32", ctypes.c_float), ("posenc_rope_f64", ctypes.c_double)):
@@ -527,7 +534,6 @@ def _build() -> ctypes.CDLL | None:
         fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64]
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
-    _state["path"], _state["isa"] = str(lib_path), chosen
     return lib
 
 

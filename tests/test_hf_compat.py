@@ -139,8 +139,9 @@ def test_a_rotation_in_the_attention_keeps_smollm3s_layers_without_rope_without_
 
 
 # ------------------------------------------------------------------------------------------ attention keywords
-def alibi_by_hand(attn, hidden, *, scaling: float, window: int | None = None) -> torch.Tensor:
-    """One Llama-style attention layer with ALiBi, the formula written out (Press et al.), no rotation."""
+def alibi_by_hand(attn, hidden, *, scaling: float, window: int | None = None, softcap: float | None = None):
+    """One Llama-style attention layer with ALiBi, the formula written out (Press et al.), no rotation; soft-capped
+    logits as Gemma 2's (``cap · tanh(x / cap)`` on the scaled q·k, before the bias and the mask)."""
     b, n, _ = hidden.shape
     h, d = attn.config.num_attention_heads, attn.head_dim
     hkv = attn.config.num_key_value_heads
@@ -149,7 +150,10 @@ def alibi_by_hand(attn, hidden, *, scaling: float, window: int | None = None) ->
     v = attn.v_proj(hidden).view(b, n, hkv, d).transpose(1, 2).repeat_interleave(h // hkv, dim=1)
     slopes = torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)])
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    scores = q @ k.transpose(-1, -2) * scaling - slopes[:, None, None] * (i - j).clamp(min=0)
+    scores = q @ k.transpose(-1, -2) * scaling
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores - slopes[:, None, None] * (i - j).clamp(min=0)
     hidden_keys = j > i if window is None else (j > i) | (j <= i - window)
     scores = scores.masked_fill(hidden_keys, float("-inf"))
     out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, h * d)
@@ -174,24 +178,52 @@ def test_the_models_scaling_and_sliding_window_are_honoured():
         torch.testing.assert_close(got, alibi_by_hand(attn, hidden, scaling=0.5, window=window), atol=1e-5, rtol=1e-5)
 
 
-def test_softcap_is_refused_naming_it_and_the_model_is_left_as_it_was():
-    model = gemma2()  # attn_logit_softcapping=50 by default
+def test_softcap_is_honoured_as_gemma2s_eager_attention_does():
+    model = gemma2(attn_logit_softcapping=0.5, query_pre_attn_scalar=4, sliding_window=3)  # a cap that bites
     x = tokens()
     want = model(x).logits
-    with pytest.raises(ConfigError, match=r"softcap.*attn_logit_softcapping = None"):
-        hf.patch(model, "alibi")
-    assert hf.patched(model) is None
-    torch.testing.assert_close(model(x).logits, want, atol=0, rtol=0)
     hf.patch(model, "rope")  # through the rotary module: the model's own attention and its soft-capping
     torch.testing.assert_close(model(x).logits, want, atol=1e-5, rtol=0)
+    hf.patch(model, "alibi")
+    torch.manual_seed(3)
+    hidden = torch.randn(2, 9, 64) * 5
+    one = torch.ones(2, 9, 16)
+    for layer, window in ((0, 3), (1, None)):
+        attn = model.model.layers[layer].self_attn
+        got, _ = attn(hidden, position_embeddings=(one, torch.zeros_like(one)), attention_mask=None)
+        want = alibi_by_hand(attn, hidden, scaling=0.5, window=window, softcap=0.5)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert (got - alibi_by_hand(attn, hidden, scaling=0.5, window=window)).abs().max() > 1e-3  # it bites
+    prompt = tokens(b=1, n=6)
+    assert torch.equal(greedy(model, prompt), greedy(model, prompt, use_cache=False))
 
 
-def test_attention_sinks_are_refused_naming_them():
+def test_attention_sinks_are_honoured_as_gpt_oss_eager_attention_does():
     cfg = GptOssConfig(**{**DEC, "intermediate_size": 64}, head_dim=16, num_local_experts=4, num_experts_per_tok=2)
     model = build(GptOssForCausalLM, cfg)
-    with pytest.raises(ConfigError, match=r"s_aux.*sinks"):
-        hf.patch(model, "t5")
-    assert hf.patched(model) is None
+    hf.patch(model, "alibi")
+    attn = model.model.layers[1].self_attn  # a full-attention layer
+    with torch.no_grad():
+        attn.sinks.copy_(torch.tensor([2.0, -1.0, 0.5, 3.0]))
+    torch.manual_seed(3)
+    hidden = torch.randn(2, 9, 64)
+    one = torch.ones(2, 9, 8)
+    got, _ = attn(hidden, position_embeddings=(one, torch.zeros_like(one)), attention_mask=None)
+    # the formula: one more logit per head in the softmax (its probability dropped), ALiBi's bias, causal mask
+    b, n, h, d = 2, 9, 4, 16
+    q = attn.q_proj(hidden).view(b, n, h, d).transpose(1, 2)
+    k = attn.k_proj(hidden).view(b, n, 2, d).transpose(1, 2).repeat_interleave(2, dim=1)
+    v = attn.v_proj(hidden).view(b, n, 2, d).transpose(1, 2).repeat_interleave(2, dim=1)
+    slopes = torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)])
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    scores = (q @ k.transpose(-1, -2)) * attn.scaling - slopes[:, None, None] * (i - j).clamp(min=0)
+    scores = scores.masked_fill(j > i, float("-inf"))
+    sink = attn.sinks.reshape(1, h, 1, 1).expand(b, h, n, 1)
+    probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+    want = attn.o_proj((probs @ v).transpose(1, 2).reshape(b, n, h * d))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    prompt = tokens(b=1, n=6)
+    assert torch.equal(greedy(model, prompt), greedy(model, prompt, use_cache=False))
 
 
 def test_an_unknown_attention_keyword_is_refused_naming_it():

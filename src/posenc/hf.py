@@ -12,7 +12,7 @@
   projections, KV cache and masks feed it, and it runs the encoding's ``rotate`` / ``logits`` / ``bias`` /
   ``values`` / ``scale`` hooks with posenc's fast kernels (the same plan as :class:`posenc.MultiHeadAttention`).
   Every keyword transformers passes is honoured (``scaling``, ``dropout``, ``is_causal``, ``sliding_window``,
-  ``output_attentions``) or refused by name (``softcap``, sinks ``s_aux``, ``position_bias``, any other).
+  ``softcap``, sinks ``s_aux``, ``output_attentions``) or refused by name (``position_bias``, any other).
 * **the rotary module** of rotary models (``model.model.rotary_emb``): a forward hook replaces its cos/sin
   with the encoding's (any RoPE scaling in HF's rotate-half layout: the attention stays transformers' own and
   the cache keeps rotated keys, exactly as the unpatched model), or with the identity where the rotation moves
@@ -795,16 +795,14 @@ def _projections(module: nn.Module) -> Any:
 #: sequences, which the mask carries)
 KNOWN_KWARGS = frozenset(
     {
-        "is_causal", "sliding_window", "output_attentions", "position_ids", "cache_position", "use_cache",
+        "is_causal", "sliding_window", "softcap", "s_aux", "output_attentions", "position_ids", "cache_position",
+        "use_cache",
         "past_key_values", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "num_items_in_batch",
         "output_hidden_states", "output_router_logits", "return_dict", "layer_type", "token_type_ids",
     }
 )
 #: keywords that change the attention in a way posenc's attention does not implement: refused when given
 REFUSED_KWARGS = {
-    "softcap": "logit soft-capping (Gemma 2's attn_logit_softcapping): set config.attn_logit_softcapping = None "
-    "before building the model to patch it with an encoding that acts in the attention",
-    "s_aux": "attention sinks (gpt-oss's per-head s_aux logits)",
     "position_bias": "a position bias of the model's own (it already has a positional encoding in the attention)",
     "head_mask": "a head mask",
 }
@@ -850,7 +848,8 @@ def posenc_attention(
     ``[B, Lq, H, D]`` as transformers' attention functions do. ``scaling`` is the model's (an encoding with its own
     temperature multiplies it by its ratio to ``1/sqrt(D)``), ``dropout`` the model's attention dropout,
     ``is_causal`` overrides the module's, ``sliding_window`` is the mask's (applied here where transformers passes
-    no mask); ``softcap``, sinks (``s_aux``) and any keyword it does not know are refused.
+    no mask), ``softcap`` and sinks (``s_aux``) act as in transformers' eager attention (:func:`_materialised`); a
+    keyword it does not know is refused.
     """
     core: AttentionCore | None = module.__dict__.get("_posenc_core")
     if core is None:  # a layer the patch does not touch (cross-attention): transformers' SDPA
@@ -948,9 +947,56 @@ def posenc_attention(
         scale = float(scaling) if own == default else float(scaling) * own / default
     # output_attentions=True: the probabilities, from the kernel that makes them (materialised)
     want = bool(kwargs.get("output_attentions", getattr(getattr(module, "config", None), "output_attentions", False)))
-    out, weights = core.attend(call, want, scale=scale)
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    if softcap is not None or sinks is not None:
+        out, weights = _materialised(
+            core, call, enc.scale(d) if scale is None else scale, softcap=softcap, sinks=sinks
+        )
+        weights = weights if want else None
+    else:
+        out, weights = core.attend(call, want, scale=scale)
     out = out.transpose(1, 2).contiguous().to(out_dtype)
     return out, (weights.to(out_dtype) if weights is not None else None)
+
+
+def _materialised(
+    core: AttentionCore, call: _Call, scale: float, *, softcap: float | None = None, sinks: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The attention with what posenc's kernels do not take, the formula as written, as transformers' own eager
+    attention computes it: logit soft-capping (Gemma 2's ``attn_logit_softcapping``: the scaled logits -- ``q·k``
+    and the encoding's ``logits`` term -- pass through ``softcap · tanh(x / softcap)``, then the encoding's
+    ``bias`` is added, after the cap, as transformers adds its mask) and attention sinks (gpt-oss's ``s_aux``: one
+    more logit per head in the softmax, whose probability is dropped); then the mask, the softmax, dropout while
+    training, the values and the encoding's ``values`` term."""
+    q, k, v, ctx = call.q, call.k, call.v, call.ctx
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    ctx.scores = scores  # for a logits hook that reads q·kᵀ
+    extra, post = core._terms(call)
+    if extra is not None:
+        scores = scores + extra
+    scores = scores * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / float(softcap)) * float(softcap)
+    if post is not None:
+        scores = scores + post
+    if call.allowed is not None:
+        scores = scores.masked_fill(~call.allowed, torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        b, h, lq, _ = scores.shape
+        sink = sinks.to(scores.dtype).reshape(1, h, 1, 1).expand(b, h, lq, 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    p = core.dropout if core.training else 0.0
+    probs = torch.nn.functional.dropout(weights, p) if p else weights
+    out = torch.matmul(probs, v)
+    if core._has["values"] and core.encoding is not None:
+        av = core.encoding.values(probs, ctx)
+        if av is not None:
+            out = out + av
+    if call.allowed is not None and call.any_padding:  # a query that sees no key (left padding): zero, as attend
+        out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
+    return out, weights
 
 
 _registered = False

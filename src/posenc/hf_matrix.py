@@ -308,8 +308,6 @@ FEATURES: dict[str, Callable[[Callable[[], Any]], None]] = {
 
 #: short words for the reasons of refusals (the first that matches the error)
 REASONS = (
-    ("softcap", "softcap"),
-    ("s_aux", "attention sinks"),
     ("SDPA itself", "own SDPA call"),
     ("set_attn_implementation", "drops the encoding"),
     ("cannot act", "cannot act"),

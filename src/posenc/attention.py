@@ -505,7 +505,10 @@ def choose_kernel(
     if has_blocks and on_cpu:
         return "block-bias", "the encoding evaluates its bias per block of query rows (bias_blocks)"
     if needs_values:
-        return "materialised", "a values hook without an offset-table form needs the probabilities"
+        return "materialised", (
+            "a values hook needs the probabilities (no offset-table form on this call: none offered, "
+            "fewer pairs than fused_min_pairs, or positions not start + arange)"
+        )
     if dropout and cpu:
         return "blocked", "attention dropout on CPU (SDPA's CPU kernels would materialise it)"
     if learned_bias and cpu:

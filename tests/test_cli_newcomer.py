@@ -110,3 +110,27 @@ def test_results_with_a_folder_holding_no_store_is_an_error(tmp_path, capsys):
     assert main(["results", "--stores", str(tmp_path / "stores"), "--write", str(tmp_path / "p.md")]) == 2
     assert "no store of any suite" in capsys.readouterr().err
     assert not (tmp_path / "p.md").exists()
+
+
+def test_the_terminal_warns_when_a_task_was_not_learned(tmp_path, capsys):
+    from posenc.bench.store import open_store
+    from posenc.bench.suites import load_suite
+
+    job = load_suite("shaw-k").jobs()[0]
+    record = {
+        "key": job.key,
+        "config": job.config.as_dict(),
+        "metric": "accuracy",
+        "higher_is_better": True,
+        "metrics": {"16": 0.51, "32": 0.5, "64": 0.5},  # adjacent's chance is 50 %
+        "curve": [[1, 0.7]],
+        "train_seconds": 1.0,
+        "label": job.label,
+        "suite": "shaw-k",
+    }
+    with open_store(tmp_path / "results.sqlite") as store:
+        store.add(record)
+    assert main(["bench", "--report-only", "--out", str(tmp_path)]) == 0
+    got = capsys.readouterr()
+    assert "posenc bench: warning: no encoding learned task 'adjacent' in distribution" in got.err
+    assert "**Verdict:** only shaw k=0 was run" in got.out and "No encoding learned the task" in got.out

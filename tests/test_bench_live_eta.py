@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
+
 from posenc.bench.live import LiveBoard
 from posenc.bench.runner import Job, RunConfig
 
@@ -59,14 +61,16 @@ def test_the_eta_weighs_the_runs_left_by_their_task_and_encoding():
     assert _seconds(etas[-1]) == 5 * 10 + 30
 
 
-def test_a_task_not_seen_yet_is_predicted_from_the_others():
-    jobs = [Job(RunConfig(task="order", encoding=e, seed=0, steps=10)) for e in ("rope", "alibi", "t5")]
+def test_an_encoding_or_task_not_seen_yet_is_predicted_by_its_steps_and_batch():
+    jobs = [Job(RunConfig(task="order", encoding=e, seed=0, steps=10, batch_size=8)) for e in ("rope", "alibi")]
+    # adjacent as the quick suite runs it: more steps and a larger batch than order
+    jobs.append(Job(RunConfig(task="adjacent", encoding="rope", seed=0, steps=40, batch_size=16)))
     stream, clock = io.StringIO(), _Clock()
     board = LiveBoard(jobs, _EmptyStore(), progress=True, live=True, per_step=False, stream=stream, clock=clock)
     clock.now += 12
     board.finished(jobs[0], _record(jobs[0], 0.9))
-    # alibi and t5 on order: no run of theirs yet, the task's cost per step (1.2 s) × 10 steps each
-    assert board.eta() == 24
+    # 12 s for 10 steps × 8 examples: 0.15 s per example; alibi on order 80 examples, adjacent 640
+    assert board.eta() == pytest.approx(0.15 * 80 + 0.15 * 640)
 
 
 def test_a_run_at_chance_says_so_on_its_line():

@@ -8,8 +8,9 @@ the current leaders of its task (mean over the seeds finished so far), e.g.::
     [ 7/24] order/rope/seed0  L=16 99.6  L=32 97.3  L=64 88.1  (11.2 s)  | order: rope 92.7 > t5 90.1 > learned 71.0
 
 and, without a bar, the time left: ``ETA 0:02:48`` weighs each run left by its measured cost: the
-mean wall time of the finished runs of the same task and encoding, else of the same task (scaled by
-the runs' steps), else of every finished run; their sum / the runs that go in parallel (``workers``).
+mean wall time of the finished runs of the same task and encoding, else the cost per trained example
+(steps × batch) of the same task's runs, else of every finished run, times the run's own steps × batch;
+their sum / the runs that go in parallel (``workers``).
 A run that did not learn its task in distribution (at chance: :func:`posenc.bench.report.run_learned`)
 says so at the end of its line.
 """
@@ -136,14 +137,13 @@ class LiveBoard:
 
     def predicted(self, job: Job) -> float:
         """The wall time ``job`` is expected to take: the mean of the finished runs of its task and encoding, else
-        of its task (per step, times its steps), else of every finished run."""
+        the cost per trained example (step × batch) of its task's finished runs, else of every finished run,
+        times its own steps × batch."""
         same = self.cost.get((job.config.task, job.label))
         if same:
             return statistics.fmean(same)
-        per_step = self.task_cost.get(job.config.task)
-        if per_step:
-            return statistics.fmean(per_step) * max(1, job.config.steps)
-        return statistics.fmean(self.durations)
+        per_unit = self.task_cost.get(job.config.task) or [c for cs in self.task_cost.values() for c in cs]
+        return statistics.fmean(per_unit) * _units(job)
 
     def eta(self) -> float | None:
         """Seconds left: the predicted wall time of each run left (:meth:`predicted`, by its measured cost) summed,
@@ -189,7 +189,7 @@ class LiveBoard:
         started = self.finish_times[k - self.workers] if k >= self.workers else self.t0
         self.durations.append(now - started)
         self.cost[(job.config.task, job.label)].append(now - started)
-        self.task_cost[job.config.task].append((now - started) / max(1, job.config.steps))
+        self.task_cost[job.config.task].append((now - started) / _units(job))
         self.finish_times.append(now)
         self.n_done += 1
         if self.bar is not None and self.per_step:  # a run that stopped early: count its remaining steps
@@ -243,6 +243,11 @@ class LiveBoard:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _units(job: Job) -> int:
+    """The work of a run in trained examples: steps × batch (what the ETA scales a task's measured cost by)."""
+    return max(1, int(job.config.steps)) * max(1, int(job.config.batch_size or 1))
 
 
 def _is_terminal(stream: Any) -> bool:

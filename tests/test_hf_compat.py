@@ -439,6 +439,25 @@ def test_patching_a_peft_wrapped_model_trains_the_encoding_with_the_adapters():
     assert params and all(p.requires_grad and p.grad is not None for p in params)
 
 
+def test_peft_modules_to_save_on_the_patch_is_refused_and_merge_and_unload_keeps_it(tmp_path):
+    peft = pytest.importorskip("peft")
+    model = llama()
+    hf.patch(model, "t5")
+    lora = peft.LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["posenc"])
+    with pytest.raises(ConfigError, match=r"posenc was replaced .*modules_to_save"):
+        peft.get_peft_model(model, lora)(tokens())  # PEFT's copy would train nothing the hooks use
+    model = llama()
+    hf.patch(model, "t5")
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    x = tokens()
+    want = wrapped(x).logits
+    merged = wrapped.merge_and_unload()
+    merged.save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert hf.patched(back).name == "t5"
+    torch.testing.assert_close(back(x).logits, want, atol=1e-5, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------ dtypes
 HALF_REFUSED = {"deberta", "contextual-2"}  # they project with the model's own half-precision q_proj / k_proj
 

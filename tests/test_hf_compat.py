@@ -265,6 +265,20 @@ def test_attention_dropout_is_applied_while_training_only():
     torch.testing.assert_close(c, d, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["t5", "fire", "shaw", "xpos"])
+def test_gradient_checkpointing_gives_the_gradients_of_a_plain_backward(name):
+    plain, ckpt = llama().train(), llama().train()
+    hf.patch(plain, name)
+    hf.patch(ckpt, name)
+    ckpt.load_state_dict(plain.state_dict())
+    ckpt.gradient_checkpointing_enable()  # crashed: the recomputed layer found the other layers' memo
+    x = tokens()
+    plain(x, labels=x).loss.backward()
+    ckpt(x, labels=x).loss.backward()
+    for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-6, rtol=1e-5, msg=n)
+
+
 # ------------------------------------------------------------------------------------------ caches
 def mistral_sliding() -> MistralForCausalLM:
     return build(MistralForCausalLM, MistralConfig(**{**DEC, "max_position_embeddings": 64}, sliding_window=4))
@@ -278,6 +292,13 @@ def test_every_cache_gives_the_tokens_of_no_cache(make, name, cache):
     hf.patch(model, name)
     prompt = tokens(b=1, n=6)
     assert torch.equal(greedy(model, prompt, cache_implementation=cache), greedy(model, prompt, use_cache=False))
+
+
+def test_beam_search_with_the_cache_gives_the_beams_without_it():
+    model = llama()
+    hf.patch(model, "alibi")
+    prompt = tokens(b=1, n=5)
+    assert torch.equal(greedy(model, prompt, 6, num_beams=3), greedy(model, prompt, 6, num_beams=3, use_cache=False))
 
 
 def test_static_cache_with_left_padding_matches_each_prompt_alone():

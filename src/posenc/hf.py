@@ -242,6 +242,8 @@ class PosencPatch(nn.Module):
         self.positions: Tensor | None = None  # of the forward in progress (after the `positions` hook)
         self.cache_sizes: dict[int, tuple[int, int, int]] | None = None  # layer -> (q start, k start, k count)
         self.forward_cache: dict = {}
+        self.checkpointing = False  # gradient checkpointing while training: each layer its own memo
+        self.first_cache: dict | None = None  # the memo as the forward's positions left it (checkpointing)
         self.embedded = False
         self.warned_frozen = False
         self.model_dtype: torch.dtype = torch.float32  # the model's dtype the encodings were settled for
@@ -695,6 +697,10 @@ def _before_forward(model: nn.Module, state: PosencPatch, sig: inspect.Signature
         if maps:
             pos = enc.positions(pos.expand(x.shape[0], -1) if module.training else pos, module.training)
         state.positions = pos
+        # gradient checkpointing recomputes each layer in the backward: a memo another layer filled would make the
+        # recomputation save other tensors than the forward did, so each layer then starts from this forward's own
+        state.checkpointing = bool(module.training and getattr(model, "is_gradient_checkpointing", False))
+        state.first_cache = dict(state.forward_cache) if state.checkpointing else None
         if ids is None and embeds is not None and "embed" in enc.hooks():
             if enc.requires_tokens:
                 raise ConfigError(f"{state.name} needs the token ids; pass input_ids, not inputs_embeds")
@@ -875,7 +881,7 @@ def posenc_attention(
         key = key.repeat_interleave(h // key.shape[1], dim=1)
         value = value.repeat_interleave(h // value.shape[1], dim=1)
     lk = key.shape[2]
-    cache = state.forward_cache
+    cache = dict(state.first_cache) if state.checkpointing and state.first_cache is not None else state.forward_cache
     pos = state.positions
     sizes = state.cache_sizes.get(core.layer) if state.cache_sizes else None
     by_position = False

@@ -219,15 +219,24 @@ def _dtype_check(dtype: torch.dtype) -> Callable[[Callable[[], Any]], None]:
 
 
 def training(make: Callable[[], Any]) -> None:
-    """t5 while training: gradients reach the encoding's parameters."""
+    """t5 while training: gradients reach the encoding's parameters, and with gradient checkpointing on they are
+    the gradients of a plain backward."""
     import posenc.hf as hf
 
-    model = _build(make).train()
-    hf.patch(model, "t5")
-    out = _out(model, _tokens(2, 10))
-    out.float().pow(2).mean().backward()
-    params = list(hf.patched(model).parameters())
-    assert params and all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    x = _tokens(2, 10)
+    grads = []
+    for checkpointing in (False, True):
+        model = _build(make).train()
+        hf.patch(model, "t5")
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        torch.manual_seed(0)
+        _out(model, x).float().pow(2).mean().backward()
+        params = list(hf.patched(model).parameters())
+        assert params and all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+        grads.append([p.grad for p in params])
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), "gradient checkpointing changes the encoding's gradients"
 
 
 def auto_save_load(make: Callable[[], Any]) -> None:
@@ -300,7 +309,7 @@ FEATURES: dict[str, Callable[[Callable[[], Any]], None]] = {
     "t5 in bf16": _dtype_check(torch.bfloat16),
     "t5 in fp16": _dtype_check(torch.float16),
     "t5 in fp64": _dtype_check(torch.float64),
-    "t5 training": training,
+    "t5 training (+ checkpointing)": training,
     "fire: save + Auto load": auto_save_load,
     "alibi: set_attn_implementation": attn_switch,
     "t5 under PEFT LoRA": peft_lora,

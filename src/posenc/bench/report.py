@@ -552,7 +552,8 @@ def verdict(sub: list[dict[str, Any]]) -> str:
             else:
                 text = (
                     f"{a} and {b} are not separable: {a} leads by {_amount(gap, metric)} ({vs}), but the 95% "
-                    f"paired interval of the difference over {n} seeds, {ci}, includes 0."
+                    f"paired interval of the difference over {n} seeds, {ci}, includes 0"
+                    + (" (two seeds give a wide interval: more seeds narrow it)." if n == 2 else ".")
                 )
     learned = [r.get("learned") for r in sub]
     if learned and all(x is False for x in learned):
@@ -576,7 +577,10 @@ def learning_warnings(rows: list[dict[str, Any]]) -> list[str]:
         elif weak:
             out.append(
                 f"{task}: did not learn in distribution (at chance; their extrapolation means little): "
-                + ", ".join(f"{r['label']} ({_fmt(r['in_distribution'], r['metric'])})" for r in weak)
+                + ", ".join(
+                    f"{r['label']} ({_fmt(r['in_distribution'], r['metric'])}{' %' if _pct(r['metric']) else ''})"
+                    for r in weak
+                )
             )
     return out
 

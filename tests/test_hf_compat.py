@@ -479,6 +479,17 @@ def test_peft_modules_to_save_on_the_patch_is_refused_and_merge_and_unload_keeps
     torch.testing.assert_close(back(x).logits, want, atol=1e-5, rtol=0)
 
 
+def test_a_deep_copy_of_a_patched_model_says_it_must_be_patched_itself():
+    import copy
+
+    model = llama()
+    hf.patch(model, "t5")
+    twin = copy.deepcopy(model)  # its hooks would still use the original's encoding
+    with pytest.raises(ConfigError, match=r"replaced .*copy.deepcopy"):
+        twin(tokens())
+    model(tokens())  # the original is untouched
+
+
 # ------------------------------------------------------------------------------------------ dtypes
 HALF_REFUSED = {"deberta", "contextual-2"}  # they project with the model's own half-precision q_proj / k_proj
 
@@ -542,7 +553,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_a_scaling_with_no_options_takes_every_field_from_the_config(name):
     model = llama(max_position_embeddings=128, rope_parameters={"rope_theta": 10000.0, **CONFIGS[name]})
-    x = tokens(n=100)  # beyond the trained 32
+    x = tokens(n=160)  # beyond the trained 32 and the extended 128 (where dynamic scaling starts)
     want = model(x).logits
     hf.patch(model, name)  # no options: all from rope_parameters, as HF reads them
     torch.testing.assert_close(model(x).logits, want, atol=1e-5, rtol=0)

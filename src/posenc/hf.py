@@ -645,9 +645,10 @@ def _before_forward(model: nn.Module, state: PosencPatch, sig: inspect.Signature
         if module._modules.get("posenc") is not state:
             raise ConfigError(
                 f"the {state.name} patch's module at {type(module).__name__}.posenc was replaced (by PEFT's "
-                "modules_to_save, or an assignment): the hooks still use the patch's own, so the replacement would "
-                "train or load nothing. Leave 'posenc' out of modules_to_save and make its parameters trainable "
-                "instead: for p in posenc.hf.patched(model).parameters(): p.requires_grad_(True)"
+                "modules_to_save, copy.deepcopy of the model, or an assignment): the hooks still use the patch's "
+                "own, so the replacement would train or load nothing. Leave 'posenc' out of modules_to_save and make "
+                "its parameters trainable instead (for p in posenc.hf.patched(model).parameters(): "
+                "p.requires_grad_(True)); for a copy, build it unpatched and patch it, or save_pretrained and load it"
             )
         if state.cores and model.config._attn_implementation != ATTENTION_NAME:
             raise ConfigError(

@@ -134,3 +134,12 @@ def test_the_terminal_warns_when_a_task_was_not_learned(tmp_path, capsys):
     got = capsys.readouterr()
     assert "posenc bench: warning: no encoding learned task 'adjacent' in distribution" in got.err
     assert "**Verdict:** only shaw k=0 was run" in got.out and "No encoding learned the task" in got.out
+
+
+def test_a_suite_s_encodings_go_by_label_and_every_unknown_one_is_named(tmp_path, capsys):
+    argv = ["bench", "--suite", "shaw-k", "--report-only", "--out", str(tmp_path), "--encodings"]
+    assert main([*argv, "shaw k=4"]) == 0  # a label, not a registered name: fine (an empty store's report)
+    capsys.readouterr()
+    assert main([*argv, "shaw k=4", "shaw k=44", "ropee"]) == 2
+    err = capsys.readouterr().err
+    assert "'shaw k=44' (did you mean: shaw k=4" in err and "'ropee'" in err

@@ -129,14 +129,30 @@ def _suite(args: argparse.Namespace):
     from ..registry import check_names
     from .suites import Grid, _encoding, load_suite
 
-    if args.encodings and args.encodings != ["all"]:
-        check_names(args.encodings, "--encodings")  # every typo at once, each with its close matches
     if args.suite:
         if args.encoding_option:
             raise ConfigError("--encoding-option is for runs without --suite; give options in the suite file")
         suite = load_suite(args.suite)
         encodings = args.encodings
+        if encodings:  # a suite's encodings go by name or by label ("shaw k=4"): every one not in it, at once
+            have = sorted(
+                {e.name for g in suite.grids for e in g.encodings} | {e.label for g in suite.grids for e in g.encodings}
+            )
+            bad = [e for e in encodings if e not in have]
+            if bad:
+                import difflib
+
+                said = [
+                    f"{e!r}"
+                    + (f" (did you mean: {', '.join(close)}?)" if (close := difflib.get_close_matches(e, have)) else "")
+                    for e in bad
+                ]
+                raise ConfigError(
+                    f"--encodings: not in suite {suite.name!r}: {', '.join(said)}; its encodings: {', '.join(have)}"
+                )
         return suite, dict(tasks=args.tasks, encodings=encodings, seeds=args.seeds)
+    if args.encodings and args.encodings != ["all"]:
+        check_names(args.encodings, "--encodings")  # every typo at once, each with its close matches
     suite = load_suite("quick")
     # the quick suite has a grid per task (adjacent has settings of its own); the lists replace those of every grid
     grids: list[Grid] = suite.grids

@@ -288,6 +288,7 @@ def published_table(published: dict[str, Any], rows: list[dict[str, Any]] | None
     cols = published.get("columns")
     prow = published.get("rows", {})
     ours = {}
+    sub: list[dict[str, Any]] = []  # no runs yet (a report of an empty store): the paper's table alone
     if rows:
         task = published.get("task")
         sub = [r for r in rows if task is None or r["task"] == task]

@@ -7,10 +7,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shape_recorder import ShapeRecorder
 
 import posenc
+import posenc.bias.cope as cope_module
 from posenc import ConfigError, MultiHeadAttention
 from posenc.base import AttentionContext
+from posenc.bias.cope import cope_attention
 
 
 def naive_cope_attention(q, k, v, emb, *, npos_max, causal=True, gate_scale=True):
@@ -94,18 +99,21 @@ def test_non_causal_counts_all_later_keys_as_the_reference_code_without_mask():
     torch.testing.assert_close(got, att.o_proj(heads.transpose(1, 2).reshape(1, 5, 8)), rtol=1e-10, atol=1e-10)
 
 
-def attention_pair(**opts):
+def attention_pair(kernel=False, **opts):
     enc = random_cope(6, **opts)
+    if kernel:
+        enc.fused_min_pairs = 1  # the blocked kernel even at these lengths (its threshold is for speed)
     fast = MultiHeadAttention(8, 2, enc, path="fast").double()
     ref = MultiHeadAttention(8, 2, enc, path="reference").double()
     ref.load_state_dict(fast.state_dict())
     return fast, ref
 
 
+@pytest.mark.parametrize("kernel", [False, True])
 @pytest.mark.parametrize("offset", [0, 11])
 @pytest.mark.parametrize("causal", [True, False])
-def test_fast_equals_reference_with_masks_and_offsets(offset, causal):
-    fast, ref = attention_pair(causal=causal)
+def test_fast_equals_reference_with_masks_and_offsets(offset, causal, kernel):
+    fast, ref = attention_pair(kernel, causal=causal)
     x = torch.randn(2, 9, 8, dtype=torch.float64)
     pos = torch.arange(offset, offset + 9)[None].repeat(2, 1)
     pos[1] += 4
@@ -215,3 +223,228 @@ def test_a_decoding_step_computes_q_k_once_for_the_gates_and_the_scores(monkeypa
     assert seen and all(seen)  # every decoding step's gates reused the kernel's q·kᵀ
     assert all(b.attn.last_plan.kernel == "materialised" for b in model.trunk.blocks)
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)
+
+
+# ---------------------------------------------------------------- the blocked kernel (cope_attention)
+def formula(q, k, v, emb, scale, npos_max, gate_scale, causal=False, gate_end=None, mask=None):
+    """The CoPE attention as written, materialised: ``[B, H, Lq, Lk]`` gates, positions and logits."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    allowed = torch.ones(b, h, lq, lk, dtype=torch.bool)
+    if causal:
+        allowed &= torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+    if mask is not None:
+        allowed &= mask
+    counts = allowed.clone()
+    if gate_end is not None:
+        counts &= torch.arange(lk)[None, None, None, :] < gate_end[:, None, :, None]
+    qk = q @ k.transpose(-1, -2)
+    gates = torch.sigmoid(gate_scale * qk) * counts
+    p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos_max - 1)  # p_ij = sum_{t >= j} g_it
+    lo = p.floor()
+    w = p - lo
+    table = emb.t()  # e[m] = table[m], [npos_max, Dh]
+    e = w[..., None] * table[p.ceil().long()] + (1 - w[..., None]) * table[lo.long()]  # [B, H, Lq, Lk, Dh]
+    logits = scale * qk + (q[..., None, :] * e).sum(-1)
+    logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+    return torch.softmax(logits, -1) @ v
+
+
+def kernel_case(draw_or_seed, b, h, lq, extra, d, npos, causal, gate_end, mask, gate_scale):
+    g = torch.Generator().manual_seed(draw_or_seed)
+    lk = lq + extra
+    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64, generator=g) for n in (lq, lk, lk))
+    emb = torch.randn(d, npos, dtype=torch.float64, generator=g)
+    ends = torch.randint(0, lk + 1, (b, lq), generator=g) if gate_end else None
+    allowed = None
+    if mask:  # a mask per query row, or one key-padding row for all of them
+        allowed = torch.rand(b, 1, lq if draw_or_seed % 2 else 1, lk, generator=g) > 0.3
+        allowed[..., 0] = True  # every row sees a key (a row that sees none is zeroed by the attention)
+    return q, k, v, emb, dict(npos_max=npos, gate_scale=gate_scale, causal=causal, gate_end=ends, mask=allowed)
+
+
+class rows_per_block:
+    """Blocks of ``n`` query rows and windows from ``2·npos_max`` keys inside the ``with`` (small blocks and
+    windows at small lengths: many blocks, windows shorter than the keys, and their fallbacks)."""
+
+    def __init__(self, n, margin=0):
+        self.n, self.margin = n, margin
+
+    def __enter__(self):
+        self.before = cope_module.BLOCK_ROWS, cope_module.WINDOW_MARGIN
+        cope_module.BLOCK_ROWS, cope_module.WINDOW_MARGIN = self.n, self.margin
+
+    def __exit__(self, *exc):
+        cope_module.BLOCK_ROWS, cope_module.WINDOW_MARGIN = self.before
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(1, 2),
+    h=st.integers(1, 3),
+    lq=st.integers(1, 40),
+    extra=st.integers(0, 12),
+    d=st.integers(1, 6),
+    npos=st.integers(2, 9),
+    causal=st.booleans(),
+    gate_end=st.booleans(),
+    mask=st.booleans(),
+    gate_scale=st.sampled_from([0.3, 1.0, -4.0, 6.0]),  # gates near 1/2, near 0 or 1: windows short and long
+    rows=st.sampled_from([1, 3, 8, 128]),
+)
+def test_kernel_equals_the_formula_values_and_gradients(
+    seed, b, h, lq, extra, d, npos, causal, gate_end, mask, gate_scale, rows
+):
+    q, k, v, emb, opts = kernel_case(seed, b, h, lq, extra, d, npos, causal, gate_end, mask, gate_scale)
+    leaves = [t.requires_grad_() for t in (q, k, v, emb)]
+    with rows_per_block(rows):
+        got = cope_attention(q, k, v, emb, 0.7, **opts)
+        expect = formula(q, k, v, emb, 0.7, **opts)
+        torch.testing.assert_close(got, expect, rtol=1e-10, atol=1e-10)
+        dout = torch.randn(got.shape, dtype=got.dtype, generator=torch.Generator().manual_seed(seed + 1))
+        for a, e in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(expect, leaves, dout)):
+            torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "causal,gate_end,mask,gate_scale",
+    [(True, False, False, 0.5), (False, False, False, 0.5), (True, True, True, 2.0), (False, True, True, -3.0)],
+)
+def test_kernel_gradcheck(causal, gate_end, mask, gate_scale):
+    """Every block of 2 rows, windows from 4 keys (npos_max 2): the hand-written backward against finite
+    differences."""
+    q, k, v, emb, opts = kernel_case(7, 1, 2, 9, 2, 2, 2, causal, gate_end, mask, gate_scale)
+    with rows_per_block(2):
+        assert torch.autograd.gradcheck(  # fast mode: random directions, a few evaluations
+            lambda *t: cope_attention(*t, 0.8, **opts),
+            [t.requires_grad_() for t in (q, k, v, emb)],
+            fast_mode=True,
+            atol=1e-7,
+            rtol=1e-5,
+        )
+
+
+def test_kernel_window_past_which_positions_are_clamped():
+    """Long rows, few embeddings: each block computes its gates on a window from its rows' diagonal only, and the
+    answer is still the formula's (the keys past it all sit at the last embedding)."""
+    q, k, v, emb, opts = kernel_case(3, 1, 2, 300, 0, 4, 4, True, False, False, 1.0)
+    leaves = [t.requires_grad_() for t in (q, k, v, emb)]
+    with rows_per_block(32, margin=cope_module.WINDOW_MARGIN):
+        got = cope_attention(q, k, v, emb, 0.5, **opts)
+        skewed = [w for skew, w in got.grad_fn.windows if skew]
+        assert skewed and max(skewed) < 300 // 2  # most blocks: a window of its own, far shorter than the keys
+        expect = formula(q, k, v, emb, 0.5, **opts)
+        torch.testing.assert_close(got, expect, rtol=1e-10, atol=1e-10)
+        dout = torch.randn(got.shape, dtype=got.dtype, generator=torch.Generator().manual_seed(0))
+        for a, e in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(expect, leaves, dout)):
+            torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-9)
+
+
+def test_kernel_never_holds_a_query_by_key_tensor():
+    """Memory O(rows · Lk) per (batch, head): no tensor of the forward or backward has Lq·Lk entries per head."""
+    b, h, length, d = 1, 2, 256, 4
+    q, k, v, emb, opts = kernel_case(5, b, h, length, 0, d, 8, True, False, False, 1.0)
+    leaves = [t.requires_grad_() for t in (q, k, v, emb)]
+    with rows_per_block(16), ShapeRecorder() as rec:
+        out = cope_attention(q, k, v, emb, 0.5, **opts)
+        torch.autograd.grad(out.square().sum(), leaves)
+    biggest = max(math.prod(s) for s in rec.shapes)
+    assert biggest <= b * h * 16 * length < b * h * length * length // 8, biggest
+
+
+def test_blocked_attention_equals_the_logits_hook_at_another_temperature():
+    """A transformers model's ``scaling`` may differ from 1/√d: the kernel then gives what logits() gives."""
+    enc = random_cope(5)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 12, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    pos = torch.arange(12)[None]
+    ctx = AttentionContext(q_pos=pos, k_pos=pos, n_heads=2, head_dim=4)
+    run = enc.blocked_attention(ctx)
+    assert run is not None
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()
+    for scale in (0.5, 0.13):
+        got = run(q, k, v, scale, True, None)
+        logits = (q @ k.transpose(-1, -2) + enc.logits(q, k, ctx).detach()) * scale
+        expect = torch.softmax(logits.masked_fill(~causal, -math.inf), -1) @ v
+        torch.testing.assert_close(got, expect, rtol=1e-10, atol=1e-10)
+
+
+def test_blocked_attention_declines_keys_out_of_position_order_and_the_reference_path():
+    enc = random_cope(5)
+    pos = torch.arange(6)[None]
+    shuffled = torch.tensor([[0, 2, 1, 3, 4, 5]])
+    assert enc.blocked_attention(AttentionContext(q_pos=pos, k_pos=pos, n_heads=1, head_dim=4)) is not None
+    assert enc.blocked_attention(AttentionContext(q_pos=pos, k_pos=shuffled, n_heads=1, head_dim=4)) is None
+    assert enc.blocked_attention(AttentionContext(q_pos=pos, k_pos=pos, n_heads=1, head_dim=4, reference=True)) is None
+    # keys out of order: the plan falls back to the materialised logits, with the same numbers as the reference
+    fast, ref = attention_pair(kernel=True)
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    got = fast(x, positions=shuffled)
+    assert fast.last_plan.kernel != "own-blocked"
+    torch.testing.assert_close(got, ref(x, positions=shuffled), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_takes_the_kernel_and_equals_the_naive_loop(causal):
+    enc = random_cope(4, causal=causal)
+    enc.fused_min_pairs = 1
+    att = MultiHeadAttention(8, 2, enc).double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    with rows_per_block(4):
+        got = att(x, causal=causal)
+    assert att.last_plan.kernel == "own-blocked"
+    q, k, v = (att._split(p(x)) for p in (att.q_proj, att.k_proj, att.v_proj))
+    emb = enc.pos_emb.detach().double()
+    heads = torch.stack(
+        [
+            torch.stack(
+                [naive_cope_attention(q[b, h], k[b, h], v[b, h], emb, npos_max=4, causal=causal)[1] for h in range(2)]
+            )
+            for b in range(2)
+        ]
+    )
+    # (the naive loop's causal=False is the reference code without a mask: every key attends and counts)
+    torch.testing.assert_close(got, att.o_proj(heads.transpose(1, 2).reshape(2, 11, 8)), rtol=1e-10, atol=1e-10)
+
+
+def test_language_model_training_step_takes_the_kernel_and_equals_the_reference_model():
+    torch.manual_seed(0)
+    fast = posenc.LanguageModel(20, encoding="cope", d_model=16, n_heads=2, n_layers=2, max_len=64).double()
+    ref = posenc.LanguageModel(20, encoding="cope", d_model=16, n_heads=2, n_layers=2, max_len=64, path="reference")
+    ref = ref.double()
+    with torch.no_grad():
+        for p in fast.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    ref.load_state_dict(fast.state_dict())
+    for m in fast.modules():
+        if isinstance(m, cope_module.CoPE):
+            m.fused_min_pairs = 1
+    tokens = torch.randint(0, 20, (2, 30))
+    losses = [m.loss(tokens) for m in (fast, ref)]
+    assert all(b.attn.last_plan.kernel == "own-blocked" for b in fast.trunk.blocks)
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-10, atol=1e-12)
+    for (name, a), b in zip(fast.named_parameters(), torch.autograd.grad(losses[1], list(ref.parameters()))):
+        (ga,) = torch.autograd.grad(losses[0], [a], retain_graph=True)
+        torch.testing.assert_close(ga, b, rtol=1e-8, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (dict(k=torch.zeros(1, 1, 3, 5)), "must be \\[B, H, Lq\\|Lk, Dh\\]"),
+        (dict(causal=True, k=torch.zeros(1, 1, 2, 4), v=torch.zeros(1, 1, 2, 4)), "Lk=2 < Lq=3"),
+        (dict(emb=torch.zeros(4, 7)), "emb must be \\[head_dim=4, npos_max=5\\], got \\(4, 7\\)"),
+        (dict(npos_max=1), "npos_max must be an integer >= 2, got 1"),
+        (dict(gate_end=torch.zeros(1, 4, dtype=torch.long)), "gate_end must be \\[1\\|1, Lq=3\\]"),
+        (dict(gate_end=torch.zeros(1, 3)), "gate_end must hold integers"),
+        (dict(mask=torch.ones(1, 1, 3, 3)), "mask must be booleans"),
+        (dict(mask=torch.ones(1, 1, 3, 4, dtype=torch.bool)), "mask must be \\[1\\|1, 1\\|1, 3\\|1, 3\\]"),
+    ],
+)
+def test_kernel_bad_input(args, match):
+    call = dict(q=torch.zeros(1, 1, 3, 4), k=torch.zeros(1, 1, 3, 4), v=torch.zeros(1, 1, 3, 4))
+    call.update(emb=torch.zeros(4, 5), scale=0.5, npos_max=5, gate_scale=0.5)
+    call.update(args)
+    with pytest.raises(ConfigError, match=match):
+        cope_attention(**call)

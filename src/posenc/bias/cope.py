@@ -179,7 +179,7 @@ class CoPE(PositionalEncoding):
             # as logits(): gates from the encoding's own temperature, the position term added after the
             # attention's (a transformers model's ``scaling`` may differ from 1/√d: the term is then scaled by
             # scale / own, as logits() returning term / own is)
-            table = emb if scale == own else emb * (scale / own)
+            table = emb.to(q.dtype) if scale == own else emb.to(q.dtype) * (scale / own)
             gs = own if gate_scale else 1.0
             return cope_attention(
                 q, k, v, table, scale, npos_max=npos, gate_scale=gs, causal=causal, gate_end=gate_end, mask=mask
@@ -192,6 +192,9 @@ class CoPE(PositionalEncoding):
 # 16) where B·H·rows·Lk would pass BLOCK_ELEMENTS (64 MB of float32 per tensor; a handful are alive at once)
 BLOCK_ROWS = 128
 BLOCK_ELEMENTS = 2**24
+# a block's first window of gates: 2·npos_max + WINDOW_MARGIN keys (gates near 1/2 reach npos_max - 1 in about
+# 2·npos_max), grown by half (at least WINDOW_MARGIN) until every row's position is clamped at its end
+WINDOW_MARGIN = 64
 
 
 def _rows(b: int, h: int, lq: int, lk: int) -> int:
@@ -218,13 +221,16 @@ class _Block:
         self.ke = ke = r1 + lk - lq if causal else lk
         # query r0 + i may see key j <= r0 + i + Lk - Lq: column u = ke - 1 - j, excluded where u < n - 1 - i
         self.square = torch.ones(n, n, dtype=torch.bool, device=device).triu_(1).flip(1) if causal else None
-        self.keys_off = None if mask is None else ~mask[:, :, r0:r1, :ke].flip(-1)
+        rows = slice(r0, r1) if mask is not None and mask.shape[2] > 1 else slice(None)  # (or one row for all)
+        self.keys_off = None if mask is None else ~mask[:, :, rows, :ke].flip(-1)
         gates_off = self.keys_off
         if gate_end is not None:
             # gates count for keys j < gate_end[i]: u >= ke - gate_end[i]
             cols = torch.arange(ke, device=device)
             later = (cols < (ke - gate_end[:, r0:r1, None]))[:, None]  # [B|1, 1, n, ke]
             gates_off = later if gates_off is None else gates_off | later
+        if gates_off is not None:  # one mask row per query row, contiguous: its windows are strided views
+            gates_off = gates_off.expand(*gates_off.shape[:2], n, ke).contiguous()
         self.gates_off = gates_off
 
 
@@ -234,6 +240,8 @@ def _window(t: Tensor, n: int, width: int, skew: bool) -> Tensor:
     if not skew:
         return t[..., :width]
     st = t.stride()
+    if t.shape[-2] != n or st[-1] != 1 or st[-2] != t.shape[-1]:
+        raise RuntimeError(f"a skewed window needs a row-contiguous [.., {n}, ke] tensor, got {tuple(t.shape)} {st}")
     return t.as_strided((*t.shape[:-1], width), (*st[:-2], st[-2] - 1, 1), t.storage_offset() + n - 1)
 
 
@@ -263,7 +271,7 @@ def _block_logits(
     no gradient to the gates either), a constant of the row that the softmax does not see. So the gates, their
     sum and the interpolation are computed on a window of columns only, each row's starting at its diagonal key
     where the block is causal (``skew``): the window is found here (``window=None``: growing from
-    ``2·npos_max + 64`` columns until every row is clamped at its last one) or given (the backward takes the
+    ``2·npos_max + WINDOW_MARGIN`` columns until every row is clamped at its last one) or given (the backward takes the
     forward's). Exact, not an approximation: the columns past it are the clamped ones. Its width depends on the
     gates (about ``2·npos_max`` where they are near ½, all the keys where they are near 0).
     """
@@ -276,7 +284,7 @@ def _block_logits(
     if window is None:
         skew = blk.square is not None and ke - n + 1 > 0
         widest = ke - n + 1 if skew else ke
-        width = min(widest, 2 * (top + 1) + 64)
+        width = min(widest, 2 * (top + 1) + WINDOW_MARGIN)
         while True:
             sig, c = _positions(_window(a, n, width, skew), ga, blk, skew)
             if bool((c[..., -1] >= top).all()) or (width == widest and not skew):
@@ -284,7 +292,7 @@ def _block_logits(
             if width == widest:  # a skewed window cannot reach the last rows' last keys: all the columns
                 skew, widest, width = False, ke, ke
             else:
-                width = min(widest, width + max(64, width // 2))
+                width = min(widest, width + max(1, WINDOW_MARGIN, width // 2))
     else:
         skew, width = window
         sig, c = _positions(_window(a, n, width, skew), ga, blk, skew)
@@ -295,7 +303,7 @@ def _block_logits(
     # e[m + 1] - e[m], 0 past the last: the clamped positions' slope (no gradient to the gates there)
     step = torch.nn.functional.pad(z[..., 1:] - z[..., :-1], (0, 1))
     dstep = step.gather(-1, lo)
-    term = z.sub_(z[..., top : top + 1]).gather(-1, lo).addcmul_(dstep, w)  # q·e[p] - q·e[top], interpolated
+    term = (z - z[..., top : top + 1]).gather(-1, lo).addcmul_(dstep, w)  # q·e[p] - q·e[top], interpolated
     _window(a, n, width, skew).add_(term)
     fill = torch.finfo(a.dtype).min
     if blk.square is not None:
@@ -435,7 +443,7 @@ def cope_attention(
             only their gates count.
         gate_end: ``[B|1, Lq]`` integers: the gates of keys ``j >= gate_end[b, i]`` do not count (CoPE's causality
             from positions); ``None``: every key the query sees counts.
-        mask: ``[B|1, 1|H, Lq, Lk]`` booleans, ``True`` where query ``i`` may attend key ``j`` (its gate counts
+        mask: ``[B|1, 1|H, Lq|1, Lk]`` booleans, ``True`` where query ``i`` may attend key ``j`` (its gate counts
             only there too); ``None``: no mask beyond ``causal``. A row with no key gets the uniform average of
             its keys' values, as the materialised formula's (the attention zeroes it).
     """
@@ -465,10 +473,10 @@ def cope_attention(
     if mask is not None:
         if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h):
             raise ConfigError(
-                f"cope_attention: mask must be booleans [{b}|1, {h}|1, {lq}, {lk}], got {mask.dtype} "
+                f"cope_attention: mask must be booleans [{b}|1, {h}|1, {lq}|1, {lk}], got {mask.dtype} "
                 f"{tuple(mask.shape)}"
             )
-        if mask.shape[2:] != (lq, lk):
-            raise ConfigError(f"cope_attention: mask must be [{b}|1, {h}|1, {lq}, {lk}], got {tuple(mask.shape)}")
+        if mask.shape[2] not in (1, lq) or mask.shape[3] != lk:
+            raise ConfigError(f"cope_attention: mask must be [{b}|1, {h}|1, {lq}|1, {lk}], got {tuple(mask.shape)}")
     meta = (float(scale), float(gate_scale), npos_max - 1, bool(causal), gate_end, mask)
     return _CoPEAttention.apply(meta, q, k, v, emb.to(q.dtype))

@@ -118,6 +118,11 @@ class Verdict:
     evidence: str
 
 
+def _mult(n: int, trained: int) -> str:
+    """``n`` tokens as a multiple of the trained length, to one decimal (the last position is ``tokens - 1``)."""
+    return f"{round(n / trained, 1):g}L"
+
+
 def _fmt(x: float | None) -> str:
     return "—" if x is None else (f"{x:.1f}" if x >= 100 else f"{x:.2f}")
 
@@ -162,7 +167,7 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
         v = "reproduced" if worse_in and better_out else "partly" if worse_in or better_out else "not reproduced"
         out.append(Verdict(
             "PI without fine-tuning: worse inside L, smoother past it", "Chen et al. 2023", v,
-            f"{doc}: inside L {_fmt(p_in)} vs as trained {_fmt(a_in)}; over L..{far / L:g}L {_fmt(p_out)} vs "
+            f"{doc}: inside L {_fmt(p_in)} vs as trained {_fmt(a_in)}; over L..{_mult(far, L)} {_fmt(p_out)} vs "
             f"{_fmt(a_out)}",
         ))
 
@@ -179,7 +184,7 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
         v = "reproduced" if len(wins) == len(ntk_like) else "partly" if wins else "not reproduced"
         out.append(Verdict(
             "NTK-aware and dynamic NTK beat PI without fine-tuning", "bloc97 2023; Peng et al. 2023", v,
-            f"{doc}, perplexity over L..{reach / L:g}L: PI {_fmt(beyond['rope-linear'])}, "
+            f"{doc}, perplexity over L..{_mult(reach, L)}: PI {_fmt(beyond['rope-linear'])}, "
             + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ntk_like),
         ))
     if "rope-yarn" not in beyond or len(beyond) < 2:
@@ -191,7 +196,7 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
         v = "reproduced" if rank == 1 else "partly" if rank <= 2 else "not reproduced"
         out.append(Verdict(
             "YaRN is the best scaling without fine-tuning", "Peng et al. 2023", v,
-            f"{doc}, perplexity over L..{reach / L:g}L, best first: "
+            f"{doc}, perplexity over L..{_mult(reach, L)}, best first: "
             + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ranked),
         ))
 
@@ -256,7 +261,7 @@ def plot_losses(records: Sequence[dict[str, Any]], path: Path, window_tokens: in
                 fontsize=8, color="grey")
         ax.set_xlabel("position (tokens)")
         ax.set_ylabel(f"next-token loss (nats; mean over the last {window_tokens} tokens)")
-        ax.set_title(f"{doc}: loss against position, no fine-tuning", fontsize=10)
+        ax.set_title(f"{doc}: the loss of each position in one forward", fontsize=10)
         top = max(max(r["loss_bins"][: max(1, trained // r["bin"])]) for r in curves.values())
         ax.set_ylim(bottom=0, top=max(top * 2.2, 1.0))  # a blown-up curve leaves the axis rather than squash the rest
         ax.grid(alpha=0.3)
@@ -286,9 +291,11 @@ def plot_passkey(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
     lengths = sorted({n for c in grid.values() for n, _ in c})
     depths = sorted({d for c in grid.values() for _, d in c})
     trained = next(r["trained_length"] for r in records if r.get("kind") == "passkey")
-    cols = min(len(names), 4)
+    cols = min(len(names), 3)
     rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols + 1.2, 2.6 * rows + 0.8), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.6 * cols + 1.4, 2.7 * rows + 0.9), squeeze=False, layout="constrained"
+    )
     image = None
     for k, ax in enumerate(axes.flat):
         if k >= len(names):
@@ -310,14 +317,19 @@ def plot_passkey(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
             ax.axvline(beyond[0] - 0.5, color="black", lw=1.5, ls="--")
         factor = next(iter(cells.values())).get("factor")
         ax.set_title(label(s, factor), fontsize=9)
-        ax.set_xlabel("context length (tokens)", fontsize=8)
-        ax.set_ylabel("depth of the key", fontsize=8)
+        if k + cols >= len(names):  # the lowest panel of its column
+            ax.set_xlabel("context length (tokens)", fontsize=8)
+        if k % cols == 0:
+            ax.set_ylabel("depth of the key", fontsize=8)
     if image is not None:
-        bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+        bar = fig.colorbar(image, ax=axes, shrink=0.8)
         bar.set_label("share of the key's tokens right (✓ all right)", fontsize=8)
-    fig.suptitle(f"passkey retrieval, one example per cell; dashed: the trained context L = {trained}", fontsize=10)
+    fig.suptitle(
+        f"passkey retrieval, no fine-tuning: one example per cell; dashed: the trained context L = {trained}",
+        fontsize=10,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -330,7 +342,7 @@ def ppl_table(records: Sequence[dict[str, Any]]) -> list[str]:
     for doc, curves in loss_records(records).items():
         trained = next(iter(curves.values()))["trained_length"]
         longest = max(r["tokens"] - 1 for r in curves.values())
-        lengths = table_lengths(trained, longest)
+        lengths = table_lengths(trained, longest + 1)
         head = " | ".join(f"{n / 1024:g}k" for n in lengths)
         lines += [
             f"**{doc}** ({next(iter(curves.values())).get('about', '')}): perplexity of the first n tokens, "
@@ -341,7 +353,7 @@ def ppl_table(records: Sequence[dict[str, Any]]) -> list[str]:
         ]
         for s in _order(list(curves)):
             r = curves[s]
-            cells = [_fmt(perplexity(r, 0, n)) for n in lengths]
+            cells = [_fmt(perplexity(r, 0, min(n, r["tokens"] - 1))) if n <= r["tokens"] else "—" for n in lengths]
             past = perplexity(r, trained, r["tokens"] - 1) if r["tokens"] - 1 > trained else None
             lines.append(f"| {label(s, r.get('factor'))} | " + " | ".join(cells) + f" | {_fmt(past)} |")
         lines.append("")
@@ -398,9 +410,10 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
         f"- **Model file:** {model.get('file', '?')} ({model.get('package', model.get('source', ''))}), "
         f"sha256 `{str(model.get('sha256', '?'))[:16]}…`",
         "- **What was done:** each RoPE scaling patched into the pretrained model with `posenc.hf.patch`, "
-        "no fine-tuning; the loss of every position of one long document in one chunked forward (KV cache), "
-        "and passkey retrieval (one example per length and depth). LongRoPE is its mechanism with YaRN's "
-        "per-pair factors, not a searched set.",
+        "no fine-tuning; the loss of every position of one long document in one forward (chunked through the "
+        "KV cache; whole for dynamic NTK and LongRoPE, whose frequencies follow the length), and passkey "
+        "retrieval (one example per length and depth). LongRoPE is its mechanism with YaRN's per-pair factors, "
+        "not a searched set.",
     ]
     if command:
         lines.append(f"- **Produced by:** `{command}`")

@@ -24,6 +24,7 @@ def test_each_row_of_the_matrix_is_right_or_refused(row):
 
 
 def test_docs_hf_md_holds_the_generated_matrix():
+    pytest.importorskip("peft", reason="without peft the PEFT column reads n/a: the table is made with the test extra")
     for row in hf_matrix._models():
         if row not in ROWS:  # run alone (-k): compute what the row tests above did not
             ROWS[row] = hf_matrix.row(row)

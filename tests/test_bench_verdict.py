@@ -226,3 +226,16 @@ def test_a_row_that_did_not_learn_says_so_beside_the_published_numbers():
         {"source": "a paper", "task": "order", "rows": {"rope": 27.1, "alibi": 26.0}}, leaderboard(res)
     )
     assert "| rope | 27.1 | 1 (did not learn: at chance) |" in text
+
+
+def test_the_json_files_hold_each_seed_and_strict_json(tmp_path):
+    import json
+
+    res = [
+        record("order", "learned", s, {"16": 0.99, "32": None, "32_error": "beyond the table", "64": None})
+        for s in range(2)
+    ] + [record("order", "rope", s, lengths(1.0, 0.9 - 0.1 * s)) for s in range(2)]
+    files = write_report(res, tmp_path, "t")
+    data = json.loads(files["leaderboard_json"].read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    rope = next(r for r in data["rows"] if r["label"] == "rope")
+    assert rope["per_seed"]["32"] == [0.9, 0.8] and rope["seed_scores"] == {"0": 0.9, "1": 0.8}

@@ -1215,6 +1215,8 @@ def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         d = {k: num(v) for k, v in r.items() if k not in ("values", "chance")}
         d["values"] = {k: None if v is None else {"mean": num(v[0]), "std": num(v[1])} for k, v in r["values"].items()}
         d["chance"] = {k: num(v) for k, v in r["chance"].items()}
+        d["per_seed"] = {k: [num(x) for x in xs] for k, xs in r.get("per_seed", {}).items()}
+        d["seed_scores"] = {str(k): num(v) for k, v in r.get("seed_scores", {}).items()}
         out.append(d)
     return out
 

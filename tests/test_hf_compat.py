@@ -138,6 +138,22 @@ def test_a_rotation_in_the_attention_keeps_smollm3s_layers_without_rope_without_
     assert torch.equal(greedy(model, prompt), greedy(model, prompt, use_cache=False))
 
 
+def test_layer_types_without_rope_settings_are_refused_for_a_rotary_encoding_only():
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4}, "full_attention": None},
+    )
+    with pytest.raises(ConfigError, match="none for full_attention"):
+        hf._rope_parameters_by_type(cfg, 2)
+    assert hf._rope_parameters_by_type(cfg, 2, rotary_encoding=False) == [
+        ("sliding_attention", {}), ("full_attention", {}),
+    ]
+    cfg.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}  # one set for every layer
+    assert hf._rope_parameters_by_type(cfg, 2) is None
+
+
 # ------------------------------------------------------------------------------------------ attention keywords
 def alibi_by_hand(attn, hidden, *, scaling: float, window: int | None = None, softcap: float | None = None):
     """One Llama-style attention layer with ALiBi, the formula written out (Press et al.), no rotation; soft-capped

@@ -297,15 +297,27 @@ def _rotary_dim_of(rotary: nn.Module | None, layer_type: str | None = None) -> i
     return 2 * int(inv.numel())
 
 
-def _rope_parameters_by_type(config: Any, n_layers: int) -> list[tuple[str, dict]] | None:
+def _rope_parameters_by_type(
+    config: Any, n_layers: int, rotary_encoding: bool = True
+) -> list[tuple[str, dict]] | None:
     """Each layer's (type, rope_parameters) where the model's layer types have their own RoPE settings (Gemma 3's
     sliding and global layers), else None."""
     params = getattr(config, "rope_parameters", None)
     types = getattr(config, "layer_types", None)
     if not isinstance(params, dict) or not types or len(types) < n_layers:
         return None
-    if not all(isinstance(params.get(t), dict) for t in set(types[:n_layers])):
-        return None
+    kinds = set(types[:n_layers])
+    if not any(t in params for t in kinds):
+        return None  # one set of settings for every layer
+    missing = sorted(t for t in kinds if not isinstance(params.get(t), dict))
+    if missing and not rotary_encoding:
+        return [(t, {}) for t in types[:n_layers]]
+    if missing:
+        raise ConfigError(
+            f"this model's rope_parameters are per layer type but give none for {', '.join(missing)} (layers "
+            "without RoPE): posenc.hf cannot tell which encoding those layers should get; patch a model whose layer "
+            "types all have RoPE settings"
+        )
     return [(t, params[t]) for t in types[:n_layers]]
 
 
@@ -447,7 +459,9 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
     dtype, device = _model_dtype_device(hf_model)
     attns = family.attention(base)
     rotary = family.rotary(base)
-    typed = _rope_parameters_by_type(hf_model.config, len(attns)) if rotary is not None else None
+    family_of = (resolve(encoding) if isinstance(encoding, str) else encoding).info.family
+    is_rotary = family_of == "rotary"
+    typed = _rope_parameters_by_type(hf_model.config, len(attns), is_rotary) if rotary is not None else None
     global_params = getattr(hf_model.config, "rope_parameters", None)
     if typed is not None:
         global_params = None
@@ -1053,7 +1067,7 @@ def _probe(
                 hidden = torch.zeros(1, 2, int(model.config.hidden_size), device=dev, dtype=dtype)
                 takes_type = "layer_type" in inspect.signature(rotary.forward).parameters
                 types = sorted(set(getattr(model.config, "layer_types", None) or [])) if takes_type else [None]
-                for t in types:
+                for t in (t for t in types if t is None or hasattr(rotary, f"{t}_inv_freq")):
                     rotary(hidden, pos, **({"layer_type": t} if takes_type else {}))
             if state.cores:
                 seen: set[int] = set()

@@ -181,6 +181,8 @@ def test_trains_on_a_tiny_task() -> None:
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last five / first five over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.03-0.06; no learning
+    # stays near 1
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
 
 

@@ -146,6 +146,8 @@ def test_model_layers_trains_and_longer_inputs() -> None:
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last five / first five over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.17-0.24; no learning
+    # stays near 1
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
     model.eval()
     with torch.no_grad():

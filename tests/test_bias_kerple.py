@@ -171,6 +171,8 @@ def test_model_per_layer_parameters_trains_and_extrapolates(name: str) -> None:
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last five / first five over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.10-0.17; no learning
+    # stays near 1
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
     model.eval()
     with torch.no_grad():

@@ -82,6 +82,8 @@ def test_language_model_trains_on_counting_with_rope():
         opt.step()
         first = first if first is not None else loss.item()
         last = loss.item()
+    # last / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.038-0.043; no learning stays
+    # near 1
     assert last < first * 0.3
 
 

@@ -65,7 +65,7 @@ def _train(encoding: str, causal: bool) -> float:
     torch.manual_seed(0)
     model = posenc.TokenTagger(6, 2, encoding=encoding, causal=causal, d_model=16, n_heads=2, n_layers=1, d_ff=16)
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
-    for _ in range(60):
+    for _ in range(150):
         x, y = _batch(16)
         loss = F.cross_entropy(model(x)[:, 1:].reshape(-1, 2), y[:, 1:].reshape(-1))
         opt.zero_grad()
@@ -78,7 +78,9 @@ def _train(encoding: str, causal: bool) -> float:
 
 
 def test_causal_nope_learns_a_position_task_bidirectional_none_cannot() -> None:
-    assert _train("nope", causal=True) == 1.0
+    # 150 steps (was 60, with == 1.0: below 1 on 4 of 6 seeds). Over seeds 0-5 (the manual_seed shifted), native
+    # kernels on and off: 1.0 but one seed at 0.93. Without position no tagger beats 4/7 (the line below).
+    assert _train("nope", causal=True) >= 0.85
     assert _train("none", causal=False) <= 4 / 7 + 1e-6
 
 

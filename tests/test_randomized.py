@@ -210,6 +210,8 @@ def test_trains_and_gradients_reach_the_inner_parameters() -> None:
             assert 11 < rows <= min(8 * 11, 64)
         opt.step()
         losses.append(loss.item())
+    # last five / first five over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.17-0.23; no learning
+    # stays near 1
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
 
 

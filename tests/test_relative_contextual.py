@@ -230,12 +230,15 @@ def test_tiny_model_trains(name):
         tokens[row, a], tokens[row, b] = (1, 2) if labels[row] == 1 else (2, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
-    for _ in range(60):
+    for _ in range(150):
         loss = F.cross_entropy(model(tokens), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # 150 steps (was 60: relative-bias stalled at 0.64-0.79 of its first loss on 3 of 6 seeds). Last five / first
+    # five over seeds 0-5 (each test's torch.manual_seed shifted), native kernels on and off: at most 0.001
+    # (relative-bias, contextual-2) and 0.17 (contextual-1); no learning stays near 1.
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
 
 

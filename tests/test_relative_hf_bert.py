@@ -232,13 +232,16 @@ def test_tiny_model_trains_with_its_own_table_per_layer():
         tokens[row, a], tokens[row, b] = (1, 2) if labels[row] == 1 else (2, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
-    for _ in range(60):
+    for _ in range(150):
         loss = F.cross_entropy(model(tokens), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+    # 150 steps (was 60: 0.76-0.93 of the first loss on 3 of 6 seeds). Last five / first five over seeds 0-5 (the
+    # manual_seed shifted), native kernels on and off: 0.000-0.47 (one seed sits on a plateau at 0.47, the rest
+    # below 0.01); no learning stays near 1.
+    assert sum(losses[-5:]) / 5 < 0.75 * sum(losses[:5]) / 5
 
 
 # ---------------------------------------------------------------- bad input

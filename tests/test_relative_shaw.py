@@ -280,12 +280,14 @@ def test_each_layer_has_its_own_tables_and_model_trains():
         tokens[row, a], tokens[row, b] = first, second
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
-    for _ in range(40):
+    for _ in range(150):
         loss = F.cross_entropy(model(tokens), labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # 150 steps (was 40: 0.65-0.81 of the first loss on 2 of 6 seeds). Last five / first five over seeds 0-5 (the
+    # manual_seed shifted), native kernels on and off: at most 0.003; no learning stays near 1.
     assert sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
     for e in encs:
         assert e.w_K.grad is not None and e.w_V.grad is not None

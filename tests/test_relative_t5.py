@@ -208,7 +208,7 @@ def test_tiny_model_learns_previous_token() -> None:
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
-    for _ in range(50):
+    for _ in range(100):
         tokens = torch.randint(1, 8, (16, 12))
         target = torch.cat([torch.zeros(16, 1, dtype=torch.long), tokens[:, :-1]], 1)
         loss = torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 8), target.reshape(-1))
@@ -216,6 +216,8 @@ def test_tiny_model_learns_previous_token() -> None:
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # 100 steps (was 50: 0.48 on seed 0, at the threshold, and 0.52-0.78 on 3 of 6 seeds). Last five / first five
+    # over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.04-0.06; no learning stays near 1.
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
 
 

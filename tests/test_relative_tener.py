@@ -217,7 +217,9 @@ def test_tiny_tagger_learns_previous_token():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert sum(losses[-5:]) / 5 < 0.6 * losses[0]
+    # last five / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.30-0.47; no learning
+    # stays near 1
+    assert sum(losses[-5:]) / 5 < 0.75 * losses[0]
 
 
 # --------------------------------------------------------------------- errors

@@ -395,6 +395,8 @@ def test_tiny_language_model_learns():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.08-0.13; no learning stays
+    # near 1
     assert losses[-1] < 0.5 * losses[0]
 
 

@@ -325,6 +325,8 @@ def test_tiny_tagger_learns_with_segments():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.31-0.43; no learning stays
+    # near 1
     assert losses[-1] < 0.6 * losses[0]
 
 

@@ -122,6 +122,8 @@ def test_tagger_learns_a_two_d_task():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.004-0.39; no learning stays
+    # near 1
     assert losses[-1] < 0.75 * losses[0]
 
 

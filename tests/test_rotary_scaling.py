@@ -317,6 +317,8 @@ def test_language_model_trains(name):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.07-0.30 (all six scalings); no
+    # learning stays near 1
     assert losses[-1] < 0.75 * losses[0]
 
 

@@ -165,6 +165,8 @@ def test_language_model_trains():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # last / first over seeds 0-5 (the manual_seed shifted), native kernels on and off: 0.10-0.20; no learning stays
+    # near 1
     assert losses[-1] < 0.75 * losses[0]
     with torch.no_grad():  # four times the training length
         long = torch.randint(0, 10, (2, 48))

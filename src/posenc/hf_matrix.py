@@ -165,6 +165,30 @@ def _cached_equals_uncached(name: str, **generate: Any) -> Callable[[Callable[[]
     return check
 
 
+def left_padding(make: Callable[[], Any]) -> None:
+    """alibi: a left-padded row in a batch gives the logits of the row alone (an encoder: a right-padded one)."""
+    import posenc.hf as hf
+
+    model = _build(make)
+    hf.patch(model, "alibi")
+    row, other = _tokens(1, 7, seed=2), _tokens(1, 10, seed=5)
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    alone = _out(model, row)[0]
+    if model.can_generate():
+        batch = torch.cat([torch.cat([pad, row], 1), other])
+        mask = torch.ones_like(batch)
+        mask[0, :3] = 0
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        got = _out(model, batch, attention_mask=mask, position_ids=position_ids)[0, 3:]
+    else:
+        batch = torch.cat([torch.cat([row, pad], 1), other])
+        mask = torch.ones_like(batch)
+        mask[0, 7:] = 0
+        got = _out(model, batch, attention_mask=mask)[0, :7]
+    gap = float((got - alone).abs().max())
+    assert gap < 1e-4, f"a padded row differs from the row alone by {gap:.2e}"
+
+
 def quantized_cache(make: Callable[[], Any]) -> None:
     """alibi with transformers' fp8 quantized cache: every step's keys sit at the positions a dynamic cache gives
     (the fp8 values themselves are lossy, so tokens may differ)."""
@@ -303,6 +327,7 @@ FEATURES: dict[str, Callable[[Callable[[], Any]], None]] = {
     "t5 + cache": _cached_equals_uncached("t5"),
     "xpos + cache": _cached_equals_uncached("xpos"),
     "sinusoidal + cache": _cached_equals_uncached("sinusoidal"),
+    "alibi + padding": left_padding,
     "static cache": _cached_equals_uncached("alibi", cache_implementation="static"),
     "sliding-window cache": _cached_equals_uncached("alibi", cache_implementation="sliding_window"),
     "quantized cache (fp8)": quantized_cache,

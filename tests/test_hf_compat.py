@@ -495,15 +495,32 @@ def test_peft_modules_to_save_on_the_patch_is_refused_and_merge_and_unload_keeps
     torch.testing.assert_close(back(x).logits, want, atol=1e-5, rtol=0)
 
 
-def test_a_deep_copy_of_a_patched_model_says_it_must_be_patched_itself():
+@pytest.mark.parametrize("name", ["t5", "rope-yarn", "sinusoidal"])
+def test_a_deep_copy_of_a_patched_model_is_patched_with_its_own_encoding(name):
     import copy
 
     model = llama()
-    hf.patch(model, "t5")
-    twin = copy.deepcopy(model)  # its hooks would still use the original's encoding
-    with pytest.raises(ConfigError, match=r"replaced .*copy.deepcopy"):
-        twin(tokens())
-    model(tokens())  # the original is untouched
+    hf.patch(model, name, **({"factor": 2.0} if name == "rope-yarn" else {}))
+    x = tokens(n=40)
+    want = model(x).logits
+    twin = copy.deepcopy(model)  # TRL's reference model, an EMA copy ...
+    torch.testing.assert_close(twin(x).logits, want, atol=0, rtol=0)
+    assert hf.patched(twin) is not hf.patched(model)
+    torch.manual_seed(1)
+    with torch.no_grad():  # the copy's encoding is its own
+        for p in hf.patched(twin).parameters():
+            p.add_(torch.randn_like(p))
+    if list(hf.patched(twin).parameters()):
+        assert (twin(x).logits - want).abs().max() > 1e-4
+    torch.testing.assert_close(model(x).logits, want, atol=0, rtol=0)
+    hf.unpatch(twin)  # takes the copy's hooks off, not the original's
+    assert hf.patched(twin) is None and hf.patched(model) is not None
+    torch.testing.assert_close(model(x).logits, want, atol=0, rtol=0)
+    assert (twin(x).logits - want).abs().max() > 1e-4  # the copy is the plain model again
+    if name == "t5":
+        with pytest.raises(ConfigError, match="would drop the encoding"):
+            copy.deepcopy(model).set_attn_implementation("eager")  # the copy's own guard
+        assert model.config._attn_implementation == "posenc"
 
 
 # ------------------------------------------------------------------------------------------ dtypes

@@ -248,6 +248,12 @@ class PosencPatch(nn.Module):
         self.warned_frozen = False
         self.model_dtype: torch.dtype = torch.float32  # the model's dtype the encodings were settled for
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy`` of the model, pickling) leaves out what belongs to the forward in progress."""
+        out = dict(self.__dict__)
+        out.update(positions=None, forward_cache={}, first_cache=None, cache_sizes=None, handles=[])
+        return out
+
     @property
     def encoding(self) -> PositionalEncoding:
         """The encoding (the first layer's, where layers have their own)."""
@@ -574,18 +580,17 @@ def _record(model: nn.Module, state: PosencPatch, path: str) -> None:
 
 def _install(model, base, family, state, rotary, attns, in_attention) -> None:
     enc = state.encoding
-    sig = inspect.signature(base.forward)
-    before = _before_forward(model, state, sig, family.tokens(base))
+    before = _Bound(_before_forward, model, state, base, family.tokens(base))
     state.handles.append(base.register_forward_pre_hook(before, with_kwargs=True))
     if "embed" in enc.hooks():
-        state.handles.append(family.tokens(base).register_forward_hook(_add_codes(state)))
+        state.handles.append(family.tokens(base).register_forward_hook(_Bound(_add_codes, state)))
     table = family.table(base)
     if table is not None:
-        state.handles.append(table.register_forward_hook(lambda m, a, out: torch.zeros_like(out)))
+        state.handles.append(table.register_forward_hook(_Bound(_silence, state)))
         if state.name == "learned" and not state.options.get("init_std") and hasattr(enc, "weight"):
             _copy_table(enc, table)
     if rotary is not None:
-        state.handles.append(rotary.register_forward_hook(_rotary_output(state), with_kwargs=True))
+        state.handles.append(rotary.register_forward_hook(_Bound(_rotary_output, state), with_kwargs=True))
     if in_attention:
         for attn, core in zip(state.attns, state.cores, strict=True):
             object.__setattr__(attn, "_posenc_core", core)
@@ -593,10 +598,53 @@ def _install(model, base, family, state, rotary, attns, in_attention) -> None:
         _register_attention()
         state.previous_attention = model.config._attn_implementation
         type(model).set_attn_implementation(model, ATTENTION_NAME)
-        model.__dict__["set_attn_implementation"] = _guarded_set_attn_implementation(model)
+        model.__dict__["set_attn_implementation"] = _Bound(_guarded_set_attn_implementation, model, state)
 
 
-def _guarded_set_attn_implementation(model: nn.Module) -> Callable[..., Any]:
+class _Bound:
+    """A hook made by ``factory(*args)`` on its first call, holding what it acts on (the model, the patch), so
+    that ``copy.deepcopy`` of a patched model gives a copy whose hooks act on the copy's own patch."""
+
+    def __init__(self, factory: Callable[..., Callable[..., Any]], *args: Any):
+        self.factory, self.args = factory, args
+        self._fn: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fn is None:
+            self._fn = self.factory(*self.args)
+        return self._fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> _Bound:
+        import copy
+
+        return _Bound(self.factory, *copy.deepcopy(self.args, memo))
+
+    def serves(self, state: PosencPatch) -> bool:
+        return any(a is state for a in self.args)
+
+
+def _silence(state: PosencPatch) -> Callable[..., Tensor]:
+    """The hook on the model's own learned position table: zeros while patched."""
+    return lambda module, args, out: torch.zeros_like(out)
+
+
+def _remove_hooks(model: nn.Module, state: PosencPatch) -> None:
+    """Take the patch's hooks off every module of ``model`` (found by what they serve, so a copy's too)."""
+    for m in model.modules():
+        for attr in ("_forward_pre_hooks", "_forward_hooks"):
+            hooks = getattr(m, attr, None)
+            if not hooks:
+                continue
+            for key, hook in list(hooks.items()):
+                if isinstance(hook, _Bound) and hook.serves(state):
+                    del hooks[key]
+                    for extra in (
+                        "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called"
+                    ):
+                        getattr(m, extra, {}).pop(key, None)
+
+
+def _guarded_set_attn_implementation(model: nn.Module, state: PosencPatch) -> Callable[..., Any]:
     """``model.set_attn_implementation`` while an encoding acts in posenc's attention: another implementation
     would drop the encoding, so it is refused (``"posenc"`` itself is kept)."""
     original = type(model).set_attn_implementation
@@ -634,8 +682,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     if state is None:
         return model
     base, family = _base_and_family(hf_model)
-    for h in state.handles:
-        h.remove()
+    _remove_hooks(hf_model, state)
     state.handles.clear()
     for attn in family.attention(base):
         for a in ("_posenc_core", "_posenc_patch", "_posenc_projections"):
@@ -651,18 +698,18 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 # ---------------------------------------------------------------------------------------------- the hooks
-def _before_forward(model: nn.Module, state: PosencPatch, sig: inspect.Signature, tokens: nn.Module):
+def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, tokens: nn.Module):
     enc = state.encoding
+    sig = inspect.signature(base.forward)
     maps = "positions" in enc.hooks()
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if module._modules.get("posenc") is not state:
             raise ConfigError(
                 f"the {state.name} patch's module at {type(module).__name__}.posenc was replaced (by PEFT's "
-                "modules_to_save, copy.deepcopy of the model, or an assignment): the hooks still use the patch's "
-                "own, so the replacement would train or load nothing. Leave 'posenc' out of modules_to_save and make "
-                "its parameters trainable instead (for p in posenc.hf.patched(model).parameters(): "
-                "p.requires_grad_(True)); for a copy, build it unpatched and patch it, or save_pretrained and load it"
+                "modules_to_save, or an assignment): the hooks still use the patch's own, so the replacement would "
+                "train or load nothing. Leave 'posenc' out of modules_to_save and make its parameters trainable "
+                "instead: for p in posenc.hf.patched(model).parameters(): p.requires_grad_(True)"
             )
         if state.cores and model.config._attn_implementation != ATTENTION_NAME:
             raise ConfigError(

@@ -19,6 +19,8 @@ HELPS = [
     ["info", "--help"],
     ["bench", "--help"],
     ["inspect", "--help"],
+    ["extend", "--help"],
+    ["results", "--help"],
 ]
 
 # run the CLI, then report which torch modules the process holds

@@ -344,3 +344,23 @@ def test_results_page_section_from_an_exported_store(tiny, text_document, tmp_pa
     again = report.page_section(data, img_rel="results/img")
     assert again == lines and len(records) == 2 + 2 * 2
     assert report.page_section(tmp_path / "empty", img_rel="x") == []
+
+
+def test_posenc_results_puts_the_real_model_on_the_page(tiny, text_document, tmp_path):
+    """`posenc results --stores` exports posenc-results/extend-quick/extend.jsonl; the page shows its section and
+    `--check` holds from the committed data alone; a page of chosen suites leaves it out."""
+    from posenc.bench import results_page
+
+    model, tok, _ = tiny
+    stores = tmp_path / "posenc-results"
+    cfg = _tiny_config(scalings=(AS_TRAINED, "rope-yarn"), passkey_scalings=(), mode="quick")
+    extend_run.run(cfg, stores / "extend-quick", model=model, tokenizer=tok, quiet=True)
+    page = tmp_path / "docs" / "results.md"
+    out = results_page.write_page(page, stores=stores, log=lambda _: None)
+    text = page.read_text()
+    assert "## Stretching a real model's context: tiny.gguf" in text
+    assert (page.parent / "results" / "data" / "extend.jsonl") in out["exported"]
+    assert (page.parent / "results" / "img" / "extend-loss.png") in out["plots"]
+    assert results_page.check_page(page)[0]
+    only, _ = results_page.build_page(page, suites=["quick"])
+    assert "Stretching a real model" not in only

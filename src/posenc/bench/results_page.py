@@ -543,7 +543,13 @@ def section(data: SuiteData, *, img_rel: str, data_rel: str) -> list[str]:
     return out
 
 
-def render(datas: list[SuiteData], *, img_rel: str = "results/img", data_rel: str = "results/data") -> str:
+def render(
+    datas: list[SuiteData],
+    *,
+    img_rel: str = "results/img",
+    data_rel: str = "results/data",
+    data_dir: Path | None = None,
+) -> str:
     """The whole page (Markdown) of ``datas``; it depends only on them and the suite files, never on the date or
     the machine that renders it."""
     out = ["# Results", "", INTRO, "", "Regenerate it:", ""]
@@ -565,16 +571,20 @@ def render(datas: list[SuiteData], *, img_rel: str = "results/img", data_rel: st
     ]
     for d in datas:
         out += section(d, img_rel=img_rel, data_rel=data_rel)
-    out += extra_sections(img_rel=img_rel, data_rel=data_rel)
+    out += extra_sections(img_rel=img_rel, data_rel=data_rel, data_dir=data_dir)
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def extra_sections(*, img_rel: str, data_rel: str) -> list[str]:
-    """The Markdown lines of the sections after the suites': the place for the real-model section (a pretrained
-    model's context extended, ``posenc extend``). Like the suites' sections they must come from committed data
-    alone (``<data_rel>``), never from the machine or the date, so that ``posenc results --check`` holds. None
-    yet: an empty list."""
-    return []
+def extra_sections(*, img_rel: str, data_rel: str, data_dir: Path | None = None) -> list[str]:
+    """The Markdown lines of the sections after the suites': the real model's (a pretrained model's context
+    extended, ``posenc extend``: :func:`posenc.extend.report.page_section`), from ``<data_dir>/extend.jsonl``
+    alone, like the suites' sections, so that ``posenc results --check`` holds. Nothing without ``data_dir`` (a
+    page of chosen suites only)."""
+    if data_dir is None:
+        return []
+    from ..extend.report import page_section
+
+    return page_section(data_dir, img_rel=img_rel)
 
 
 def _rel(path: Path, page: Path) -> str:
@@ -599,7 +609,9 @@ def build_page(
     page = Path(page)
     ddir, idir = _dirs(page, data_dir and Path(data_dir), img_dir and Path(img_dir))
     datas = collect(suites, ddir, loaded=_loaded)
-    return render(datas, img_rel=_rel(idir, page), data_rel=_rel(ddir, page)), datas
+    # the real model's section belongs to the whole page, not to a page of chosen suites
+    extra = ddir if suites is None else None
+    return render(datas, img_rel=_rel(idir, page), data_rel=_rel(ddir, page), data_dir=extra), datas
 
 
 def write_page(
@@ -631,7 +643,15 @@ def write_page(
                 f"(posenc bench writes {STORES}/<suite>/ by default)"
             )
         found = [d.name for d in loaded if (Path(stores) / d.name / "results.sqlite").is_file()]
-        if not found:
+        real = None
+        if suites is None:  # the real model's cells (posenc extend), exported beside the suites' runs
+            from ..extend.report import export_store
+
+            real = export_store(stores, ddir)
+            if real is not None:
+                exported.append(real)
+                log(f"{stores}: the real model's cells (posenc extend) -> {real}")
+        if not found and real is None:
             raise ConfigError(
                 f"--stores {stores}: no store of any suite of the page in it (looked for "
                 + ", ".join(f"{Path(stores) / d.name / 'results.sqlite'}" for d in loaded[:3])
@@ -650,6 +670,11 @@ def write_page(
                 log(f"{store}: nothing of suite {data.name!r} stored; its data file is left as it is")
     text, datas = build_page(page, suites=suites, data_dir=ddir, img_dir=idir, _loaded=loaded)
     drawn = draw(datas, idir) if plots else []
+    if plots and suites is None and (ddir / "extend.jsonl").is_file():
+        from ..extend.report import page_section
+
+        page_section(ddir, img_rel=_rel(idir, page), img_dir=idir)
+        drawn += [p for p in (idir / "extend-loss.png", idir / "extend-passkey.png") if p.is_file()]
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text, encoding="utf-8")
     if readme is not None:

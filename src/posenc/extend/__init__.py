@@ -1,23 +1,35 @@
 """Stretch a real pretrained model's context with each RoPE scaling, measured on real text (``posenc extend``).
 
+* :mod:`.config` -- the scalings, documents and modes of a run (imports no torch);
 * :mod:`.evaluate` -- per-token loss along a long document (chunked through the KV cache) and passkey retrieval;
-* :mod:`.run` -- the cells of a run, the resumable store, the scalings as patches of the real model;
+* :mod:`.runner` -- the cells of a run, the resumable store, the scalings as patches of the real model;
 * :mod:`.report` -- the curves, heatmaps, tables and verdicts beside the published shapes.
+
+The names below load their module on first use, so that ``posenc --help`` does not import torch.
 """
 
-from .evaluate import PasskeyPrompt, passkey_ids, passkey_score, token_losses
-from .runner import AS_TRAINED, FULL, QUICK, SCALINGS, ExtendConfig, plan, run
+from __future__ import annotations
 
-__all__ = [
-    "AS_TRAINED",
-    "ExtendConfig",
-    "FULL",
-    "PasskeyPrompt",
-    "QUICK",
-    "SCALINGS",
-    "passkey_ids",
-    "passkey_score",
-    "plan",
-    "run",
-    "token_losses",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "AS_TRAINED": "config",
+    "ExtendConfig": "config",
+    "FULL": "config",
+    "QUICK": "config",
+    "SCALINGS": "config",
+    "PasskeyPrompt": "evaluate",
+    "passkey_ids": "evaluate",
+    "passkey_score": "evaluate",
+    "token_losses": "evaluate",
+    "plan": "runner",
+    "run": "runner",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .runner import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig
+from .config import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig
 
 DESCRIPTION = f"""\
 Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,

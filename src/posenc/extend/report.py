@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runner import AS_TRAINED, LABELS, SCALINGS
+from .config import AS_TRAINED, LABELS, SCALINGS
 
 ORDER = (AS_TRAINED, *SCALINGS)
 COLOURS = {

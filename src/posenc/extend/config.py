@@ -69,9 +69,9 @@ class ExtendConfig:
     #: the scalings whose loss curve goes to ``loss_extension``; the others stop at ``loss_short``
     loss_long_scalings: tuple[str, ...] = (AS_TRAINED, *SCALINGS)
     loss_short: float = 2.0
-    passkey_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn")
-    passkey_lengths: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0)
-    passkey_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    passkey_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-yarn")
+    passkey_lengths: tuple[float, ...] = (1.0, 1.5, 2.0)
+    passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
     chunk: int = 2048
     seed: int = 0
     mode: str = "custom"

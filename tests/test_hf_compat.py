@@ -523,6 +523,21 @@ def test_a_deep_copy_of_a_patched_model_is_patched_with_its_own_encoding(name):
         assert model.config._attn_implementation == "posenc"
 
 
+def test_torch_save_of_a_whole_patched_model_loads_patched():
+    import io
+
+    model = llama()
+    hf.patch(model, "t5")
+    x = tokens()
+    want = model(x).logits
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # pickles the hooks too: they failed as local closures
+    buffer.seek(0)
+    back = torch.load(buffer, weights_only=False)
+    assert hf.patched(back) is not None and hf.patched(back) is not hf.patched(model)
+    torch.testing.assert_close(back(x).logits, want, atol=0, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------ dtypes
 HALF_REFUSED = {"deberta", "contextual-2"}  # they project with the model's own half-precision q_proj / k_proj
 

@@ -614,6 +614,9 @@ class _Bound:
             self._fn = self.factory(*self.args)
         return self._fn(*args, **kwargs)
 
+    def __getstate__(self) -> dict[str, Any]:  # pickling (torch.save(model)): the hook is made again
+        return {"factory": self.factory, "args": self.args, "_fn": None}
+
     def __deepcopy__(self, memo: dict) -> _Bound:
         import copy
 

@@ -443,6 +443,27 @@ def test_posenc_from_pretrained_with_a_damaged_spec_or_missing_weights_says_so(t
         hf.from_pretrained(LlamaForCausalLM, tmp_path)
 
 
+def test_encoding_weights_saved_in_the_earlier_layout_still_load(tmp_path):
+    model = llama()
+    hf.patch(model, "t5")
+    with torch.no_grad():
+        for p in hf.patched(model).parameters():
+            p.normal_()
+    x = tokens()
+    want = model(x).logits
+    hf.save_pretrained(model, tmp_path)
+    # before the encodings were held once: encoding.* and cores.<layer>.encoding.* (the same tensors again)
+    weights = torch.load(tmp_path / hf.WEIGHTS_FILE, weights_only=True)
+    old = {}
+    for k, v in weights.items():
+        rest = k.split(".", 2)[2]
+        old[f"encoding.{rest}"] = v
+        old.update({f"cores.{i}.encoding.{rest}": v for i in range(2)})
+    torch.save(old, tmp_path / hf.WEIGHTS_FILE)
+    back = hf.from_pretrained(LlamaForCausalLM, tmp_path)
+    torch.testing.assert_close(back.eval()(x).logits, want, atol=0, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------ PEFT
 def test_peft_wrapped_model_keeps_the_patch_and_says_when_it_froze_the_encoding():
     peft = pytest.importorskip("peft")

@@ -157,11 +157,18 @@ def random_key(rng: random.Random, digits: int = 5) -> str:
 
 
 @torch.no_grad()
-def passkey_score(model: nn.Module, prompt: PasskeyPrompt, *, chunk: int | None = 2048) -> dict[str, Any]:
+def passkey_score(
+    model: nn.Module,
+    prompt: PasskeyPrompt,
+    *,
+    chunk: int | None = 2048,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
     """Whether ``model`` retrieves the key: one forward of prompt + answer (chunked through the KV cache, or
     whole with ``chunk=None``), argmax at each answer token.
 
-    Returns ``{"correct": bool, "tokens_right": share of answer tokens right, "answer_loss": mean nats}``.
+    Returns ``{"correct": bool, "tokens_right": share of answer tokens right, "answer_loss": mean nats}``;
+    ``progress(done, total)`` is called after each chunk.
     """
     losses, hits = [], []
     ids = prompt.ids.reshape(1, -1).to(next(model.parameters()).device)
@@ -180,6 +187,8 @@ def passkey_score(model: nn.Module, prompt: PasskeyPrompt, *, chunk: int | None 
             targets = ids[0, stop - keep + 1 : stop + 1]
             losses.append(F.cross_entropy(logits, targets, reduction="none"))
             hits.append(logits.argmax(-1) == targets)
+        if progress is not None:
+            progress(stop, n - 1)
     right = torch.cat(hits)
     return {
         "correct": bool(right.all()),

@@ -329,7 +329,7 @@ def run(
                 key_ = random_key(rng)
                 prompt = passkey_ids(tokenizer, cell.tokens, cell.depth, key_)
                 record.update(depth=cell.depth, key_digits=key_, key_at=prompt.key_at, seed=cfg.seed)
-                record.update(passkey_score(model, prompt, chunk=chunk))
+                record.update(passkey_score(model, prompt, chunk=chunk, progress=progress.chunk(cell)))
         finally:
             import posenc.hf
 

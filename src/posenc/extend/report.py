@@ -118,6 +118,10 @@ class Verdict:
     evidence: str
 
 
+def _keys(n: int) -> str:
+    return f"{n} key{'' if n == 1 else 's'}"
+
+
 def _mult(n: int, trained: int) -> str:
     """``n`` tokens as a multiple of the trained length, to one decimal (the last position is ``tokens - 1``)."""
     return f"{round(n / trained, 1):g}L"
@@ -219,7 +223,8 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
         out.append(Verdict(
             "Passkey: plain RoPE fails past L, the scalings retrieve past it", "Chen et al. 2023; Peng et al. 2023",
             v,
-            f"as trained: {at_in[0]:.0%} of {at_in[1]} keys up to L, {at_out[0]:.0%} of {at_out[1]} past L; past L "
+            f"as trained: {at_in[0]:.0%} of {_keys(at_in[1])} up to L, {at_out[0]:.0%} of {_keys(at_out[1])} past L; "
+            "past L "
             + ", ".join(f"{LABELS.get(s, s)} {a[0]:.0%}" for s, a in sorted(scaled.items(), key=lambda x: -x[1][0])),
         ))
     return out

@@ -394,7 +394,9 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     model = records[0]["model"] if records else {}
     seconds = sum(float(r.get("seconds", 0)) for r in records)
     envs = sorted({describe(r.get("env")) for r in records})
-    return {"model": model, "cells": len(records), "seconds": seconds, "machines": envs}
+    loads = [x for r in records for x in (r.get("load_average") or []) if x is not None]
+    return {"model": model, "cells": len(records), "seconds": seconds, "machines": envs,
+            "load": (min(loads), max(loads)) if loads else None}
 
 
 def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#", command: str = "") -> str:
@@ -425,7 +427,8 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
     lines += [
         f"- **Cells:** {s['cells']} ({sum(1 for r in records if r['kind'] == 'loss')} loss curves, "
         f"{sum(1 for r in records if r['kind'] == 'passkey')} passkey examples), {duration(s['seconds'])} of "
-        "compute in all",
+        "wall time in all"
+        + (f" at a load average of {s['load'][0]:.1f}-{s['load'][1]:.1f}" if s["load"] else " (load not recorded)"),
         "- **Machine:** " + "; ".join(s["machines"]),
         "",
         f"![loss against position]({img_rel}/extend-loss.png)",

@@ -300,6 +300,7 @@ def run(
             eta = f", about {_fmt(per * (len(todo) - i))} left at this pace"
         progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}{eta}")
         t0 = time.perf_counter()
+        load0 = _load_average()
         options = apply_scaling(model, cell.scaling, cell.factor)
         chunk = None if length_dependent(cell.scaling) else cfg.chunk
         record: dict[str, Any] = {
@@ -335,7 +336,8 @@ def run(
 
             posenc.hf.unpatch(model)
         seconds = time.perf_counter() - t0
-        record.update(seconds=round(seconds, 2), finished=time.time(), env=env)
+        # the machine's load around the cell: its seconds mean little on a shared machine without it
+        record.update(seconds=round(seconds, 2), finished=time.time(), env=env, load_average=[load0, _load_average()])
         store.add(record)
         progress.done += 1
         progress.ran += 1
@@ -347,6 +349,13 @@ def run(
         )
         progress.say(f"    done in {_fmt(seconds)}: {tail}")
     return store.records()
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _fmt(seconds: float) -> str:

@@ -621,11 +621,9 @@ class AttentionCore(nn.Module):
         decode = one_query and form is not None and _decodable(form)
         if form is not None and not decode and not big:
             form = None  # asked for the decode kernel only, and it does not fit: the hooks as usual
-        offsets = blocks = None
-        if (
+        # what the encoding's own CPU kernels (a bias per offset or per block, CoPE's row blocks) all need
+        own_kernel_ok = (
             enc is not None
-            and self._has["bias"]
-            and not self._has["logits"]
             and not self._has["values"]
             and not reference
             and not return_weights
@@ -633,26 +631,24 @@ class AttentionCore(nn.Module):
             and on_cpu
             and not compiling
             and q.dtype in (torch.float32, torch.float64)
-            and (call.allowed is None or (call.causal and not call.any_padding))
             and q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs)
+        )
+        offsets = blocks = None
+        if (
+            own_kernel_ok
+            and self._has["bias"]
+            and not self._has["logits"]
+            and (call.allowed is None or (call.causal and not call.any_padding))
         ):
             offsets = enc.bias_offsets(ctx)
             if offsets is None:
                 blocks = enc.bias_blocks(ctx)
         own = None  # the encoding's own row-blocked attention (CoPE), from Lq·Lk >= fused_min_pairs
         if (
-            enc is not None
+            own_kernel_ok
             and self._has["logits"]
             and not self._has["bias"]
-            and not self._has["values"]
-            and not reference
-            and not return_weights
-            and p_drop == 0
-            and on_cpu
-            and not compiling
-            and q.dtype in (torch.float32, torch.float64)
             and q.shape[2] > 1
-            and q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs)
             and hasattr(enc, "blocked_attention")
         ):
             own = enc.blocked_attention(ctx)

@@ -21,6 +21,7 @@ examples:
   posenc results --write docs/results.md   the results page of every suite, from the committed data
   posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
   posenc inspect rope                 measured properties and pictures of one encoding
+  posenc extend --quick               a real pretrained model (SmolLM2) stretched with RoPE scalings
   posenc info                         versions, threads, and whether the compiled CPU kernels are in use
   posenc readme-table --write README.md   regenerate the README's table of encodings
 """

@@ -15,8 +15,9 @@ from .config import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig
 
 DESCRIPTION = f"""\
 Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,
-and measure it on real text: the loss of every position of a long document (one chunked forward per document
-and scaling, through the KV cache) and passkey retrieval over a grid of context lengths and depths. Writes
+and measure it on real text: the loss of every position of a long document (one forward per document and
+scaling: chunked through the KV cache, or whole for dynamic NTK and LongRoPE, whose frequencies follow the
+length) and passkey retrieval over a grid of context lengths and depths. Writes
 extend.jsonl (every finished cell: an interrupted run resumes from it), report.md, report.html,
 extend-loss.png and extend-passkey.png into --out, and prints the tables and the verdicts.
 

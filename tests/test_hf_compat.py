@@ -310,6 +310,48 @@ def test_every_cache_gives_the_tokens_of_no_cache(make, name, cache):
     assert torch.equal(greedy(model, prompt, cache_implementation=cache), greedy(model, prompt, use_cache=False))
 
 
+@pytest.mark.parametrize(
+    ("name", "grouped"),
+    [("alibi", True), ("t5", True), ("kerple-log", True), ("fire", True), ("dynamic-bias", True), ("shaw", False),
+     ("cope", False)],
+)
+def test_a_decoding_step_keeps_grouped_keys_and_equals_them_repeated(name, grouped, monkeypatch):
+    """One query on grouped keys (4 query heads, 2 key heads) with an encoding acting by a bias alone: the keys are
+    not repeated (the plan says so), and the logits equal those of the same step with the keys repeated first. An
+    encoding that reads the keys (Shaw's logits, CoPE's gates) gets them repeated."""
+    from transformers import DynamicCache
+
+    from posenc.attention import AttentionCore
+
+    model = llama()
+    hf.patch(model, name)
+    x = tokens(b=2, n=9, seed=4)
+    attention_mask = torch.ones(2, 9, dtype=torch.long)
+    attention_mask[1, :2] = 0  # left padding in the second row: the mask goes through the folded path too
+
+    def step():
+        cache = DynamicCache()
+        with torch.no_grad():
+            model(x[:, :8], attention_mask=attention_mask[:, :8], past_key_values=cache, use_cache=True)
+            return model(x[:, 8:], attention_mask=attention_mask, past_key_values=cache, use_cache=True).logits
+
+    got = step()
+    plans = [core.last_plan for core in hf.patched(model).cores]
+    assert plans and all(p is not None and p.grouped == grouped for p in plans), [str(p) for p in plans]
+    monkeypatch.setattr(AttentionCore, "_keeps_groups", lambda self, call, weights: False)
+    want = step()
+    assert not any(core.last_plan.grouped for core in hf.patched(model).cores)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_keys_that_do_not_divide_the_heads_are_refused():
+    from posenc.attention import check_groups
+
+    assert check_groups(9, 3) == 3
+    with pytest.raises(ConfigError, match="multiple of the key/value heads"):
+        check_groups(9, 2)
+
+
 def test_beam_search_with_the_cache_gives_the_beams_without_it():
     model = llama()
     hf.patch(model, "alibi")

@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -421,6 +421,9 @@ class Plan:
         dropout: the attention dropout applied on this call.
         portable: whether the call was planned without the CPU kernels (a non-CPU device, ``torch.compile``
             tracing, or :func:`portable` forced on CPU): the kernel is then one of :data:`PORTABLE_KERNELS`.
+        grouped: whether the call kept grouped-query keys as they are (fewer key/value heads than query heads, each
+            serving ``H / Hkv`` query heads: the query heads of a group are folded onto its key head, no copy of the
+            keys; :meth:`AttentionCore.attend`). ``False`` also where grouped keys were repeated to ``H`` heads.
     """
 
     kernel: str
@@ -429,11 +432,13 @@ class Plan:
     terms: tuple[str, ...] = ()
     dropout: float = 0.0
     portable: bool = False
+    grouped: bool = False
 
     def __str__(self) -> str:
         pos = "contiguous" if self.contiguous else "arbitrary"
         terms = "+".join(self.terms) or "none"
         where = ", portable plan" if self.portable else ""
+        where += ", grouped keys folded" if self.grouped else ""
         return f"{self.kernel}: {self.reason} (positions {pos}, terms {terms}, dropout {self.dropout:g}{where})"
 
 
@@ -522,7 +527,8 @@ def choose_kernel(
 
 @dataclass
 class _Call:
-    """What the steps of one :meth:`MultiHeadAttention.forward` hand each other."""
+    """What the steps of one :meth:`MultiHeadAttention.forward` hand each other. ``k`` and ``v`` may have fewer
+    heads than ``q`` (grouped-query attention: ``H / Hkv`` query heads per key head), from :mod:`posenc.hf`."""
 
     q: Tensor
     k: Tensor
@@ -583,6 +589,21 @@ class AttentionCore(nn.Module):
         self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
         self.last_plan: Plan | None = None
 
+    def _keeps_groups(self, call: _Call, return_weights: bool) -> bool:
+        """Whether a call with grouped keys (``Hkv < H``) runs on them as they are: one query (a decoding step,
+        where repeating the cache's keys per step would cost as much as the attention itself), an encoding that
+        acts by a ``bias`` alone (or not at all: it never reads the keys), no weights asked for, no dropout, not the
+        reference path. The kernel is then SDPA with the query heads of each group folded onto its key head."""
+        enc = self.encoding
+        return (
+            call.q.shape[2] == 1
+            and not (self._has["rotate"] or self._has["logits"] or self._has["values"])
+            and (enc is None or not enc.logits_read_scores)
+            and not call.ctx.reference
+            and not return_weights
+            and not (self.training and self.dropout > 0)
+        )
+
     def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Any]:
         """Step 5: ask the encoding for its fast form where one may apply, then :func:`choose_kernel`.
 
@@ -594,9 +615,12 @@ class AttentionCore(nn.Module):
         # the CPU kernels (CPU flash op, native code, row-blocked loops): CPU tensors, the portable plan not forced
         on_cpu = q.device.type == "cpu" and not portable_forced()
         compiling = torch.compiler.is_compiling()
+        # grouped keys kept as they are (:meth:`_keeps_groups`): SDPA with the groups folded, no other kernel
+        grouped = k.shape[1] != q.shape[1]
         form = None
         fast_form = (
             enc is not None
+            and not grouped
             and self.fused
             and not reference
             and not return_weights
@@ -624,6 +648,7 @@ class AttentionCore(nn.Module):
         # what the encoding's own CPU kernels (a bias per offset or per block, CoPE's row blocks) all need
         own_kernel_ok = (
             enc is not None
+            and not grouped
             and not self._has["values"]
             and not reference
             and not return_weights
@@ -677,7 +702,7 @@ class AttentionCore(nn.Module):
             compiling=compiling,
         )
         terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
-        plan = Plan(kernel, reason, ctx.contiguous, terms, p_drop, portable=not on_cpu or compiling)
+        plan = Plan(kernel, reason, ctx.contiguous, terms, p_drop, portable=not on_cpu or compiling, grouped=grouped)
         return plan, form, offsets if offsets is not None else blocks if blocks is not None else own
 
     # ---------------------------------------------------------------- the kernels
@@ -739,6 +764,11 @@ class AttentionCore(nn.Module):
                 q = folded
                 call.ctx.content_folded = True
         add = self._additive(call, scale)
+        if plan.grouped:  # one query on grouped keys (_keeps_groups): the mask says every key it may not see
+            mask = allowed if add is None else add.to(q.dtype)
+            if add is not None and allowed is not None:
+                mask = mask.masked_fill(~allowed, torch.finfo(q.dtype).min)
+            return _grouped_sdpa(q, k, v, mask, scale)
         is_causal = False
         if add is None:
             attn_mask = None if call.plain_causal else allowed
@@ -790,7 +820,11 @@ class AttentionCore(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Steps 5-6: plan and run the kernel. ``[B, H, Lq, Dh]`` (and the probabilities when asked for).
 
-        ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``)."""
+        ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``). Grouped keys
+        (``Hkv < H``) stay grouped where :meth:`_keeps_groups` allows; otherwise each key/value head is repeated
+        for its ``H / Hkv`` query heads first, and the call runs as any other."""
+        if call.k.shape[1] != call.q.shape[1] and not self._keeps_groups(call, return_weights):
+            call = repeat_kv(call)
         plan, form, offsets = self._plan(call, return_weights)
         self.last_plan = plan
         if scale is None:
@@ -1163,6 +1197,38 @@ class MultiHeadAttention(AttentionCore):
             assert weights is not None
             return out, weights
         return out
+
+
+def check_groups(n_heads: int, kv_heads: int) -> int:
+    """``H / Hkv``: how many query heads each key/value head serves (a :class:`ConfigError` if it is not whole)."""
+    if kv_heads < 1 or n_heads % kv_heads:
+        raise ConfigError(
+            f"grouped-query attention needs the query heads ({n_heads}) to be a multiple of the key/value heads "
+            f"({kv_heads})"
+        )
+    return n_heads // kv_heads
+
+
+def repeat_kv(call: _Call) -> _Call:
+    """``call`` with each key/value head repeated for the ``H / Hkv`` query heads it serves (transformers'
+    ``repeat_kv`` order: query head ``h`` reads key head ``h // (H / Hkv)``)."""
+    g = check_groups(call.q.shape[1], call.k.shape[1])
+    return replace(call, k=call.k.repeat_interleave(g, dim=1), v=call.v.repeat_interleave(g, dim=1))
+
+
+def _grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """SDPA of ``q`` ``[B, H, Lq, D]`` on grouped keys ``[B, Hkv, Lk, D]`` without repeating them: the ``H / Hkv``
+    query heads of a group become rows of one ``[B, Hkv, (H / Hkv)·Lq, D]`` query (a view), the mask
+    ``[B|1, H|1, Lq, Lk]`` is laid out the same way. Not causal: only for calls whose mask says all there is to
+    say (:meth:`AttentionCore._keeps_groups`: one query)."""
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = check_groups(h, hkv)
+    if mask is not None:
+        mb = mask.shape[0]
+        mask = mask.expand(mb, h, lq, lk).reshape(mb, hkv, g * lq, lk)
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, g * lq, d), k, v, attn_mask=mask, scale=scale)
+    return out.reshape(b, h, lq, d)
 
 
 def _cpu_flash(q: Tensor, plan: Plan) -> bool:

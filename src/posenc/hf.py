@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import AttentionCore, _Call, build_mask
+from .attention import AttentionCore, _Call, build_mask, check_groups, repeat_kv
 from .base import AttentionContext, PositionalEncoding, as_position_rows, contiguous_positions, mark_arange
 from .errors import ConfigError, PosencError
 from .registry import MODEL_DIMENSIONS, accepted_arguments, build, resolve
@@ -942,9 +942,9 @@ def posenc_attention(
     if query.dtype in _HALF:  # posenc's kernels and encodings compute in float32 (as HF upcasts its softmax)
         query, key, value = query.float(), key.float(), value.float()
     b, h, lq, d = query.shape
-    if key.shape[1] != h:  # grouped-query attention: each key/value head serves h / Hkv query heads
-        key = key.repeat_interleave(h // key.shape[1], dim=1)
-        value = value.repeat_interleave(h // value.shape[1], dim=1)
+    # grouped-query attention (each key/value head serves h / Hkv query heads): the keys stay grouped; the core
+    # repeats them only for a kernel that needs one key head per query head (AttentionCore.attend)
+    check_groups(h, key.shape[1])
     lk = key.shape[2]
     cache = dict(state.first_cache) if state.checkpointing and state.first_cache is not None else state.forward_cache
     pos = state.positions
@@ -1027,6 +1027,8 @@ def posenc_attention(
     want = bool(kwargs.get("output_attentions", getattr(getattr(module, "config", None), "output_attentions", False)))
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     if softcap is not None or sinks is not None:
+        if call.k.shape[1] != h:
+            call = repeat_kv(call)
         out, weights = _materialised(
             core, call, enc.scale(d) if scale is None else scale, softcap=softcap, sinks=sinks
         )

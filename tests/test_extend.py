@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,10 +23,12 @@ from tiny_gguf import write  # noqa: E402
 
 import posenc.hf  # noqa: E402
 from posenc.errors import ConfigError  # noqa: E402
+from posenc.extend import config as extend_config  # noqa: E402
 from posenc.extend import evaluate, report  # noqa: E402
 from posenc.extend import runner as extend_run  # noqa: E402
+from posenc.extend.config import FULL, QUICK, count_cells  # noqa: E402
 from posenc.extend.evaluate import passkey_ids, passkey_score, token_losses  # noqa: E402
-from posenc.extend.runner import AS_TRAINED, SCALINGS, ExtendConfig, Store, plan  # noqa: E402
+from posenc.extend.runner import AS_TRAINED, SCALINGS, ExtendConfig, Store, choose_chunk, plan  # noqa: E402
 
 TEXT = " ".join(f"the sky is blue and the grass is green number {i}." for i in range(400))
 
@@ -197,13 +200,43 @@ def text_document(monkeypatch):
 
 
 def test_plan_orders_and_sizes_the_cells():
-    cells = plan(_tiny_config(documents=("hamlet", "lear")), 64)
+    cfg = _tiny_config(documents=("hamlet", "lear"))
+    cells = plan(cfg, 64)
+    assert len(cells) == count_cells(cfg) == 9 + 8 + 9
     kinds = [c.kind for c in cells]
-    assert kinds == ["loss"] * 7 + ["passkey"] * 8 + ["loss"] * 7
-    first = {c.scaling: c.tokens for c in cells[:7]}
-    assert first[AS_TRAINED] == first["rope-yarn"] == 128 and first["rope-linear"] == 96
+    assert kinds == ["loss"] * 9 + ["passkey"] * 8 + ["loss"] * 9
+    # every scaling to loss_short (1.5 L, factor 1.5) first, then the long ones to loss_extension (2 L, factor 2)
+    assert [(c.scaling, c.tokens, c.factor) for c in cells[:9]] == [
+        *((s, 96, 1.0 if s == AS_TRAINED else 1.5) for s in (AS_TRAINED, *SCALINGS)),
+        (AS_TRAINED, 128, 1.0),
+        ("rope-yarn", 128, 2.0),
+    ]
     assert {c.factor for c in cells if c.kind == "passkey" and c.scaling == "rope-yarn"} == {2.0}
     assert {c.factor for c in cells if c.scaling == AS_TRAINED} == {1.0}
+    assert len({c.key() for c in cells}) == len(cells)
+    # one length for every scaling: no second curve
+    assert count_cells(replace(cfg, loss_extension=1.5)) == 2 * 7 + 8
+
+
+def test_the_modes_plan_what_their_help_says():
+    assert [(c.scaling, c.tokens) for c in plan(QUICK, 8192)] == [
+        (AS_TRAINED, 16384), ("rope-yarn", 16384), (AS_TRAINED, 16384), ("rope-yarn", 16384),
+    ]
+    full = plan(FULL, 8192)
+    long = {c.scaling for c in full if c.kind == "loss" and c.tokens == 4 * 8192}
+    assert long == {AS_TRAINED, "rope-ntk", "rope-yarn"}
+    assert {c.scaling for c in full if c.kind == "loss" and c.tokens == 2 * 8192} == {AS_TRAINED, *SCALINGS}
+    assert len([c for c in full if c.kind == "passkey"]) == 4 * 2 * 3
+
+
+def test_the_forward_is_whole_where_its_activations_fit(tiny):
+    model, _, _ = tiny
+    assert choose_chunk(None, model, 512) is None  # a tiny model: whole
+    assert choose_chunk(64, model, 512) == 64  # asked for
+    per_token = extend_run.forward_bytes(model, 1)
+    assert extend_run.forward_bytes(model, 1000) == 1000 * per_token
+    too_long = extend_config.WHOLE_BYTES // per_token + 1
+    assert choose_chunk(None, model, too_long) == extend_config.CHUNK
 
 
 @pytest.mark.parametrize(
@@ -226,12 +259,12 @@ def test_run_stores_resumes_and_reports(tiny, text_document, tmp_path):
     first = extend_run.run(cfg, out, model=model, tokenizer=tok, quiet=True, max_cells=3)
     assert len(first) == 3
     records = extend_run.run(cfg, out, model=model, tokenizer=tok, quiet=True)
-    assert len(records) == len(plan(cfg, 256)) == 15
-    assert len({r["key"] for r in records}) == 15
+    assert len(records) == len(plan(cfg, 256)) == 17
+    assert len({r["key"] for r in records}) == 17
     again = extend_run.run(cfg, out, model=model, tokenizer=tok, quiet=True)  # nothing left: nothing runs
     assert [r["finished"] for r in again] == [r["finished"] for r in records]
     assert posenc.hf.patched(model) is None  # every cell unpatches
-    loss = next(r for r in records if r["kind"] == "loss" and r["scaling"] == AS_TRAINED)
+    loss = max((r for r in records if r["kind"] == "loss" and r["scaling"] == AS_TRAINED), key=lambda r: r["tokens"])
     ids = torch.tensor(tok(TEXT, add_special_tokens=False)["input_ids"][:129])  # 128 losses: the first bin
     direct = _full_losses(model, ids)
     # the stored bins are the means of the per-token losses; the report's perplexity of a prefix is theirs
@@ -262,7 +295,7 @@ def test_run_refuses_a_store_of_another_model(tiny, text_document, tmp_path):
 
 def test_an_interrupted_write_is_redone(tiny, text_document, tmp_path):
     model, tok, _ = tiny
-    cfg = _tiny_config(scalings=(AS_TRAINED,), passkey_scalings=())
+    cfg = _tiny_config(scalings=(AS_TRAINED,), loss_long_scalings=(), passkey_scalings=())
     records = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, quiet=True)
     path = tmp_path / extend_run.STORE
     line = json.dumps(records[0])
@@ -296,8 +329,8 @@ def test_verdicts_follow_the_curves():
 
 
 def test_passkey_verdict_and_table():
-    def cell(scaling, n, correct):
-        return {"kind": "passkey", "scaling": scaling, "tokens": n, "depth": 0.5, "correct": correct,
+    def cell(scaling, n, correct, depth=0.5):
+        return {"kind": "passkey", "scaling": scaling, "tokens": n, "depth": depth, "correct": correct,
                 "tokens_right": 1.0 if correct else 0.2, "factor": 2.0, "trained_length": 100, "model": {}}
 
     records = [cell(AS_TRAINED, 50, True), cell(AS_TRAINED, 200, False), cell("rope-yarn", 200, True)]
@@ -305,6 +338,13 @@ def test_passkey_verdict_and_table():
     assert v.verdict == "reproduced" and "YaRN 100%" in v.evidence
     table = "\n".join(report.passkey_table(records))
     assert "| as trained (plain RoPE) | 1/1 | 0/1 |" in table
+    # a scaling that finds one key of three past L, by a model that finds one of three inside L: only partly
+    depths = (0.1, 0.5, 0.9)
+    few = [cell(AS_TRAINED, 50, c, d) for c, d in zip((True, False, False), depths)]
+    few += [cell(AS_TRAINED, 200, False, d) for d in depths]
+    few += [cell("rope-yarn", 200, c, d) for c, d in zip((True, False, False), depths)]
+    v = report.verdicts(few)[-1]
+    assert v.verdict == "partly" and "YaRN 33%" in v.evidence and "weak at this task" in v.evidence
 
 
 def test_cli_quick_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
@@ -319,7 +359,7 @@ def test_cli_quick_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "verdicts:" in printed and "YaRN" in printed
     records = Store(out).records()
-    assert {r["kind"] for r in records} == {"loss", "passkey"} and len(records) == 2 + 2 * 2
+    assert {r["kind"] for r in records} == {"loss", "passkey"} and len(records) == 2 + 2
     assert (out / "extend-loss.png").is_file() and (out / "report.html").is_file()
     assert main(["extend", "--report-only", "--out", str(tmp_path / "empty")]) == 2
 
@@ -342,7 +382,7 @@ def test_results_page_section_from_an_exported_store(tiny, text_document, tmp_pa
     assert (tmp_path / "img" / "extend-loss.png").is_file() and (tmp_path / "img" / "extend-passkey.png").is_file()
     # the same records give the same text (the page is a function of its data)
     again = report.page_section(data, img_rel="results/img")
-    assert again == lines and len(records) == 2 + 2 * 2
+    assert again == lines and len(records) == 2 + 2 + 2 * 2  # 1.5 L and 2 L for both, passkey at two lengths
     assert report.page_section(tmp_path / "empty", img_rel="x") == []
 
 
@@ -364,3 +404,40 @@ def test_posenc_results_puts_the_real_model_on_the_page(tiny, text_document, tmp
     assert results_page.check_page(page)[0]
     only, _ = results_page.build_page(page, suites=["quick"])
     assert "Stretching a real model" not in only
+
+
+def test_progress_says_the_time_left_by_the_work_of_each_cell(tiny, text_document, tmp_path, capsys):
+    """After the first cell the progress line gives the time left, weighting each cell by its work (a cell of twice
+    the tokens costs about three times as much: linear layers plus attention)."""
+    model, tok, _ = tiny
+    cfg = _tiny_config(scalings=(AS_TRAINED,), passkey_scalings=())
+    extend_run.run(cfg, tmp_path, model=model, tokenizer=tok)
+    err = capsys.readouterr().err
+    assert "[1/2] loss on text, 384 tokens, as-trained\n" in err
+    assert "[2/2] loss on text, 512 tokens, as-trained, about " in err and " left at this pace" in err
+    short, long = plan(cfg, 256)
+    assert extend_run.cell_work(long, 256) / extend_run.cell_work(short, 256) == pytest.approx((2 + 4) / (1.5 + 2.25))
+
+
+def test_curves_of_two_factors_are_compared_within_their_own_factor(tmp_path):
+    """The full grid measures every scaling at s=2 (to 2L) and some again at s=4 (to 4L): the verdicts compare
+    the factor most scalings have, the table has a row per (scaling, factor), the plot a panel per factor."""
+    plain = [2.0] * 10 + [5.0] * 30  # as trained, to 4 L (L = 100 tokens, 10 bins)
+    records = [
+        _curve(AS_TRAINED, plain),
+        _curve("rope-linear", [3.0] * 20, factor=2),
+        _curve("rope-ntk", [2.1] * 20, factor=2),
+        _curve("rope-yarn", [2.0] * 20, factor=2),  # the best at s = 2
+        _curve("rope-yarn", [9.0] * 40, factor=4),  # far worse at s = 4: not to be compared with the s = 2 ones
+        _curve("rope-ntk", [8.0] * 40, factor=4),
+    ]
+    doc, factor, curves = report.comparison_set(records)
+    assert (doc, factor) == ("d", 2.0) and curves["rope-yarn"]["factor"] == 2
+    assert set(report.loss_groups(records)["d"]) == {2.0, 4.0}
+    assert all(AS_TRAINED in g for g in report.loss_groups(records)["d"].values())
+    yarn = next(v for v in report.verdicts(records) if v.finding.startswith("YaRN"))
+    assert yarn.verdict == "reproduced" and "over L..2L" in yarn.evidence
+    table = "\n".join(report.ppl_table(records))
+    assert "| YaRN, s=2 |" in table and "| YaRN, s=4 |" in table and table.count("| as trained") == 1
+    path = report.plot_losses(records, tmp_path / "loss.png")
+    assert path is not None and path.stat().st_size > 10_000

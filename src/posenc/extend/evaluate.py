@@ -50,24 +50,32 @@ QUESTION = " What is the pass key? The pass key is"
 ANSWER = " {key}"
 
 
+#: rows of the output layer at a time (2048 x a 49k vocabulary: 400 MB of logits)
+HEAD_ROWS = 2048
+
+
 def _cache():
     from transformers import DynamicCache
 
     return DynamicCache()
 
 
-def _whole_losses(model: nn.Module, ids: Tensor, head_rows: int) -> Tensor:
-    """One forward of the whole document through the base model, the output layer ``head_rows`` rows at a time."""
+def _losses(model: nn.Module, ids: Tensor, targets: Tensor, head_rows: int, **call: Any) -> Tensor:
+    """The losses of the first ``m`` positions of ``ids`` (``[1, n]``, ``m <= n``) against ``targets`` (``[m]``):
+    one call of the base model on all of ``ids`` (``call``: the cache, if any; a length-dependent scaling sees the
+    whole length), then the output layer ``head_rows`` rows at a time, so that the ``[m, vocabulary]`` logits
+    never exist whole (a model without a separate base, or with soft-capped logits: one call of the whole model)."""
+    m = targets.shape[0]
     head = model.get_output_embeddings()
     cfg = getattr(model, "config", None)
     if head is None or getattr(cfg, "final_logit_softcapping", None) or not hasattr(model, "model"):
-        logits = model(input_ids=ids, use_cache=False).logits[0, :-1]
-        return F.cross_entropy(logits.float(), ids[0, 1:], reduction="none").cpu()
-    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[0, :-1]
+        logits = model(input_ids=ids, **call).logits[0, :m]
+        return F.cross_entropy(logits.float(), targets, reduction="none").cpu()
+    hidden = model.model(input_ids=ids, **call).last_hidden_state[0, :m]
     out = torch.empty(hidden.shape[0], dtype=torch.float32)
     for s in range(0, hidden.shape[0], head_rows):
         logits = head(hidden[s : s + head_rows]).float()
-        out[s : s + head_rows] = F.cross_entropy(logits, ids[0, s + 1 : s + 1 + head_rows], reduction="none").cpu()
+        out[s : s + head_rows] = F.cross_entropy(logits, targets[s : s + head_rows], reduction="none").cpu()
     return out
 
 
@@ -94,7 +102,7 @@ def token_losses(
     device = next(model.parameters()).device
     ids = ids.to(device)
     if chunk is None:
-        out = _whole_losses(model, ids, 2048)
+        out = _losses(model, ids, ids[0, 1:], HEAD_ROWS, use_cache=False)
         if progress is not None:
             progress(n - 1, n - 1)
         return out
@@ -102,10 +110,9 @@ def token_losses(
     out = torch.empty(n - 1, dtype=torch.float32)
     for start in range(0, n - 1, chunk):
         stop = min(start + chunk, n - 1)
-        logits = model(input_ids=ids[:, start:stop], past_key_values=cache, use_cache=True).logits[0]
-        targets = ids[0, start + 1 : stop + 1]
-        out[start:stop] = F.cross_entropy(logits.float(), targets, reduction="none").cpu()
-        del logits
+        out[start:stop] = _losses(
+            model, ids[:, start:stop], ids[0, start + 1 : stop + 1], HEAD_ROWS, past_key_values=cache, use_cache=True
+        )
         if progress is not None:
             progress(stop, n - 1)
     return out

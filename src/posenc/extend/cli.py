@@ -16,8 +16,8 @@ from .config import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig
 DESCRIPTION = f"""\
 Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,
 and measure it on real text: the loss of every position of a long document (one forward per document and
-scaling: chunked through the KV cache, or whole for dynamic NTK and LongRoPE, whose frequencies follow the
-length) and passkey retrieval over a grid of context lengths and depths. Writes
+scaling: whole where its activations fit, else chunked through the KV cache; always whole for dynamic NTK and
+LongRoPE, whose frequencies follow the length) and passkey retrieval over a grid of context lengths and depths. Writes
 extend.jsonl (every finished cell: an interrupted run resumes from it), report.md, report.html,
 extend-loss.png and extend-passkey.png into --out, and prints the tables and the verdicts.
 
@@ -33,10 +33,10 @@ def _cells(cfg: ExtendConfig) -> int:
 EPILOG = f"""\
 modes (L: the model's trained context, 8192 tokens for SmolLM2):
   --quick   one document (hamlet), two scalings (as trained, YaRN s=2): loss to 2L, passkey at 2L at
-            depth 50%: {_cells(QUICK)} cells, about 9 minutes on 2 cores (docs/extend.md)
+            depth 50%: {_cells(QUICK)} cells, about 8 minutes on 2 cores (docs/extend.md)
   --full    (default) on hamlet, loss to 2L for every scaling (s=2) and to 4L for as trained, NTK and YaRN
             (s=4); passkey for as trained, PI, NTK and YaRN (s=2) at L and 2L, depths 10/50/90%:
-            {_cells(FULL)} cells, about an hour on 2 cores; the progress lines give the time left at the pace
+            {_cells(FULL)} cells, about 75 minutes on 2 cores; the progress lines give the time left at the pace
             measured so far; --max-cells N stops early and the next run goes on
 
 examples:

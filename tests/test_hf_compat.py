@@ -344,6 +344,30 @@ def test_a_decoding_step_keeps_grouped_keys_and_equals_them_repeated(name, group
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_a_decoding_step_that_asks_for_the_weights_repeats_grouped_keys():
+    """output_attentions=True needs one weight row per query head: the keys are repeated, the weights are [B, H, 1,
+    Lk] and sum to one, and the logits are those of the grouped step."""
+    from transformers import DynamicCache
+
+    model = llama()
+    hf.patch(model, "alibi")
+    x = tokens(b=1, n=7, seed=6)
+
+    def step(**kw):
+        cache = DynamicCache()
+        with torch.no_grad():
+            model(x[:, :6], past_key_values=cache, use_cache=True)
+            return model(x[:, 6:], past_key_values=cache, use_cache=True, **kw)
+
+    grouped = step().logits
+    out = step(output_attentions=True)
+    assert not any(core.last_plan.grouped for core in hf.patched(model).cores)
+    weights = out.attentions[0]
+    assert weights.shape == (1, 4, 1, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 4, 1))
+    torch.testing.assert_close(out.logits, grouped, atol=1e-5, rtol=1e-5)
+
+
 def test_grouped_keys_that_do_not_divide_the_heads_are_refused():
     from posenc.attention import check_groups
 

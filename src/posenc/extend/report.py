@@ -52,18 +52,6 @@ def _order(names: Sequence[str]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- numbers
-def loss_records(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{document: {scaling: record}}`` (the longest curve where a cell was measured at two lengths)."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in records:
-        if r.get("kind") != "loss":
-            continue
-        cur = out.setdefault(r["document"], {}).get(r["scaling"])
-        if cur is None or r["tokens"] > cur["tokens"]:
-            out[r["document"]][r["scaling"]] = r
-    return out
-
-
 def loss_groups(records: Sequence[dict[str, Any]]) -> dict[str, dict[float, dict[str, dict[str, Any]]]]:
     """``{document: {factor: {scaling: record}}}``: the scaled curves of each factor (the longest per scaling),
     with the model as trained (its longest curve) in every group; the groups in ascending factor."""
@@ -399,7 +387,6 @@ def ppl_table(records: Sequence[dict[str, Any]]) -> list[str]:
         rows.sort(key=lambda sr: (ORDER.index(sr[0]) if sr[0] in ORDER else len(ORDER), sr[1].get("factor") or 1.0))
         if not rows:
             continue
-        curves = dict(rows[:1])
         trained = rows[0][1]["trained_length"]
         longest = max(r["tokens"] - 1 for _, r in rows)
         lengths = table_lengths(trained, longest + 1)
@@ -409,9 +396,9 @@ def ppl_table(records: Sequence[dict[str, Any]]) -> list[str]:
             spans.append((a, min(2 * a, longest)))
             a *= 2
         head = " | ".join(f"{n / 1024:g}k" for n in lengths)
-        span_head = "".join(f" {_mult(a, trained).removeprefix('1L') or 'L'}..{_mult(b, trained)} |" for a, b in spans)
+        span_head = "".join(f" {'L' if a == trained else _mult(a, trained)}..{_mult(b, trained)} |" for a, b in spans)
         lines += [
-            f"**{doc}** ({next(iter(curves.values())).get('about', '')}): perplexity of the first n tokens, "
+            f"**{doc}** ({rows[0][1].get('about', '')}): perplexity of the first n tokens, "
             f"and of the positions in each doubling past L = {trained} alone",
             "",
             f"| scaling | {head} |{span_head}",

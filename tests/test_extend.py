@@ -441,3 +441,10 @@ def test_curves_of_two_factors_are_compared_within_their_own_factor(tmp_path):
     assert "| YaRN, s=2 |" in table and "| YaRN, s=4 |" in table and table.count("| as trained") == 1
     path = report.plot_losses(records, tmp_path / "loss.png")
     assert path is not None and path.stat().st_size > 10_000
+
+
+def test_cli_refuses_a_chunk_that_is_not_a_positive_number_of_tokens(tmp_path, capsys):
+    from posenc.cli import main
+
+    assert main(["extend", "--chunk", "0", "--out", str(tmp_path)]) == 2
+    assert "--chunk is a positive number of tokens, got 0" in capsys.readouterr().err

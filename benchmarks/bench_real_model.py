@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 import posenc.hf
-from posenc.bench.runenv import run_environment
+from posenc.runenv import run_environment
 from posenc.pretrained import identity
 
 HERE = Path(__file__).resolve().parent

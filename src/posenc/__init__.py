@@ -14,9 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_names
+from ._version import __version__
 from .errors import ConfigError, PosencError, PositionError, UnknownNameError
-
-__version__ = "0.1.0"
 
 # public name -> the submodule that defines it
 _LAZY: dict[str, str] = {

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .runenv import differences
+from ..runenv import differences
 from .runner import label_of
 
 PCT_METRICS = ("accuracy", "f1", "sequence_accuracy", "entity_f1", "exact_match")

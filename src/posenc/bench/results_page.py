@@ -344,7 +344,7 @@ def _with_readme_block(text: str, block: str, where: str) -> str:
 
 def _machine(records: list[dict[str, Any]]) -> list[str]:
     from .report import ENV_COLUMNS, _md_table, run_environments
-    from .runenv import differences
+    from ..runenv import differences
 
     head, body = run_environments(records)
     out = ["Where the runs were trained (each run records its own environment):", ""]

@@ -164,11 +164,11 @@ class RunFailedError(PosencError):
 def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
     """Train and evaluate one configuration with its task; return a JSON-able result.
 
-    ``env`` is the environment of this process (:func:`posenc.bench.runenv.run_environment`:
+    ``env`` is the environment of this process (:func:`posenc.runenv.run_environment`:
     versions, git commit, kernel path, CPU, threads), so every stored run says where it ran.
     """
     from .api import get_task, task_version
-    from .runenv import run_environment
+    from ..runenv import run_environment
 
     task = get_task(cfg.task)
     now = task_version(cfg.task)

@@ -437,7 +437,7 @@ def passkey_table(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the store holds: the model, the cells, the time they took, the machines."""
-    from ..bench.runenv import describe
+    from ..runenv import describe
 
     model = records[0]["model"] if records else {}
     seconds = sum(float(r.get("seconds", 0)) for r in records)

@@ -22,7 +22,7 @@ within ``L``), with LongRoPE's own switch at ``L`` and attention factor ``sqrt(1
 mechanism without the search, and said so wherever it is shown.
 
 Every record keeps the model's identity (its file's SHA-256: :func:`posenc.pretrained.identity`), the
-document's (its text's SHA-256 and token count) and the environment (:func:`posenc.bench.runenv.run_environment`);
+document's (its text's SHA-256 and token count) and the environment (:func:`posenc.runenv.run_environment`);
 a store holding cells of another model or another document text is refused rather than mixed.
 """
 
@@ -301,7 +301,7 @@ def run(
     ``model`` / ``tokenizer``: a loaded model (else ``cfg.model`` is loaded with
     :func:`posenc.pretrained.load_pretrained`). ``max_cells``: stop after that many new cells (a budget).
     """
-    from ..bench.runenv import run_environment
+    from ..runenv import run_environment
     from ..pretrained import identity, load_pretrained
 
     if model is None:

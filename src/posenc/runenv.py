@@ -72,7 +72,7 @@ def kernel_path() -> str:
     Asks :func:`posenc.native.build` (builds the kernels on the first call of a
     machine, then loads the cached build), as every caller of the kernels does.
     """
-    from .. import native
+    from . import native
 
     if not native.enabled:
         return "PyTorch (posenc.native.enabled is False)"
@@ -91,11 +91,11 @@ def kernel_path() -> str:
 def _fixed() -> dict[str, Any]:
     import torch
 
-    import posenc
+    from ._version import __version__
 
     commit, dirty = git_state()
     return {
-        "posenc": posenc.__version__,
+        "posenc": __version__,
         "git_commit": commit,
         "git_dirty": dirty,
         "torch": torch.__version__,

@@ -3,6 +3,12 @@
 Every module under ``posenc.absolute``, ``posenc.rotary``, ``posenc.relative``
 and ``posenc.bias`` is imported on first use, so adding a method is adding a
 file: nothing else needs editing.
+
+The registry sits below the encodings: it imports only :mod:`posenc.base` and
+:mod:`posenc.errors`, and the encoding packages by name (``importlib``) when it
+loads them. The ``randomized-<name>`` variants are made by a function that
+:mod:`posenc.bias.randomized_registry` installs with :func:`add_variant_maker`
+when it is loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import difflib
 import importlib
 import inspect
 import pkgutil
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .base import Card, NoPositionalEncoding, PositionalEncoding
@@ -21,6 +28,8 @@ _ALIASES: dict[str, str] = {}
 _FAMILY_PACKAGES = ("absolute", "rotary", "relative", "bias")
 _loaded = False  # loading has started (guards against re-entry)
 _ready = False  # every encoding module is imported: randomized variants are added as classes register
+# called with each class that declares ``randomized_variant`` (installed by posenc.bias.randomized_registry)
+_variant_makers: list[Callable[[type[PositionalEncoding]], object]] = []
 
 E = TypeVar("E", bound=type[PositionalEncoding])
 
@@ -43,9 +52,22 @@ def register(cls: E) -> E:
 
 
 def _add_randomized(cls: type[PositionalEncoding]) -> None:
-    from .bias.randomized_registry import add_variant
+    for make in list(_variant_makers):
+        make(cls)
 
-    add_variant(cls)
+
+def add_variant_maker(make: Callable[[type[PositionalEncoding]], object]) -> None:
+    """Call ``make(cls)`` for every class that declares ``randomized_variant``: for those registered so far once every
+    encoding module is loaded (so that nothing depends on the order the modules load in), and for a class registered
+    later when it registers. :mod:`posenc.bias.randomized_registry` installs the one that registers
+    ``randomized-<name>``; the registry itself knows no encoding module."""
+    if make in _variant_makers:
+        return
+    _variant_makers.append(make)
+    if _ready:
+        for cls in list(_REGISTRY.values()):
+            if cls.randomized_variant:
+                make(cls)
 
 
 register(NoPositionalEncoding)

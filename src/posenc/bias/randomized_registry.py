@@ -14,9 +14,11 @@ range much longer than the training length, e.g. ``L = 2048`` for ``N <= 40``).
 
 Which encodings get one is declared in their own files (``randomized_variant = True``
 on the class, inherited by subclasses unless they set it back to ``False``);
-:mod:`posenc.registry` adds the variants once every encoding module is loaded, so
-registration does not depend on the order in which encoding modules load, and a class
-registered later gets its variant when it registers. Any other encoding can be wrapped
+:mod:`posenc.registry` calls :func:`add_variant` (installed here with
+:func:`posenc.registry.add_variant_maker`, so that the registry imports no encoding
+module) once every encoding module is loaded, so registration does not depend on the
+order in which encoding modules load, and a class registered later gets its variant
+when it registers. Any other encoding can be wrapped
 with :func:`posenc.randomized.randomized`.
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 from ..base import Card, PositionalEncoding
 from ..errors import ConfigError
 from ..randomized import Randomized
-from ..registry import build, register
+from ..registry import add_variant_maker, available, build, example_options, register
 
 
 class RandomizedNamed(Randomized):
@@ -68,8 +70,6 @@ class RandomizedNamed(Randomized):
 
 
 def _inner_example(inner: type[PositionalEncoding], dims: dict[str, Any]) -> dict[str, Any]:
-    from ..registry import example_options
-
     options = example_options(inner, dims)
     return {"inner_options": options} if options else {}
 
@@ -115,7 +115,8 @@ REGISTERED: dict[str, type[RandomizedNamed]] = {}  # randomized-<name> -> its cl
 
 
 def add_variant(inner: type[PositionalEncoding]) -> type[RandomizedNamed]:
-    """Register ``randomized-<name>`` over ``inner`` (once; called by :mod:`posenc.registry`)."""
+    """Register ``randomized-<name>`` over ``inner`` (once; called by :mod:`posenc.registry`, see
+    :func:`~posenc.registry.add_variant_maker`)."""
     for cls in REGISTERED.values():
         if cls.inner_class is inner:
             return cls
@@ -125,10 +126,11 @@ def add_variant(inner: type[PositionalEncoding]) -> type[RandomizedNamed]:
     return cls
 
 
+add_variant_maker(add_variant)
+
+
 def __getattr__(name: str) -> Any:
     # the variant classes (RandomizedRoPE ...) exist once the registry has loaded every encoding
-    from ..registry import available
-
     available()
     try:
         return globals()[name]

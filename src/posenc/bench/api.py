@@ -39,181 +39,31 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
-import warnings
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any
 
-from ..errors import ConfigError, UnknownNameError
+from ..errors import ConfigError
 
-if TYPE_CHECKING:
-    from .runner import RunConfig
-
-OnStep = Callable[[int, float], None]
-
-#: the entry-point group an installed package uses to make its tasks known to ``posenc bench``
-ENTRY_POINT_GROUP = "posenc.tasks"
-#: the package of the built-in tasks (their runs are keyed without a version unless they declare one)
-BUILTIN_PACKAGE = "posenc.bench.tasks"
-
-
-class Task:
-    """Base class of a benchmark task."""
-
-    name: ClassVar[str]
-    description: ClassVar[str] = ""
-    metric: ClassVar[str] = "accuracy"
-    higher_is_better: ClassVar[bool] = True
-    #: "encoder" or "decoder": the model style used when the config says "auto"
-    default_model: ClassVar[str] = "encoder"
-    #: part of the run key: ``None`` means a hash of the task's source code (for a task that is not
-    #: built in); set a string (``"2"``) to decide yourself when old results stop counting
-    version: ClassVar[str | None] = None
-
-    def validate(self, cfg: RunConfig) -> None:
-        """Raise :class:`~posenc.errors.ConfigError` for settings this task cannot run."""
-
-    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:  # pragma: no cover
-        raise NotImplementedError
-
-    def chance(self, cfg: RunConfig, label: str) -> float | None:
-        """The metric at evaluation ``label`` (``"32"``, ``"test"`` ...) of a model that learned nothing.
-
-        That is the best answer that ignores the input (the majority class; for perplexity
-        a uniform guess over the vocabulary), on the scale of ``metric``. The report draws
-        it as the chance line and lists runs that stay near it. ``None``: unknown.
-        """
-        return None
-
-    def training_lengths(self, cfg: RunConfig) -> tuple[int, int] | None:
-        """The lengths the model is trained on, ``(shortest, longest)``, as the report states them.
-
-        ``None``: the task does not use ``cfg.train_lengths`` (real data, whose sentences fix the
-        lengths), and the report claims no training lengths for it.
-        """
-        return (cfg.train_lengths[0], cfg.train_lengths[1])
-
-    def ranking_labels(self, cfg: RunConfig) -> tuple[str, ...] | None:
-        """The evaluation labels whose mean ranks the encodings in the report (e.g. ``("test",)``).
-
-        ``None`` (the default): the report's rule -- by the mean beyond the training length, then
-        in distribution; for a task evaluated on splits, ``"test"`` where there is one, else every
-        label. The other labels (``"valid"`` ...) are still shown as columns.
-        """
-        return None
-
-
-_TASKS: dict[str, Task] = {}
-_VERSIONS: dict[str, str | None] = {}
-T = TypeVar("T", bound=type[Task])
-
-
-def is_builtin(cls: type) -> bool:
-    return cls.__module__ == BUILTIN_PACKAGE or cls.__module__.startswith(BUILTIN_PACKAGE + ".")
-
-
-def _source_version(cls: type) -> str:
-    """``src-<hash>`` of the source of the module that defines ``cls`` (helpers included), or of the
-    class alone when the module has no file (a notebook cell), or of its methods' bytecode."""
-    mod = sys.modules.get(cls.__module__)
-    text: str | None = None
-    file = getattr(mod, "__file__", None)
-    if file and str(file).endswith(".py"):
-        try:
-            text = Path(file).read_text(encoding="utf-8")
-        except OSError:
-            text = None
-    if text is None:
-        try:
-            text = inspect.getsource(cls)
-        except (OSError, TypeError):
-            parts = [cls.__qualname__]
-            for name, value in sorted(vars(cls).items()):
-                code = getattr(getattr(value, "__func__", value), "__code__", None)
-                if code is not None:
-                    parts.append(f"{name}:{code.co_code.hex()}:{code.co_names}")
-                elif not name.startswith("__"):
-                    parts.append(f"{name}={value!r}")
-            text = "\n".join(parts)
-    return "src-" + hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def _compute_version(cls: type[Task]) -> str | None:
-    if cls.version is not None:
-        return str(cls.version)
-    if is_builtin(cls):
-        return None
-    return _source_version(cls)
-
-
-def register_task(cls: T) -> T:
-    """Class decorator: register one instance of ``cls`` under ``cls.name``.
-
-    Registering a name again replaces the task (a notebook cell run again); a warning
-    says so when the new class comes from another module than the old one.
-    """
-    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
-        raise ConfigError(f"task class {cls.__qualname__} needs a name (a class attribute: name = 'my-task')")
-    old = _TASKS.get(cls.name)
-    if old is not None and type(old) is not cls:
-        before, now = type(old).__module__, cls.__module__
-        if before != now and not {before, now} <= {"__main__", "__mp_main__"}:
-            warnings.warn(
-                f"task {cls.name!r} from {before} is replaced by the one from {now}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    _TASKS[cls.name] = cls()
-    _VERSIONS[cls.name] = _compute_version(cls)
-    return cls
-
-
-def task_version(task: str | Task) -> str | None:
-    """The version that goes into the run key of ``task`` (``None``: a built-in task without one)."""
-    name = task if isinstance(task, str) else task.name
-    get_task(name)
-    return _VERSIONS.get(name)
-
-
-_loaded = False
-
-
-def _load_builtin() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    import pkgutil
-
-    from . import tasks
-
-    for mod in pkgutil.walk_packages(tasks.__path__, prefix=f"{tasks.__name__}."):
-        importlib.import_module(mod.name)
-    _load_entry_points()
-
-
-def _load_entry_points() -> None:
-    """Import the task modules that installed packages declare (group ``posenc.tasks``)."""
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            obj = ep.load()
-        except Exception as exc:  # noqa: BLE001 -- one broken package must not stop the others
-            warnings.warn(
-                f"posenc bench: the task entry point {ep.name} = {ep.value} could not be loaded: "
-                f"{type(exc).__name__}: {exc}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            continue
-        if isinstance(obj, type) and issubclass(obj, Task) and getattr(obj, "name", None) not in _TASKS:
-            register_task(obj)
-
+# the task interface and its registry live at the bottom of the harness (a RunConfig checks its task there);
+# this is where a task's author finds them
+from .types import (  # noqa: F401 -- re-exported
+    BUILTIN_PACKAGE,
+    ENTRY_POINT_GROUP,
+    OnStep,
+    RunConfig,
+    Task,
+    available_tasks,
+    get_task,
+    is_builtin,
+    load_builtin_tasks,
+    register_task,
+    task_version,
+)
 
 # ---------------------------------------------------------------------------- user task modules
 #: the task modules loaded by load_tasks in this process: spec as given -> (module name, spec for workers)
@@ -256,7 +106,7 @@ def load_tasks(*specs: str | Path, base: str | Path | None = None) -> list[Modul
     torchrun rank. A module name is looked up on ``sys.path`` and then in ``base`` (default:
     the current folder). An error while importing is a :class:`ConfigError` naming the module.
     """
-    _load_builtin()
+    load_builtin_tasks()
     base = Path(base) if base is not None else Path.cwd()
     mods = []
     for raw in specs:
@@ -340,19 +190,41 @@ def prepare_process(imports: Sequence[str] = (), sys_path: Sequence[str] = ()) -
         load_tasks(*todo)
 
 
-def get_task(name: str) -> Task:
-    _load_builtin()
-    try:
-        return _TASKS[name]
-    except KeyError:
-        exc = UnknownNameError("task", name, _TASKS)
-        exc.args = (
-            f"{exc.args[0]} A task of your own is found when its module is imported: "
-            "posenc bench --import my_tasks (a module name or a .py file), or posenc.bench.load_tasks(...)",
+# ---------------------------------------------------------------------------- one run
+def run_one(cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
+    """Train and evaluate one configuration with its task; return a JSON-able result.
+
+    ``env`` is the environment of this process (:func:`posenc.runenv.run_environment`:
+    versions, git commit, kernel path, CPU, threads), so every stored run says where it ran.
+    """
+    from ..runenv import run_environment  # on first use: it asks torch and git
+
+    task = get_task(cfg.task)
+    now = task_version(cfg.task)
+    if cfg.task_version != now:
+        raise ConfigError(
+            f"task {cfg.task!r} is at version {now!r} in this process, but the run was planned with version "
+            f"{cfg.task_version!r}: its code changed while the suite ran (or a worker imports another file). "
+            "Start the suite again to run the new version"
         )
-        raise exc from None
-
-
-def available_tasks() -> list[str]:
-    _load_builtin()
-    return sorted(_TASKS)
+    started, t0 = time.time(), time.perf_counter()
+    out = task.run(cfg, on_step)
+    curve = out.get("curve", [])
+    return {
+        "key": cfg.key(),
+        "config": cfg.as_dict(),
+        "metric": task.metric,
+        "higher_is_better": task.higher_is_better,
+        "metrics": out["metrics"],
+        "curve": curve,
+        "train_seconds": out.get("train_seconds", round(time.perf_counter() - t0, 2)),
+        # when the run started (Unix time) and its wall seconds, evaluation included: a suite's wall time is the span
+        # from its first start to its last finish (docs/results.md)
+        "started_at": round(started, 3),
+        "run_seconds": round(time.perf_counter() - t0, 2),
+        "parameters": out.get("parameters"),
+        "final_loss": curve[-1][1] if curve else None,
+        # the process that trained the run (a worker, a Ray task, torchrun's rank 0), not the parent
+        "env": run_environment(),
+        **({"extra": out["extra"]} if "extra" in out else {}),
+    }

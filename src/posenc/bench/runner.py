@@ -17,188 +17,24 @@ when the lock is free, while the other runs go on.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PosencError
-from ..registry import resolve
+from .api import run_one  # noqa: F401 -- re-exported (and the seam tests replace)
+from .types import MODELS, Job, RunConfig, default_label, label_of  # noqa: F401 -- re-exported
 
 if TYPE_CHECKING:
     from .store import SQLiteStore
     from .suites import Suite
 
-MODELS = ("auto", "encoder", "decoder")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One training run. Every field changes the result; the key hashes all of them.
-
-    ``train_lengths`` is the range of training lengths (or, for language modelling,
-    the training context); ``test_lengths`` the lengths evaluated (the first may equal
-    the longest training length: in distribution; the rest are extrapolation).
-    ``model`` is ``"encoder"`` (bidirectional), ``"decoder"`` (causal) or ``"auto"``
-    (the task's default). ``task_options`` are passed to the task as they are.
-    ``task_version`` is filled in from the task (:func:`posenc.bench.api.task_version`):
-    ``None`` for a built-in task that declares no version, whose keys are those of
-    posenc 0.1; else it is part of the key, so a task whose code changed gives new runs.
-    """
-
-    task: str = "order"
-    encoding: str = "sinusoidal"
-    seed: int = 0
-    train_lengths: tuple[int, int] = (4, 16)
-    test_lengths: tuple[int, ...] = (16, 32, 64)
-    steps: int = 300
-    batch_size: int = 64
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int | None = None
-    lr: float = 3e-3
-    eval_samples: int = 512
-    model: str = "auto"
-    encoding_options: dict[str, Any] = field(default_factory=dict)
-    task_options: dict[str, Any] = field(default_factory=dict)
-    task_version: str | None = None
-
-    def __post_init__(self) -> None:
-        from .api import get_task, task_version
-
-        object.__setattr__(self, "train_lengths", tuple(self.train_lengths))
-        object.__setattr__(self, "test_lengths", tuple(self.test_lengths))
-        task = get_task(self.task)
-        if self.task_version is None:
-            object.__setattr__(self, "task_version", task_version(self.task))
-        resolve(self.encoding)
-        if self.model not in MODELS:
-            raise ConfigError(f"model must be one of {MODELS}, got {self.model!r}")
-        if self.model == "auto":
-            object.__setattr__(self, "model", task.default_model)
-        if len(self.train_lengths) != 2:
-            raise ConfigError(f"train_lengths must be (min, max), got {self.train_lengths}")
-        lo, hi = self.train_lengths
-        if not 1 <= lo <= hi:
-            raise ConfigError(f"train_lengths must satisfy 1 <= min <= max, got {self.train_lengths}")
-        if not self.test_lengths:
-            raise ConfigError("test_lengths must name at least one length")
-        short = [n for n in self.test_lengths if n < hi]
-        if short:
-            raise ConfigError(
-                f"test lengths {short} are shorter than the longest training length {hi}; "
-                f"test at {hi} (in distribution) and longer"
-            )
-        for name in ("steps", "batch_size", "d_model", "n_layers", "n_heads", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ConfigError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        task.validate(self)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["train_lengths"] = list(self.train_lengths)
-        d["test_lengths"] = list(self.test_lengths)
-        if d["task_version"] is None:  # built-in tasks: the key of posenc 0.1 (existing stores stay valid)
-            del d["task_version"]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown run settings {unknown}; known: {sorted(known)}")
-        return cls(**d)
-
-    def key(self) -> str:
-        blob = json.dumps(self.as_dict(), sort_keys=True, default=str)
-        return hashlib.sha1(blob.encode()).hexdigest()[:16]
-
-
-def default_label(encoding: str, options: dict[str, Any] | None = None) -> str:
-    """The display name of an encoding with options: ``shaw(max_relative_position=4)``."""
-    if not options:
-        return encoding
-    return f"{encoding}({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})"
-
-
-def label_of(record: dict[str, Any]) -> str:
-    """The display label of a stored run (its suite's label, or the encoding and its options)."""
-    cfg = record["config"]
-    return record.get("label") or default_label(cfg["encoding"], cfg.get("encoding_options"))
-
-
-@dataclass(frozen=True)
-class Job:
-    """A run of a suite: its config, the label it is shown under, the suite it belongs to."""
-
-    config: RunConfig
-    label: str = ""
-    suite: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.label:
-            object.__setattr__(self, "label", default_label(self.config.encoding, self.config.encoding_options))
-
-    @property
-    def key(self) -> str:
-        return self.config.key()
-
-    @property
-    def title(self) -> str:
-        return f"{self.config.task}/{self.label}/seed{self.config.seed}"
-
 
 class RunFailedError(PosencError):
     """A run raised an error and the suite was asked to stop (``on_error="stop"``)."""
-
-
-def run_one(cfg: RunConfig, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
-    """Train and evaluate one configuration with its task; return a JSON-able result.
-
-    ``env`` is the environment of this process (:func:`posenc.runenv.run_environment`:
-    versions, git commit, kernel path, CPU, threads), so every stored run says where it ran.
-    """
-    from .api import get_task, task_version
-    from ..runenv import run_environment
-
-    task = get_task(cfg.task)
-    now = task_version(cfg.task)
-    if cfg.task_version != now:
-        raise ConfigError(
-            f"task {cfg.task!r} is at version {now!r} in this process, but the run was planned with version "
-            f"{cfg.task_version!r}: its code changed while the suite ran (or a worker imports another file). "
-            "Start the suite again to run the new version"
-        )
-    started, t0 = time.time(), time.perf_counter()
-    out = task.run(cfg, on_step)
-    curve = out.get("curve", [])
-    return {
-        "key": cfg.key(),
-        "config": cfg.as_dict(),
-        "metric": task.metric,
-        "higher_is_better": task.higher_is_better,
-        "metrics": out["metrics"],
-        "curve": curve,
-        "train_seconds": out.get("train_seconds", round(time.perf_counter() - t0, 2)),
-        # when the run started (Unix time) and its wall seconds, evaluation included: a suite's wall time is the span
-        # from its first start to its last finish (docs/results.md)
-        "started_at": round(started, 3),
-        "run_seconds": round(time.perf_counter() - t0, 2),
-        "parameters": out.get("parameters"),
-        "final_loss": curve[-1][1] if curve else None,
-        # the process that trained the run (a worker, a Ray task, torchrun's rank 0), not the parent
-        "env": run_environment(),
-        **({"extra": out["extra"]} if "extra" in out else {}),
-    }
 
 
 class ResultStore:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import functools
 import html
 import importlib.metadata
 import json
@@ -28,9 +27,24 @@ from pathlib import Path
 from typing import Any
 
 from ..runenv import differences
+from .outcomes import (
+    LEARNED_SHARE,
+    PCT_METRICS,
+    PPL_METRICS,
+    _chance_of,
+    _task_says,
+    at_chance,
+    chance_level,
+    ranking_labels,
+    run_learned,
+    trained_lengths,
+)
+from .outcomes import gap_closed as _gap_closed
+from .outcomes import is_pct as _pct
+from .outcomes import metric_range as _range
 from .runner import label_of
 
-PCT_METRICS = ("accuracy", "f1", "sequence_accuracy", "entity_f1", "exact_match")
+__all__ = ["LEARNED_SHARE", "PCT_METRICS", "PPL_METRICS", "_chance_of", "_task_says", "run_learned"]
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -140,48 +154,6 @@ def _run_score(
     return statistics.fmean(rest) if rest else float("nan")
 
 
-@functools.lru_cache(maxsize=1024)
-def _task_says(task: str, config_json: str, what: str) -> Any:
-    """``Task.<what>(cfg)`` for a run's config; ``"unknown"`` for a task no longer registered or an old config."""
-    from .api import get_task
-    from .runner import RunConfig
-
-    try:
-        return getattr(get_task(task), what)(RunConfig.from_dict(json.loads(config_json)))
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def _config_json(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, default=str)
-
-
-def ranking_labels(config: dict[str, Any], labels: Iterable[str]) -> list[str] | None:
-    """The evaluation labels whose mean ranks a task's rows, or None: by lengths (beyond training first).
-
-    The task's own (``Task.ranking_labels``) where it names some that were reported; else, for a
-    task evaluated on splits (no length among ``labels``), ``"test"`` where it is reported. A
-    validation split is shown, never averaged into the ranking.
-    """
-    labels = [k for k in labels if not k.endswith("_error")]
-    said = _task_says(config["task"], _config_json(config), "ranking_labels")
-    if said not in (None, "unknown"):
-        keys = [k for k in said if k in labels]
-        if keys:
-            return keys
-    if not any(k.isdigit() for k in labels) and "test" in labels:
-        return ["test"]
-    return None
-
-
-def trained_lengths(config: dict[str, Any]) -> tuple[int, int] | None:
-    """The lengths a run was trained on (``Task.training_lengths``); None where the task uses none (real data)."""
-    said = _task_says(config["task"], _config_json(config), "training_lengths")
-    if said == "unknown":  # not registered here: the config's lengths, as runs of length tasks have them
-        return tuple(config["train_lengths"])  # type: ignore[return-value]
-    return None if said is None else (int(said[0]), int(said[1]))
-
-
 def _trained_text(rows: dict[str, Any] | list[dict[str, Any]]) -> str:
     """The text "trained on lengths ≤ 16" / "trained on length 64" of a row, or of a task's rows ("trained on length
     64; some rows up to 256" where they differ, e.g. fine-tuned rows), or "" where the task claims none."""
@@ -198,10 +170,6 @@ def _rank(x: float, row: dict[str, Any]) -> float:
     if x != x:
         return float("inf")
     return -x if row["higher_is_better"] else x
-
-
-def _pct(metric: str) -> bool:
-    return metric in PCT_METRICS
 
 
 def _fmt(x: float, metric: str) -> str:
@@ -345,32 +313,6 @@ def _published_html(published: dict[str, Any], rows: list[dict[str, Any]]) -> st
 # ---------------------------------------------------------------------------- chance and learning
 #: a run "did not learn" a task when its mean in-distribution metric closes less than this share of
 #: the gap between chance and a perfect score (100 %; perplexity 1, measured on a log scale)
-LEARNED_SHARE = 0.2
-PPL_METRICS = ("perplexity", "ppl")
-
-
-@functools.lru_cache(maxsize=4096)
-def _chance_of(task: str, config_json: str, key: str) -> float | None:
-    from .api import get_task
-    from .runner import RunConfig
-
-    try:
-        t = get_task(task)
-        # chance does not depend on the encoding: every run of a task and seed shares one value
-        cfg = RunConfig.from_dict({**json.loads(config_json), "encoding": "none", "encoding_options": {}})
-        c = getattr(t, "chance", None)
-        value = c(cfg, key) if callable(c) else c
-    except Exception:  # a task no longer registered, an old config: unknown
-        return None
-    return None if value is None else float(value)
-
-
-def chance_level(record_config: dict[str, Any], key: str) -> float | None:
-    """The task's chance level at evaluation ``key`` for one run's config (``Task.chance``), or None."""
-    blob = json.dumps(
-        {k: v for k, v in record_config.items() if k not in ("encoding", "encoding_options")}, default=str
-    )
-    return _chance_of(record_config["task"], blob, key)
 
 
 def _row_chance(runs: list[dict[str, Any]], keys: list[str]) -> dict[str, float | None]:
@@ -379,26 +321,6 @@ def _row_chance(runs: list[dict[str, Any]], keys: list[str]) -> dict[str, float 
         vals = [chance_level(r["config"], k) for r in runs]
         out[k] = None if not vals or any(v is None for v in vals) else statistics.fmean(vals)  # type: ignore[arg-type]
     return out
-
-
-def _range(metric: str) -> tuple[float, float] | None:
-    """The values the metric can take (for clipping error bars), or None if unbounded / unknown."""
-    if _pct(metric):
-        return 0.0, 1.0
-    if metric in PPL_METRICS:
-        return 1.0, float("inf")
-    return None
-
-
-def _gap_closed(value: float, chance: float | None, metric: str, higher: bool) -> float | None:
-    """The share of the way from chance to a perfect score that ``value`` covers, or None if unknown."""
-    if chance is None or value != value:
-        return None
-    if _pct(metric) and higher and chance < 1:
-        return (value - chance) / (1 - chance)
-    if metric in PPL_METRICS and not higher and chance > 1:
-        return (math.log(chance) - math.log(max(value, 1e-12))) / math.log(chance)
-    return None
 
 
 def _ind_keys(row: dict[str, Any]) -> list[str]:
@@ -410,23 +332,6 @@ def _ind_keys(row: dict[str, Any]) -> list[str]:
     if not keys and not any(k.isdigit() and int(k) > row["train_max"] for k in row["values"]):
         keys = [k for k, v in row["values"].items() if v is not None]
     return keys
-
-
-def at_chance(value: float, chance: float | None, metric: str, higher: bool = True) -> bool | None:
-    """Whether ``value`` is *at chance*: it closes less than :data:`LEARNED_SHARE` of the gap between the chance
-    level and a perfect score (for a metric without a perfect score: not better than chance); None if unknown.
-
-    The one rule of the report: the tables' grey (HTML) or italic (Markdown) cells, the Failures list's rows
-    that did not learn, and the terminal's warnings all ask this function.
-    """
-    if chance is None or value != value:
-        return None
-    share = _gap_closed(value, chance, metric, higher)
-    if share is not None:
-        return share < LEARNED_SHARE
-    if _pct(metric) or metric in PPL_METRICS:  # chance at the perfect score itself: nothing to learn
-        return None
-    return value <= chance if higher else value >= chance
 
 
 def _cell_at_chance(row: dict[str, Any], key: str) -> bool:
@@ -452,24 +357,6 @@ def _learned(row: dict[str, Any]) -> tuple[bool | None, float | None]:
     c = statistics.fmean(cs)  # type: ignore[arg-type]
     low = at_chance(row["in_distribution"], c, row["metric"], row["higher_is_better"])
     return (None if low is None else not low), c
-
-
-def run_learned(record: dict[str, Any]) -> bool | None:
-    """Whether one run learned its task in distribution (:func:`at_chance` of its mean at the training lengths, or
-    at its ranking labels); None where the chance level is unknown. The live board warns with it."""
-    cfg = record["config"]
-    metric = record.get("metric", "accuracy")
-    higher = record.get("higher_is_better", True)
-    vals = {k: v for k, v in record["metrics"].items() if not k.endswith("_error")}
-    ranked = ranking_labels(cfg, vals)
-    tm = cfg["train_lengths"][1]
-    keys = ranked or [k for k in vals if k.isdigit() and int(k) <= tm] or [k for k in vals if not k.isdigit()]
-    keys = [k for k in keys if isinstance(vals.get(k), int | float)]
-    cs = [chance_level(cfg, k) for k in keys]
-    if not keys or any(c is None for c in cs):
-        return None
-    low = at_chance(statistics.fmean(float(vals[k]) for k in keys), statistics.fmean(cs), metric, higher)  # type: ignore[arg-type]
-    return None if low is None else not low
 
 
 def seeds_disagree(values: list[float], chance: float | None, metric: str, higher: bool = True) -> bool:

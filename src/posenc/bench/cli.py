@@ -198,8 +198,8 @@ def _all_buildable(suite: Any) -> list[str | dict[str, Any]]:
     a name, or ``{"name", "options"}``. One that still cannot run there is left out, saying why on stderr."""
     from ..errors import PosencError
     from ..registry import available, example_options
-    from .runner import RunConfig
     from .suites import check_reach
+    from .types import RunConfig
 
     settings = suite.grids[0].settings
     entries: list[str | dict[str, Any]] = []

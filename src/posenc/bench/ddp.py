@@ -7,7 +7,7 @@
     torchrun --nproc_per_node 2 -m posenc.bench.ddp --import my_tasks.py --task my-task --encoding rope
 
 Every rank builds the same model and draws the same batches from the same seed;
-each keeps its share of the rows (:func:`posenc.bench.executors.shard`) and DDP
+each keeps its share of the rows (:func:`posenc.bench.distributed.shard`) and DDP
 averages the gradients, so the run is the same run as on one process (the same batches
 and, in exact arithmetic, the same full-batch gradient at every step). Rank 0 writes the result (to ``--store`` or
 ``--result-json``); every rank checks that its parameters equal rank 0's at the end.
@@ -19,7 +19,7 @@ last-bit differences, as it does another CPU's or another thread count's: at the
 two such runs of one seed can differ by several points of accuracy. Randomized positions and attention dropout
 also draw per rank, for the rank's rows. The record says so (``extra.ddp``: ``data_parallel``, ``threads``,
 ``numerics``): compare a DDP run's numbers with other seeds' spread, not with one local run's. A task whose
-loop does not call :func:`~posenc.bench.executors.ddp_wrap` (the built-in language-modelling, tagging, text and
+loop does not call :func:`~posenc.bench.distributed.ddp_wrap` (the built-in language-modelling, tagging, text and
 context-extension tasks among them) is run whole on every rank: ``data_parallel`` is then false and rank 0 says
 so on stderr.
 """
@@ -36,8 +36,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from .executors import describe_error, last_wrapped, parameter_checksum
-from .runner import Job, RunConfig, run_one
+from .api import load_tasks, run_one
+from .distributed import last_wrapped, parameter_checksum
+from .executors import describe_error
+from .types import Job, RunConfig
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -96,8 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.imports:
-        from .api import load_tasks
-
         load_tasks(*args.imports)
 
     dist.init_process_group(backend=args.backend)

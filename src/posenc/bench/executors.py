@@ -13,12 +13,9 @@ everywhere); a worker that dies is replaced, and its run is tried once more
 before it is recorded as failed. Every worker, Ray task and torchrun rank first
 imports the task modules of the parent (:func:`posenc.bench.api.worker_imports`).
 
-DDP: a task's training loop can use :func:`ddp_wrap` (wraps the model in
-:class:`~torch.nn.parallel.DistributedDataParallel` when ``torch.distributed`` is
-initialised, else returns it as it is), :func:`shard` (this rank's rows of a
-batch) and :func:`mean_over_ranks` (a loss value averaged over ranks). The
-shared loop :func:`posenc.bench.training.train_classifier` does; so a
-classification task runs under ``torchrun`` unchanged (see :mod:`posenc.bench.ddp`).
+DDP: the helpers a task's training loop uses under ``torchrun`` (:func:`ddp_wrap`,
+:func:`shard`, :func:`mean_over_ranks`) live in :mod:`posenc.bench.distributed`, below
+the training loops; they are re-exported here, where they were first documented.
 """
 
 from __future__ import annotations
@@ -38,80 +35,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
 
 from ..errors import ConfigError, PosencError
-from .runner import Job, RunConfig
+from .api import prepare_process, run_one
+from .distributed import (  # noqa: F401 -- re-exported: a task's own loop imports them from here (docs/tasks.md)
+    ddp_wrap,
+    distributed,
+    last_wrapped,
+    mean_over_ranks,
+    parameter_checksum,
+    shard,
+)
+from .types import Job, RunConfig
 
 Event = tuple[Job, "dict[str, Any] | None", "str | None"]
 OnStep = Callable[[Job, int, float], None]
 
 EXECUTORS = ("auto", "local", "process", "ray", "ddp")
-
-
-# ---------------------------------------------------------------------------- DDP helpers
-def distributed() -> tuple[int, int] | None:
-    """``(rank, world_size)`` inside an initialised process group, else ``None``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return None
-
-
-_WRAPPED: list[nn.Module] = []
-
-
-def ddp_wrap(model: nn.Module) -> nn.Module:
-    """``DistributedDataParallel(model)`` under torchrun, ``model`` itself otherwise.
-
-    Gradients are averaged over ranks in ``backward``; parameters start equal
-    (DDP broadcasts rank 0's). The plain model is remembered (:func:`last_wrapped`)
-    so the launcher can check that every rank ends with the same parameters.
-    """
-    if distributed() is None:
-        return model
-    _WRAPPED.clear()
-    _WRAPPED.append(model)
-    return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
-
-
-def last_wrapped() -> nn.Module | None:
-    return _WRAPPED[-1] if _WRAPPED else None
-
-
-def shard(*tensors: Tensor) -> tuple[Tensor, ...]:
-    """This rank's rows (``rank::world``) of each batch tensor; all rows when not distributed.
-
-    Every rank draws the same full batch from the same seeded generator and keeps
-    its share, so the averaged gradient is the full batch's gradient (for a batch
-    size divisible by the number of ranks) and a run's result does not depend on
-    how many processes ran it, up to floating-point summation order.
-    """
-    d = distributed()
-    if d is None:
-        return tensors
-    rank, world = d
-    return tuple(t[rank::world] for t in tensors)
-
-
-def mean_over_ranks(value: float) -> float:
-    d = distributed()
-    if d is None:
-        return value
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t.item()) / d[1]
-
-
-def parameter_checksum(model: nn.Module) -> float:
-    """Sum of |p| · (1 + index) over all parameters (float64): equal models, equal checksums."""
-    total = torch.zeros((), dtype=torch.float64)
-    for i, p in enumerate(model.parameters()):
-        total += p.detach().double().abs().sum() * (1 + i)
-    return float(total)
 
 
 # ---------------------------------------------------------------------------- executors
@@ -130,14 +70,11 @@ def _run_config_dict(
     sys_path: Sequence[str] = (),
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Run one config (given as a dict) in a worker; never raises (except KeyboardInterrupt)."""
-    from . import runner
-    from .api import prepare_process
-
     if threads:
         torch.set_num_threads(threads)
     try:
         prepare_process(imports, sys_path)
-        return runner.run_one(RunConfig.from_dict(cfg)), None
+        return run_one(RunConfig.from_dict(cfg)), None
     except Exception as exc:  # noqa: BLE001 -- recorded as a failed run
         return None, describe_error(exc)
 
@@ -192,21 +129,31 @@ class Executor:
         """Stop (``kill``: do not wait for runs in flight)."""
 
 
+#: what trains one config in this process: ``run_one(cfg, on_step)`` -> the run's record
+RunOne = Callable[[RunConfig, "Callable[[int, float], None] | None"], "dict[str, Any]"]
+
+
 class LocalExecutor(Executor):
-    """One run after the other in this process (progress per training step)."""
+    """One run after the other in this process (progress per training step).
+
+    ``run_one`` trains a config (default :func:`posenc.bench.api.run_one`); the runner passes the one it
+    names, which a caller (a test) may wrap.
+    """
 
     reports_steps = True
 
-    def _run(self, job: Job, on_step: OnStep | None) -> Event:
-        from . import runner
+    def __init__(self, run_one: RunOne = run_one) -> None:
+        super().__init__()
+        self.run_one = run_one
 
+    def _run(self, job: Job, on_step: OnStep | None) -> Event:
         def tick(step: int, loss: float) -> None:
             if on_step is not None:
                 on_step(job, step, loss)
 
         try:
             with self.interruptible():
-                rec = runner.run_one(job.config, tick)
+                rec = self.run_one(job.config, tick)
         except Exception as exc:  # noqa: BLE001 -- recorded as a failed run
             return job, None, describe_error(exc)
         return job, rec, None
@@ -248,8 +195,6 @@ def _worker_main(conn: Any, threads: int, parent_pid: int, imports: list[str], s
     torch.set_num_threads(threads)
     setup_error = None
     try:
-        from .api import prepare_process
-
         prepare_process(imports, sys_path)
     except Exception as exc:  # noqa: BLE001 -- reported with every run
         setup_error = f"the worker process could not import the task modules: {describe_error(exc)}"
@@ -561,8 +506,13 @@ def make_executor(
     ray_address: str | None = None,
     ddp: int = 0,
     imports: Sequence[str] = (),
+    run: RunOne = run_one,
 ) -> Executor:
-    """The executor ``kind`` names; ``imports``: task modules every worker imports first."""
+    """The executor ``kind`` names; ``imports``: task modules every worker imports first.
+
+    ``run`` trains a config in this process (the local executor); workers, Ray tasks and torchrun ranks
+    use :func:`posenc.bench.api.run_one`.
+    """
     if kind not in EXECUTORS:
         raise ConfigError(f"executor must be one of {EXECUTORS}, got {kind!r}")
     if ddp and kind not in ("auto", "ddp"):
@@ -573,4 +523,4 @@ def make_executor(
         return RayExecutor(ray_address, imports)
     if kind == "process" or (kind == "auto" and workers > 1):
         return ProcessExecutor(workers, imports)
-    return LocalExecutor()
+    return LocalExecutor(run)

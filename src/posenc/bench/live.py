@@ -11,7 +11,7 @@ and, without a bar, the time left: ``ETA 0:02:48`` weighs each run left by its m
 mean wall time of the finished runs of the same task and encoding, else the cost per trained example
 (steps × batch) of the same task's runs, else of every finished run, times the run's own steps × batch;
 their sum / the runs that go in parallel (``workers``).
-A run that did not learn its task in distribution (at chance: :func:`posenc.bench.report.run_learned`)
+A run that did not learn its task in distribution (at chance: :func:`posenc.bench.outcomes.run_learned`)
 says so at the end of its line.
 """
 
@@ -24,7 +24,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from .runner import Job, label_of
+from .outcomes import ranking_labels, run_learned
+from .types import Job, label_of
 
 _POSENC_PREFIXES = ("DataUnavailableError", "ConfigError", "PositionError", "UnknownNameError", "PosencError")
 
@@ -104,8 +105,6 @@ class LiveBoard:
     def _score(self, rec: dict[str, Any]) -> float | None:
         """Mean of the metric over lengths beyond training (else all lengths) of one run; a task's ranking
         labels only where it has some (text classification: "test", not "valid"), as the report ranks."""
-        from .report import ranking_labels
-
         cfg = rec["config"]
         train_max = cfg["train_lengths"][1]
         vals = {k: v for k, v in rec["metrics"].items() if not k.endswith("_error")}
@@ -219,8 +218,6 @@ class LiveBoard:
         w = len(str(self.total))
         warn = ""
         try:
-            from .report import run_learned
-
             if run_learned(rec) is False:
                 warn = "  !! did not learn (at chance in distribution)"
         except Exception:  # noqa: BLE001 -- a warning must never stop the suite

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from .api import OnStep
-from .runner import RunConfig
 from .steps import one_cycle, optimise
+from .types import RunConfig
 
 # --------------------------------------------------------------------------- options
 

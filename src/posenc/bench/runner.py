@@ -1,4 +1,4 @@
-"""Train a small model per (task, encoding, seed), test it on longer lengths, keep every result.
+"""Run a suite: train a small model per (task, encoding, seed), test it on longer lengths, keep every result.
 
 Every run is a pure function of its :class:`RunConfig` (the seed fixes the data
 and the initialisation). Finished runs go to an SQLite store
@@ -13,6 +13,13 @@ live process has claimed, takes over those whose owner died, and at the end
 waits for the runs others are still training. A store that is locked when a run
 finishes does not stop the suite: the run is kept in a pending file and written
 when the lock is free, while the other runs go on.
+
+This module ties the harness together and is the only one that does: the jobs (:mod:`.types`, :mod:`.suites`),
+the store and its claims (:mod:`.store`), the executors (:mod:`.executors`) and the live board (:mod:`.live`).
+:func:`run_suite` reads as its steps: plan the jobs left to run, choose the executor, then a :class:`_SuiteRun`
+hands jobs out, takes finished runs in, stores them, and gives back the results. It imports everything below it
+and nothing above it (not the reports, not the CLI). ``RunConfig``, ``Job``, ``run_one`` and the labels are
+re-exported from where they live (:mod:`.types`, :mod:`.api`).
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, PosencError
-from .api import run_one  # noqa: F401 -- re-exported (and the seam tests replace)
+from .api import load_tasks, run_one, unimportable_tasks, worker_imports
+from .store import ACTIVE_TAGS, Claims, SQLiteStore, StoreLockedError, new_owner, open_store
+from .suites import Suite, load_suite
 from .types import MODELS, Job, RunConfig, default_label, label_of  # noqa: F401 -- re-exported
 
 if TYPE_CHECKING:
-    from .store import SQLiteStore
-    from .suites import Suite
+    from .executors import Executor
+    from .live import LiveBoard
 
 
 class RunFailedError(PosencError):
@@ -84,8 +93,6 @@ class SuiteResults(list):
 
 def as_jobs(suite_or_configs: Suite | str | Path | Sequence[RunConfig | Job]) -> tuple[list[Job], Suite | None]:
     """Jobs from a suite, a suite name or file, or a list of configs / jobs."""
-    from .suites import Suite, load_suite
-
     if isinstance(suite_or_configs, str | Path):
         suite_or_configs = load_suite(suite_or_configs)
     if isinstance(suite_or_configs, Suite):
@@ -112,8 +119,6 @@ class _Writer:
         if item["kind"] == "run":
             ok = self.store.try_add(item["record"], wait=self.wait)
         else:
-            from .store import StoreLockedError
-
             try:
                 self.store.add_failure(job.key, job.config.as_dict(), item["error"], job.label, wait=self.wait)
                 ok = True
@@ -329,141 +334,209 @@ def run_suite(
     (claims with a lease of ``lease`` seconds); ``wait_for_others=False`` returns without
     waiting for the runs the others are training (they are listed).
     """
-    from .api import load_tasks, unimportable_tasks, worker_imports
-    from .executors import make_executor
-    from .live import LiveBoard
-    from .store import ACTIVE_TAGS, Claims, StoreLockedError, new_owner, open_store
-
     if on_error not in ("continue", "stop"):
         raise ConfigError(f"on_error must be 'continue' or 'stop', got {on_error!r}")
     if imports:
         load_tasks(*imports)
     jobs, suite = as_jobs(suite_or_configs)
-    if out is None:
-        out = Path("posenc-results") / (suite.name if suite else "runs")
-    out = Path(out)
+    out = Path(out) if out is not None else Path("posenc-results") / (suite.name if suite else "runs")
     st = open_store(store if store is not None else out / "results.sqlite")
     say = log or (lambda s: print(s, flush=True))
-    t_start = time.time()
+    started = time.time()
+    todo = _left_to_run(jobs, st, resume, say)
+    ex = _executor(todo, executor, workers=workers, ray_address=ray_address, ddp=ddp)
+    board = _board(jobs, st, ex, progress=progress, live=progress if live is None else live, fresh=not resume)
+    run = _SuiteRun(jobs, todo, st, ex, board, say=say, started=started, resume=resume, on_error=on_error, lease=lease)
+    run.run(wait_for_others=wait_for_others)
+    return run.results(suite)
+
+
+def _left_to_run(jobs: list[Job], st: SQLiteStore, resume: bool, say: Callable[[str], None]) -> list[Job]:
+    """The jobs not in the store yet (all of them when not resuming); says how many are finished already."""
     done = st.keys() if resume else set()
     todo = [j for j in jobs if j.key not in done]
     if len(todo) < len(jobs):  # said even when quiet: it explains why nothing (or less) runs
         say(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} runs already finished in {st.path}")
+    return todo
+
+
+def _executor(todo: list[Job], kind: str, *, workers: int, ray_address: str | None, ddp: int) -> Executor:
+    """The executor for ``todo``; one that starts other processes only for tasks they can import."""
+    from .executors import make_executor  # torch: imported when a suite runs, not with this module
+
     task_names = sorted({j.config.task for j in todo})
-    local_only = executor == "local" or (executor == "auto" and workers <= 1 and not ddp)
+    local_only = kind == "local" or (kind == "auto" and workers <= 1 and not ddp)
     if not local_only and (bad := unimportable_tasks(task_names)):
         raise ConfigError(
             f"task(s) {bad} are defined in a notebook or an interactive session, which worker processes cannot "
             "import: put them in a .py file and pass imports=['that_file.py'] (posenc bench --import), "
             "or run with workers=1"
         )
-    ex = make_executor(executor, workers=workers, ray_address=ray_address, ddp=ddp, imports=worker_imports(task_names))
-    owner = new_owner()
-    ACTIVE_TAGS.add(owner["tag"])
-    claims = Claims(st.path, lease=lease, owner=owner)
-    poll = min(1.0, max(0.05, lease / 20))
-    sched = _Scheduler(todo, st, claims, t0=t_start, fresh=not resume, poll=poll)
-    writer = _Writer(st, claims, owner, say)
-    board = LiveBoard(
+    return make_executor(
+        kind, workers=workers, ray_address=ray_address, ddp=ddp, imports=worker_imports(task_names), run=run_one
+    )
+
+
+def _board(jobs: list[Job], st: SQLiteStore, ex: Executor, *, progress: bool, live: bool, fresh: bool) -> LiveBoard:
+    """The progress bar and live leaderboard of the suite (:class:`~posenc.bench.live.LiveBoard`)."""
+    from .live import LiveBoard  # tqdm: imported when a suite runs
+
+    return LiveBoard(
         jobs,
         st,
         progress=progress,
-        live=progress if live is None else live,
+        live=live,
         per_step=ex.reports_steps,
         workers=getattr(ex, "workers", 1),  # runs in parallel (1 for local, torchrun and Ray: gaps measure rate)
-        fresh=not resume,
+        fresh=fresh,
     )
-    intr = _HeldInterrupts()
-    ex.interruptible = intr.allow
-    failures: list[dict[str, Any]] = []
-    waited_note = 0.0
-    left_to_others: dict[str, tuple[Job, dict[str, Any]]] = {}
-    interrupted = True
 
-    def failed(job: Job, error: str, here: bool) -> None:
-        failures.append({"key": job.key, "label": job.label, "config": job.config.as_dict(), "error": error})
-        board.failed(job, error if here else f"(in another process) {error}")
-        if on_error == "stop" and here:
+
+class _SuiteRun:
+    """One call of :func:`run_suite`: its claims, scheduler, writer, live board and failures, and the loop that
+    hands jobs to the executor and finished runs to the store (see the module docstring)."""
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        todo: list[Job],
+        st: SQLiteStore,
+        ex: Executor,
+        board: LiveBoard,
+        *,
+        say: Callable[[str], None],
+        started: float,
+        resume: bool,
+        on_error: str,
+        lease: float,
+    ) -> None:
+        self.jobs, self.st, self.ex, self.board, self.say, self.on_error = jobs, st, ex, board, say, on_error
+        self.owner = new_owner()
+        ACTIVE_TAGS.add(self.owner["tag"])
+        self.claims = Claims(st.path, lease=lease, owner=self.owner)
+        self.poll = min(1.0, max(0.05, lease / 20))
+        self.sched = _Scheduler(todo, st, self.claims, t0=started, fresh=not resume, poll=self.poll)
+        self.writer = _Writer(st, self.claims, self.owner, say)
+        self.intr = _HeldInterrupts()
+        ex.interruptible = self.intr.allow
+        self.failures: list[dict[str, Any]] = []
+        self.left_to_others: dict[str, tuple[Job, dict[str, Any]]] = {}
+        self._waited_note = 0.0
+
+    # ---- the loop
+    def run(self, *, wait_for_others: bool) -> None:
+        """Every job to its end (here or in another process), every finished run into the store; then close."""
+        interrupted = True
+        try:
+            self.intr.__enter__()
+            while self._round(wait_for_others):
+                pass
+            self._drain_writes()
+            self.intr.check()
+            interrupted = False
+        finally:
+            self._close(interrupted)
+        self._after()
+
+    def _round(self, wait_for_others: bool) -> bool:
+        """Submit what may start, note what others finished, take what finished here; False when all is done."""
+        self.intr.check()
+        self.writer.flush()
+        while self.ex.busy < self.ex.capacity and (job := self.sched.next()) is not None:
+            self.ex.submit(job, self.board.on_step)
+        for job, rec, err in self.sched.take_elsewhere():
+            if err is None:
+                assert rec is not None
+                self.board.finished(job, rec, elsewhere=True)
+            else:
+                self._failed(job, err, here=False)
+        if self.ex.busy == 0:
+            return self._idle(wait_for_others)
+        for job, record, error in self.ex.wait(timeout=self.poll):
+            if error is None:
+                assert record is not None
+                record = {**record, "label": job.label, "suite": job.suite}
+                self.writer.add_run(job, record)
+                self.board.finished(job, record)
+            else:
+                self.writer.add_failure(job, error)
+                self._failed(job, error, here=True)
+        return True
+
+    def _idle(self, wait_for_others: bool) -> bool:
+        """Nothing runs here: done, or leave the rest to the others, or wait for them (saying so once a minute)."""
+        sched = self.sched
+        if not sched.queue and not sched.others:
+            return False
+        if not sched.queue and not wait_for_others:
+            self.left_to_others = dict(sched.others)
+            return False
+        if sched.others and time.monotonic() - self._waited_note > 60:
+            self._waited_note = time.monotonic()
+            titles = ", ".join(j.title for j, _ in list(sched.others.values())[:5])
+            more = f" and {len(sched.others) - 5} more" if len(sched.others) > 5 else ""
+            self.board.note(
+                f"waiting for {len(sched.others)} run(s) that another process is training "
+                f"({_owners(sched.others)}): {titles}{more}"
+            )
+        due = self.writer.next_due()
+        with self.intr.allow():
+            time.sleep(self.poll if due is None else max(0.01, min(self.poll, due - time.monotonic())))
+        return True
+
+    def _failed(self, job: Job, error: str, here: bool) -> None:
+        self.failures.append({"key": job.key, "label": job.label, "config": job.config.as_dict(), "error": error})
+        self.board.failed(job, error if here else f"(in another process) {error}")
+        if self.on_error == "stop" and here:
             raise RunFailedError(
-                f"run {job.title} failed: {error}\n(finished runs are kept in {st.path}; "
+                f"run {job.title} failed: {error}\n(finished runs are kept in {self.st.path}; "
                 "pass --on-error continue to record failures and go on)"
             )
 
-    try:
-        intr.__enter__()
-        while True:
-            intr.check()
-            writer.flush()
-            while ex.busy < ex.capacity and (job := sched.next()) is not None:
-                ex.submit(job, board.on_step)
-            for job, rec, err in sched.take_elsewhere():
-                if err is None:
-                    assert rec is not None
-                    board.finished(job, rec, elsewhere=True)
-                else:
-                    failed(job, err, here=False)
-            if ex.busy == 0:
-                if not sched.queue and not sched.others:
-                    break
-                if not sched.queue and not wait_for_others:
-                    left_to_others = dict(sched.others)
-                    break
-                if sched.others and time.monotonic() - waited_note > 60:
-                    waited_note = time.monotonic()
-                    titles = ", ".join(j.title for j, _ in list(sched.others.values())[:5])
-                    more = f" and {len(sched.others) - 5} more" if len(sched.others) > 5 else ""
-                    board.note(
-                        f"waiting for {len(sched.others)} run(s) that another process is training "
-                        f"({_owners(sched.others)}): {titles}{more}"
-                    )
-                due = writer.next_due()
-                with intr.allow():
-                    time.sleep(poll if due is None else max(0.01, min(poll, due - time.monotonic())))
-                continue
-            for job, record, error in ex.wait(timeout=poll):
-                if error is None:
-                    assert record is not None
-                    record = {**record, "label": job.label, "suite": job.suite}
-                    writer.add_run(job, record)
-                    board.finished(job, record)
-                else:
-                    writer.add_failure(job, error)
-                    failed(job, error, here=True)
-        # the last runs may wait for a locked store: as long as the store's own timeout, then keep them aside
-        deadline = time.monotonic() + st.timeout
+    def _drain_writes(self) -> None:
+        """The last runs may wait for a locked store: as long as the store's own timeout, then keep them aside."""
+        writer = self.writer
+        deadline = time.monotonic() + self.st.timeout
         while writer.queue and time.monotonic() < deadline:
             due = writer.next_due() or time.monotonic()
-            with intr.allow():
+            with self.intr.allow():
                 time.sleep(max(0.0, min(due, deadline) - time.monotonic()))
             writer.flush(force=time.monotonic() >= deadline)
-        intr.check()
-        interrupted = False
-    finally:
-        intr.__exit__()
-        board.close()
-        ex.close(kill=interrupted)
+
+    def _close(self, interrupted: bool) -> None:
+        self.intr.__exit__()
+        self.board.close()
+        self.ex.close(kill=interrupted)
         if interrupted:
             try:  # one last quick try for runs that finished; the rest stay in the pending file
-                writer.flush(force=True)
+                self.writer.flush(force=True)
             except Exception:  # noqa: BLE001 -- the original error is the one to see
                 pass
-        claims.close(keep=writer.unwritten())
-        ACTIVE_TAGS.discard(owner["tag"])
-    if writer.queue:
-        raise StoreLockedError(
-            f"the results store {st.path} stayed locked by another process (waited {st.timeout:g} s after the last "
-            f"run). The {len(writer.unwritten())} run(s) that had finished are kept in {writer.pending} and go into "
-            "the store the next time it is opened: nothing finished was lost"
-        )
-    if left_to_others:
-        titles = ", ".join(j.title for j, _ in left_to_others.values())
-        say(
-            f"{len(left_to_others)} run(s) are being trained by another process ({_owners(left_to_others)}): "
-            f"{titles}; they go into {st.path} when they finish (run the same command again to see them)"
-        )
-    stored = st.load()
-    res = SuiteResults({**stored[j.key], "label": j.label} for j in jobs if j.key in stored)
-    res.failures = failures
-    res.store_path = st.path
-    res.suite = suite
-    return res
+        self.claims.close(keep=self.writer.unwritten())
+        ACTIVE_TAGS.discard(self.owner["tag"])
+
+    def _after(self) -> None:
+        """Runs that could not be stored are an error; runs left to other processes are listed."""
+        st, writer = self.st, self.writer
+        if writer.queue:
+            raise StoreLockedError(
+                f"the results store {st.path} stayed locked by another process (waited {st.timeout:g} s after the "
+                f"last run). The {len(writer.unwritten())} run(s) that had finished are kept in {writer.pending} and "
+                "go into the store the next time it is opened: nothing finished was lost"
+            )
+        if self.left_to_others:
+            titles = ", ".join(j.title for j, _ in self.left_to_others.values())
+            self.say(
+                f"{len(self.left_to_others)} run(s) are being trained by another process "
+                f"({_owners(self.left_to_others)}): {titles}; they go into {st.path} when they finish (run the same "
+                "command again to see them)"
+            )
+
+    def results(self, suite: Suite | None) -> SuiteResults:
+        """The stored runs of the jobs, in suite order, with the failures and where they are stored."""
+        stored = self.st.load()
+        res = SuiteResults({**stored[j.key], "label": j.label} for j in self.jobs if j.key in stored)
+        res.failures = self.failures
+        res.store_path = self.st.path
+        res.suite = suite
+        return res

@@ -45,9 +45,9 @@ from ..attention import KVCache
 from ..errors import ConfigError
 from ..models import LanguageModel, TokenTagger
 from .api import OnStep, Task
-from .executors import ddp_wrap, distributed, mean_over_ranks, shard
-from .runner import RunConfig
+from .distributed import ddp_wrap, distributed, mean_over_ranks, shard
 from .steps import one_cycle, optimise
+from .types import RunConfig
 
 PAD, SEP, OUT = 0, 1, 2
 #: the decoder's start-of-sequence token: the id of the encoder's output slots, which a decoder never reads

@@ -54,7 +54,7 @@ from typing import Any
 
 from ..errors import ConfigError, PosencError, PositionError, UnknownNameError
 from ..registry import resolve
-from .runner import Job, RunConfig, default_label
+from .types import Job, RunConfig, default_label
 
 TOP_KEYS = (
     "name",

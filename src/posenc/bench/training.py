@@ -16,9 +16,9 @@ from torch import Tensor
 
 from ..models import SequenceClassifier
 from .api import OnStep
-from .executors import ddp_wrap, mean_over_ranks, shard
-from .runner import RunConfig
+from .distributed import ddp_wrap, mean_over_ranks, shard
 from .steps import one_cycle, optimise
+from .types import RunConfig
 
 # make(n, (min_len, max_len), generator) -> (tokens [N, L], attention_mask [N, L], labels [N])
 MakeBatch = Callable[[int, tuple[int, int], torch.Generator], tuple[Tensor, Tensor, Tensor]]

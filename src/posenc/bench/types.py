@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import ConfigError, UnknownNameError
-from ..registry import resolve
 
 OnStep = Callable[[int, float], None]
 
@@ -246,6 +245,8 @@ class RunConfig:
     task_version: str | None = None
 
     def __post_init__(self) -> None:
+        from ..registry import resolve  # torch: on first use, so that importing this module stays light
+
         object.__setattr__(self, "train_lengths", tuple(self.train_lengths))
         object.__setattr__(self, "test_lengths", tuple(self.test_lengths))
         task = get_task(self.task)

@@ -32,8 +32,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..api import OnStep, register_task
-from ..runner import RunConfig
 from ..seq_training import FIRST, Example, SeqTask, train_seq
+from ..types import RunConfig
 
 DIGIT0 = FIRST  # digits 0..9: FIRST .. FIRST + 9
 PLUS = FIRST + 10

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError
 from ..api import register_task
-from ..runner import RunConfig
 from ..seq_training import FIRST, Example, SeqTask
+from ..types import RunConfig
 
 
 class StringTask(SeqTask):

@@ -87,8 +87,8 @@ from ...registry import resolve
 from ...rotary.scaling import ScaledRoPE
 from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
-from ..runner import RunConfig
 from ..steps import optimise
+from ..types import RunConfig
 from .lm import encoded_lm
 
 #: the RoPE scalings of the suite (any ScaledRoPE works; these are the ones compared)

@@ -44,7 +44,7 @@ from ...errors import ConfigError
 from ...models import LanguageModel
 from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
-from ..runner import RunConfig
+from ..types import RunConfig
 
 
 @functools.lru_cache(maxsize=4)

@@ -40,7 +40,7 @@ from ... import data as D
 from ...models import TokenTagger
 from ..api import OnStep, Task, register_task
 from ..real_training import EpochSampler, count_parameters, require, task_options, train_loop
-from ..runner import RunConfig
+from ..types import RunConfig
 
 Split = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]  # char ids, tag ids
 

@@ -21,8 +21,8 @@ from torch import Tensor
 
 from ...errors import ConfigError
 from ..api import OnStep, Task, register_task
-from ..runner import RunConfig
 from ..training import train_classifier
+from ..types import RunConfig
 
 PAD, A, B = 0, 1, 2
 N_FILLER = 13  # filler tokens 3 .. 15

@@ -41,7 +41,7 @@ from torch import Tensor
 from ...models import LanguageModel
 from ..api import register_task
 from ..real_training import require
-from ..runner import RunConfig
+from ..types import RunConfig
 from .context_extension import ExtensionTask
 
 FILLER = ("the grass is green . the sky is blue . the sun is yellow . here we go . there and back again .").split()

@@ -60,7 +60,7 @@ from ..real_training import (
     task_options,
     train_loop,
 )
-from ..runner import RunConfig
+from ..types import RunConfig
 from .lm import LMTask
 
 Encoded = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]  # ids, labels, full lengths

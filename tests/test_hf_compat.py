@@ -396,7 +396,7 @@ def test_static_cache_with_left_padding_matches_each_prompt_alone():
 
 
 def test_the_quantized_cache_puts_keys_where_the_dynamic_cache_does():
-    from posenc import hf_matrix
+    from posenc.hf import matrix as hf_matrix
 
     hf_matrix.quantized_cache(lambda: LlamaForCausalLM(LlamaConfig(**DEC)))  # asserts inside
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("posenc.hf")
 
-from posenc import hf_matrix  # noqa: E402
+from posenc.hf import matrix as hf_matrix  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "hf.md"
 ROWS: dict[str, dict[str, str]] = {}

@@ -19,6 +19,9 @@ PROPERTIES: tuple[tuple[str, str, str], ...] = (
     ("extrapolates", "Extrapolates", "defined, finite and in range past the trained length"),
     ("params_constant", "Parameters constant in length", "the parameter count does not grow with max_len"),
 )
+PROPERTY_KEYS = tuple(p[0] for p in PROPERTIES)
+PROPERTY_TITLES = {p[0]: p[1] for p in PROPERTIES}
+PROPERTY_MEANING = {p[0]: p[2] for p in PROPERTIES}
 
 # picture file formats
 FORMATS = ("png", "svg")

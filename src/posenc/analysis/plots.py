@@ -35,7 +35,7 @@ from torch import Tensor
 from ..base import PositionalEncoding
 from ..errors import ConfigError
 from .names import FORMATS
-from .properties import Probe, Unmeasurable, _short, check_settings, single_thread
+from .probe import Probe, Unmeasurable, _short, check_settings, single_thread
 
 PICTURES = ("code", "dot", "scores", "buckets", "decay", "phase")
 

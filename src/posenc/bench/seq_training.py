@@ -46,7 +46,7 @@ from ..errors import ConfigError
 from ..models import LanguageModel, TokenTagger
 from .api import OnStep, Task
 from .distributed import ddp_wrap, distributed, mean_over_ranks, shard
-from .steps import one_cycle, optimise
+from .steps import model_options, one_cycle, optimise
 from .types import RunConfig
 
 PAD, SEP, OUT = 0, 1, 2
@@ -197,18 +197,11 @@ def decoder_batch(examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def build_model(cfg: RunConfig, vocab: int, max_len: int) -> torch.nn.Module:
-    common = dict(
-        encoding=cfg.encoding,
-        encoding_options=cfg.encoding_options or None,
-        d_model=cfg.d_model,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        d_ff=cfg.d_ff,
-        max_len=max_len,
-    )
+    """A causal language model for a decoder, else a bidirectional tagger over the same vocabulary."""
+    options = model_options(cfg, max_len=max_len)
     if cfg.model == "decoder":
-        return LanguageModel(vocab, **common)
-    return TokenTagger(vocab, vocab, causal=False, **common)
+        return LanguageModel(vocab, **options)
+    return TokenTagger(vocab, vocab, **options)
 
 
 # ---- evaluation ---------------------------------------------------------------------------------

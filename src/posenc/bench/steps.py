@@ -1,9 +1,15 @@
-"""The harness's one optimisation loop, shared by every kind of model it trains.
+"""What every kind of model the harness trains shares: the model a config asks for, and the one optimisation loop.
+
+:func:`model_options` turns a :class:`~posenc.bench.types.RunConfig` into the keyword arguments of a
+:mod:`posenc.models` model (encoding, sizes, causal attention for a decoder, positions up to the longest test
+length): the classifier, tagger, sequence-to-sequence and language-model tasks all build their model from it.
 
 Classifiers (:mod:`posenc.bench.training`), sequence tasks (:mod:`posenc.bench.seq_training`), real data
 (:mod:`posenc.bench.real_training`) and the context-extension fine-tune differ in how a batch's loss is made,
-not in how a step is taken: AdamW's step after a gradient clipped to norm 1, the learning-rate schedule, a
-smoothed loss curve, and a stop at the first non-finite loss.
+not in how a step is taken (:func:`optimise`): AdamW's step after a gradient clipped to norm 1, the learning-rate
+schedule, a smoothed loss curve, and a stop at the first non-finite loss.
+
+It sits with the training loops and imports only :mod:`posenc.bench.types` of the harness.
 """
 
 from __future__ import annotations
@@ -11,10 +17,33 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from .types import RunConfig
+
+
+def model_options(cfg: RunConfig, **overrides: Any) -> dict[str, Any]:
+    """The keyword arguments of the model ``cfg`` asks for, for any :mod:`posenc.models` model.
+
+    The encoding and its options, ``d_model``, ``n_layers``, ``n_heads``, ``d_ff``, causal attention for
+    ``cfg.model == "decoder"`` and positions up to the longest test length; ``overrides`` replace or add
+    (a task's ``max_len`` or ``dropout``, a classifier's ``pooling``, another encoding).
+    """
+    return {
+        "encoding": cfg.encoding,
+        "encoding_options": cfg.encoding_options or None,
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "d_ff": cfg.d_ff,
+        "causal": cfg.model == "decoder",
+        "max_len": max(cfg.test_lengths),
+        **overrides,
+    }
 
 
 def one_cycle(opt: torch.optim.Optimizer, lr: float, steps: int) -> Any:

@@ -17,7 +17,7 @@ from torch import Tensor
 from ..models import SequenceClassifier
 from .api import OnStep
 from .distributed import ddp_wrap, mean_over_ranks, shard
-from .steps import one_cycle, optimise
+from .steps import model_options, one_cycle, optimise
 from .types import RunConfig
 
 # make(n, (min_len, max_len), generator) -> (tokens [N, L], attention_mask [N, L], labels [N])
@@ -27,17 +27,7 @@ MakeBatch = Callable[[int, tuple[int, int], torch.Generator], tuple[Tensor, Tens
 def classifier_for(cfg: RunConfig, vocab_size: int, n_classes: int) -> SequenceClassifier:
     """The model a classification config asks for (``cfg.model``: encoder or decoder trunk)."""
     return SequenceClassifier(
-        vocab_size,
-        n_classes,
-        encoding=cfg.encoding,
-        encoding_options=cfg.encoding_options or None,
-        d_model=cfg.d_model,
-        n_layers=cfg.n_layers,
-        n_heads=cfg.n_heads,
-        d_ff=cfg.d_ff,
-        causal=cfg.model == "decoder",
-        max_len=max(cfg.test_lengths),
-        pooling="last" if cfg.model == "decoder" else "mean",
+        vocab_size, n_classes, **model_options(cfg, pooling="last" if cfg.model == "decoder" else "mean")
     )
 
 

@@ -87,9 +87,9 @@ from ...registry import resolve
 from ...rotary.scaling import ScaledRoPE
 from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
-from ..steps import optimise
+from ..steps import model_options, optimise
 from ..types import RunConfig
-from .lm import encoded_lm
+from .lm import encoded_lm, uniform_perplexity
 
 #: the RoPE scalings of the suite (any ScaledRoPE works; these are the ones compared)
 SCALINGS = ("rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3")
@@ -266,14 +266,7 @@ class ExtensionTask(Task):
     def build(self, cfg: RunConfig, encoding: str, options: dict[str, Any]) -> LanguageModel:
         """The run's causal LM with ``encoding`` (the model sizes of ``cfg``, positions up to the longest test)."""
         return LanguageModel(
-            self.vocab_size(cfg),
-            encoding=encoding,
-            encoding_options=options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            max_len=max(cfg.test_lengths),
+            self.vocab_size(cfg), **model_options(cfg, encoding=encoding, encoding_options=options or None)
         )
 
     def train_loss(self, model: LanguageModel, cfg: RunConfig, step: int, g: torch.Generator) -> Tensor:
@@ -393,11 +386,7 @@ class LMExtensionTask(ExtensionTask):
         return opts
 
     def chance(self, cfg: RunConfig, label: str) -> float | None:
-        """A uniform guess over the vocabulary: perplexity = its size (``None`` if the corpus is not installed)."""
-        try:
-            return float(encoded_lm(self.dataset)[0])
-        except Exception:
-            return None
+        return uniform_perplexity(self.dataset)
 
     def vocab_size(self, cfg: RunConfig) -> int:
         return encoded_lm(self.dataset)[0]

@@ -44,6 +44,7 @@ from ...errors import ConfigError
 from ...models import LanguageModel
 from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
+from ..steps import model_options
 from ..types import RunConfig
 
 
@@ -53,6 +54,16 @@ def encoded_lm(dataset: str) -> tuple[int, dict[str, Tensor]]:
     data = D.load(dataset)
     vocab = data.vocab()
     return len(vocab), {s: D.lm_stream(data[s], vocab) for s in ("train", "valid", "test")}
+
+
+def uniform_perplexity(dataset: str) -> float | None:
+    """A uniform guess over the corpus's vocabulary: perplexity = its size (``None`` if the corpus is not installed).
+
+    The chance level of every task that measures perplexity on a packaged corpus."""
+    try:
+        return float(encoded_lm(dataset)[0])
+    except Exception:
+        return None
 
 
 class LMTask(Task):
@@ -79,11 +90,7 @@ class LMTask(Task):
         return opts
 
     def chance(self, cfg: RunConfig, label: str) -> float | None:
-        """A uniform guess over the vocabulary: perplexity = its size (``None`` if the corpus is not installed)."""
-        try:
-            return float(encoded_lm(self.dataset)[0])
-        except Exception:
-            return None
+        return uniform_perplexity(self.dataset)
 
     def training_lengths(self, cfg: RunConfig) -> tuple[int, int]:
         L = cfg.train_lengths[1]
@@ -99,22 +106,27 @@ class LMTask(Task):
         require(not short, f"test lengths {short} are shorter than the training length {L}")
         self.options(cfg)
 
+    @staticmethod
+    def corpus_description(corpus: str) -> str:
+        """The description of the LM task on a packaged corpus (``"Penn Treebank word-level"``)."""
+        return (
+            f"{corpus} LM (ALiBi's set-up): train on chunks of L, perplexity on the validation stream at each test "
+            "length (non-overlapping windows)"
+        )
+
+    def streams(self, cfg: RunConfig, opts: dict[str, Any]) -> tuple[int, dict[str, Tensor], dict[str, Any]]:
+        """``(vocabulary size, {split: token stream}, extra)`` of the run's text; ``extra`` goes into the record."""
+        vocab_size, streams = encoded_lm(self.dataset)
+        return vocab_size, streams, {}
+
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         self.validate(cfg)
         opts = self.options(cfg)
-        vocab_size, streams = encoded_lm(self.dataset)
+        vocab_size, streams, extra = self.streams(cfg, opts)
         L = cfg.train_lengths[1]
         torch.manual_seed(cfg.seed)
         model = LanguageModel(
-            vocab_size,
-            encoding=cfg.encoding,
-            encoding_options=cfg.encoding_options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            max_len=opts["max_len"] or max(cfg.test_lengths),
-            dropout=opts["dropout"],
+            vocab_size, **model_options(cfg, max_len=opts["max_len"] or max(cfg.test_lengths), dropout=opts["dropout"])
         )
         train = streams["train"]
 
@@ -126,24 +138,16 @@ class LMTask(Task):
         stream = streams[opts["split"]]
         for n in cfg.test_lengths:
             guarded(str(n), metrics, lambda n=n: perplexity(model, stream, n, opts["eval_tokens"]))
-        return {**out, "metrics": metrics, "parameters": count_parameters(model)}
+        return {**out, "metrics": metrics, "parameters": count_parameters(model), **({"extra": extra} if extra else {})}
 
 
 @register_task
 class PTBTask(LMTask):
-    name = "ptb-lm"
-    dataset = "ptb"
-    description = (
-        "Penn Treebank word-level LM (ALiBi's set-up): train on chunks of L, perplexity on the validation "
-        "stream at each test length (non-overlapping windows)"
-    )
+    name, dataset = "ptb-lm", "ptb"
+    description = LMTask.corpus_description("Penn Treebank word-level")
 
 
 @register_task
 class ShakespeareTask(LMTask):
-    name = "shakespeare-lm"
-    dataset = "shakespeare"
-    description = (
-        "Shakespeare character-level LM (ALiBi's set-up): train on chunks of L, perplexity on the validation "
-        "stream at each test length (non-overlapping windows)"
-    )
+    name, dataset = "shakespeare-lm", "shakespeare"
+    description = LMTask.corpus_description("Shakespeare character-level")

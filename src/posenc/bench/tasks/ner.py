@@ -40,6 +40,7 @@ from ... import data as D
 from ...models import TokenTagger
 from ..api import OnStep, Task, register_task
 from ..real_training import EpochSampler, count_parameters, require, task_options, train_loop
+from ..steps import model_options
 from ..types import RunConfig
 
 Split = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]  # char ids, tag ids
@@ -119,19 +120,8 @@ class MSRANERTask(Task):
         )
         cut = opts["max_tokens"]
         torch.manual_seed(cfg.seed)
-        model = TokenTagger(
-            vocab_size,
-            len(tags),
-            encoding=cfg.encoding,
-            encoding_options=cfg.encoding_options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            causal=cfg.model == "decoder",
-            max_len=max(cut, max(len(x) for x in test_x)),
-            dropout=opts["dropout"],
-        )
+        longest = max(cut, max(len(x) for x in test_x))
+        model = TokenTagger(vocab_size, len(tags), **model_options(cfg, max_len=longest, dropout=opts["dropout"]))
         sampler = EpochSampler(len(train_x), cfg.batch_size)
 
         def batch_loss(step: int, g: torch.Generator) -> torch.Tensor:

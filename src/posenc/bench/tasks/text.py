@@ -48,18 +48,16 @@ import torch.nn.functional as F
 
 from ... import data as D
 from ...errors import ConfigError, PosencError
-from ...models import LanguageModel, SequenceClassifier
+from ...models import SequenceClassifier
 from ..api import OnStep, Task, register_task
 from ..real_training import (
     EpochSampler,
     count_parameters,
-    guarded,
-    perplexity,
     require,
-    sample_chunks,
     task_options,
     train_loop,
 )
+from ..steps import model_options
 from ..types import RunConfig
 from .lm import LMTask
 
@@ -151,19 +149,11 @@ class TextClassificationTask(Task):
         )
         train_ids, train_y, _ = splits["train"]
         torch.manual_seed(cfg.seed)
+        pooling = "last" if cfg.model == "decoder" else "mean"
         model = SequenceClassifier(
             vocab_size,
             n_classes,
-            encoding=cfg.encoding,
-            encoding_options=cfg.encoding_options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            causal=cfg.model == "decoder",
-            max_len=opts["max_tokens"],
-            dropout=opts["dropout"],
-            pooling="last" if cfg.model == "decoder" else "mean",
+            **model_options(cfg, max_len=opts["max_tokens"], dropout=opts["dropout"], pooling=pooling),
         )
         sampler = EpochSampler(len(train_ids), cfg.batch_size)
 
@@ -323,9 +313,8 @@ class TextFileLMTask(LMTask):
         if not opts["path"]:
             raise ConfigError("task 'text' needs a file: posenc bench --task text --data PATH")
 
-    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
-        self.validate(cfg)
-        opts = self.options(cfg)
+    def streams(self, cfg: RunConfig, opts: dict[str, Any]) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]]:
+        """The file's streams, checked to be long enough for the run's lengths; ``extra``: what a token is."""
         vocab_size, streams, unit = self.encoded(cfg)
         L = cfg.train_lengths[1]
         longest = max(cfg.test_lengths)
@@ -340,25 +329,4 @@ class TextFileLMTask(LMTask):
             f"task 'text': the {opts['split']} part of {opts['path']} has {stream.numel()} {unit}, fewer than the "
             f"longest test length {longest} + 1; use a longer file or shorter --test-lengths",
         )
-        torch.manual_seed(cfg.seed)
-        model = LanguageModel(
-            vocab_size,
-            encoding=cfg.encoding,
-            encoding_options=cfg.encoding_options or None,
-            d_model=cfg.d_model,
-            n_layers=cfg.n_layers,
-            n_heads=cfg.n_heads,
-            d_ff=cfg.d_ff,
-            max_len=opts["max_len"] or longest,
-            dropout=opts["dropout"],
-        )
-        train = streams["train"]
-
-        def batch_loss(step: int, g: torch.Generator) -> torch.Tensor:
-            return model.loss(sample_chunks(train, cfg.batch_size, L, g))
-
-        out = train_loop(cfg, model, batch_loss, on_step)
-        metrics: dict[str, Any] = {}
-        for n in cfg.test_lengths:
-            guarded(str(n), metrics, lambda n=n: perplexity(model, stream, n, opts["eval_tokens"]))
-        return {**out, "metrics": metrics, "parameters": count_parameters(model), "extra": {"unit": unit}}
+        return vocab_size, streams, {"unit": unit}

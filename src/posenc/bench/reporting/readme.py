@@ -1,0 +1,52 @@
+"""The README's block of verdicts: one row per finding of the paper suites, drawn from the results page's data.
+
+``posenc results --readme README.md`` writes it between :data:`README_START` and :data:`README_END` (and
+``--check`` compares it), from the same :class:`~.suite_data.SuiteData` as the page, so that the README cannot
+disagree with the page. (The README's table of *encodings* is :mod:`posenc.readme_table`'s, from the registry.)
+It imports the suites' data and the formats of the reporting package.
+"""
+
+from __future__ import annotations
+
+from ...errors import PosencError
+from .commands import README_END, README_START
+from .format import anchor, md_escape, md_table
+from .suite_data import SuiteData
+
+
+def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md") -> str:
+    """The README's summary of the paper suites: one row per finding (suite, finding, verdict, seeds), then the
+    suites without a verdict yet. Built from the same data as the page, so that it cannot disagree with it."""
+    body = []
+    waiting = []
+    for d in datas:
+        if d.suite is None or d.name == "quick":
+            continue
+        seeds = len(d.seeds) if d.ran else 0
+        planned = len({s for g in d.suite.grids for s in g.seeds})
+        ran = "not run yet" if not seeds else f"{seeds} of {planned}" if seeds < planned else str(seeds)
+        link = f"[{d.name}]({page_link}#{anchor(d.name)})"
+        if not d.suite.findings:
+            waiting.append(f"{link} ({ran if not d.ran else f'{ran} seeds, no verdict written yet'})")
+            continue
+        stale = set(map(id, d.stale_findings()))
+        for i, f in enumerate(d.suite.findings):
+            verdict = f"**{f.verdict}**" + (" (written before the latest runs)" if id(f) in stale else "")
+            body.append([link if i == 0 else "", md_escape(f.finding), verdict, ran if i == 0 else ""])
+    lines = [README_START, ""]
+    lines += md_table(["suite", "finding", "verdict", "seeds"], body)
+    if waiting:
+        lines += ["", "No verdict yet: " + "; ".join(waiting) + "."]
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def with_readme_block(text: str, block: str, where: str) -> str:
+    """``text`` (a README, named ``where`` in errors) with its block of verdicts replaced by ``block``."""
+    if README_START not in text or README_END not in text:
+        raise PosencError(
+            f"{where}: no results block; put the two lines\n{README_START}\n{README_END}\nwhere the summary goes"
+        )
+    a = text.index(README_START)
+    b = text.index(README_END) + len(README_END)
+    return text[:a] + block + text[b:]

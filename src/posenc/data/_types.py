@@ -22,12 +22,22 @@ class _Splits:
             raise ConfigError(f"unknown split {split!r} of {self.name}; the splits are {', '.join(SPLITS)}")
         return getattr(self, split)
 
+
+class _ExampleSplits(_Splits):
+    """Splits of ``(tokens, target)`` examples (classification, tagging): the vocabulary is the training tokens'."""
+
+    train: Sequence[tuple[Sequence[str], object]]
+
+    def vocab(self, min_freq: int = 1, max_size: int | None = None) -> Vocab:
+        """Vocabulary of the training split."""
+        return Vocab.build((t for t, _ in self.train), min_freq=min_freq, max_size=max_size)
+
     def sizes(self) -> dict[str, int]:
         return {s: len(self[s]) for s in SPLITS}
 
 
 @dataclass
-class ClassificationData(_Splits):
+class ClassificationData(_ExampleSplits):
     """``train``/``valid``/``test``: lists of ``(tokens: list[str], label: int)``; ``labels[i]`` names label ``i``."""
 
     name: str
@@ -39,13 +49,9 @@ class ClassificationData(_Splits):
     split_note: str = ""
     source: str = ""
 
-    def vocab(self, min_freq: int = 1, max_size: int | None = None) -> Vocab:
-        """Vocabulary of the training split."""
-        return Vocab.build((t for t, _ in self.train), min_freq=min_freq, max_size=max_size)
-
 
 @dataclass
-class TaggingData(_Splits):
+class TaggingData(_ExampleSplits):
     """Splits are lists of ``(tokens: list[str], tag ids: list[int])``; ``tags[i]`` names tag ``i``."""
 
     name: str
@@ -56,9 +62,6 @@ class TaggingData(_Splits):
     citation: str
     split_note: str = ""
     source: str = ""
-
-    def vocab(self, min_freq: int = 1, max_size: int | None = None) -> Vocab:
-        return Vocab.build((t for t, _ in self.train), min_freq=min_freq, max_size=max_size)
 
 
 @dataclass

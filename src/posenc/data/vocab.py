@@ -12,6 +12,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -133,6 +134,19 @@ def _order(n: int, shuffle: bool, seed: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
+E = TypeVar("E")
+
+
+def _chunks(examples: Sequence[E], batch_size: int, shuffle: bool, seed: int) -> Iterator[list[E]]:
+    """``examples`` in chunks of ``batch_size`` (the last one shorter), in order or shuffled with ``seed``: the
+    examples of each batch, whatever the task."""
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    order = _order(len(examples), shuffle, seed)
+    for start in range(0, len(order), batch_size):
+        yield [examples[i] for i in order[start : start + batch_size]]
+
+
 def classification_batches(
     examples: Sequence[tuple[Sequence[str], int]],
     vocab: Vocab,
@@ -143,11 +157,7 @@ def classification_batches(
     max_len: int | None = None,
 ) -> Iterator[TextBatch]:
     """Batches of ``(tokens, label)`` examples: ``labels`` is ``[N]``."""
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    order = _order(len(examples), shuffle, seed)
-    for start in range(0, len(order), batch_size):
-        chunk = [examples[i] for i in order[start : start + batch_size]]
+    for chunk in _chunks(examples, batch_size, shuffle, seed):
         tokens, mask = pad_batch([vocab.encode(t) for t, _ in chunk], max_len=max_len)
         yield TextBatch(tokens, mask, torch.tensor([y for _, y in chunk], dtype=torch.long))
 
@@ -162,11 +172,7 @@ def tagging_batches(
     max_len: int | None = None,
 ) -> Iterator[TextBatch]:
     """Batches of ``(tokens, tag ids)`` examples: ``labels`` is ``[N, L]``, ``-100`` at padding."""
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    order = _order(len(examples), shuffle, seed)
-    for start in range(0, len(order), batch_size):
-        chunk = [examples[i] for i in order[start : start + batch_size]]
+    for chunk in _chunks(examples, batch_size, shuffle, seed):
         for toks, tags in chunk:
             if len(toks) != len(tags):
                 raise ConfigError(f"an example has {len(toks)} tokens but {len(tags)} tags")

@@ -65,6 +65,7 @@ from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows,
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
+from ._sizes import head_dim_of
 from ._skew import DIRECT_KEY_TERM_ELEMENTS, arange_rows, key_rows_dot, offsets
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
@@ -174,12 +175,7 @@ class DeBERTa(PositionalEncoding):
         for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_layers", n_layers)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
-            head_dim = d_model // n_heads
-        if not isinstance(head_dim, int) or head_dim <= 0:
-            raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
+        head_dim = head_dim_of(d_model, n_heads, head_dim)
         if not isinstance(position_buckets, (int, type(None))) or not isinstance(max_relative_positions, int):
             raise ConfigError(
                 f"position_buckets and max_relative_positions must be integers, got "

@@ -40,6 +40,7 @@ from ..base import AttentionContext, Card, PositionalEncoding, is_arange_rows
 from ..errors import ConfigError
 from ..fused import RelativeForm, Rows
 from ..registry import register
+from ._sizes import head_dim_of
 from ._skew import arange_rows, offsets
 
 # ------------------------------------------------------------------ helpers
@@ -303,12 +304,7 @@ class TransformerXL(PositionalEncoding):
             )
         if not isinstance(n_heads, int) or n_heads <= 0:
             raise ConfigError(f"n_heads must be a positive integer, got {n_heads!r}")
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
-            head_dim = d_model // n_heads
-        if not isinstance(head_dim, int) or head_dim <= 0:
-            raise ConfigError(f"head_dim must be a positive integer, got {head_dim!r}")
+        head_dim = head_dim_of(d_model, n_heads, head_dim)
         if clamp_len is not None and (not isinstance(clamp_len, int) or clamp_len <= 0):
             raise ConfigError(f"clamp_len must be a positive integer or None, got {clamp_len!r}")
         if base <= 1:

@@ -200,11 +200,10 @@ def write_page(
                 log(f"{store}: nothing of suite {data.name!r} stored; its data file is left as it is")
     text, datas = build_page(page, suites=suites, data_dir=ddir, img_dir=idir, _loaded=loaded)
     drawn = draw(datas, idir) if plots else []
-    if plots and suites is None and (ddir / "extend.jsonl").is_file():
-        from ..extend.report import page_section
+    if plots and suites is None:  # the real model's section belongs to the whole page
+        from ..extend.report import page_plots
 
-        page_section(ddir, img_rel=_rel(idir, page), img_dir=idir)
-        drawn += [p for p in (idir / "extend-loss.png", idir / "extend-passkey.png") if p.is_file()]
+        drawn += page_plots(ddir, idir)
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(text, encoding="utf-8")
     if readme is not None:

@@ -600,16 +600,27 @@ def export_store(stores: str | Path, data_dir: str | Path) -> Path | None:
     return None
 
 
+def page_plots(data_dir: str | Path, img_dir: str | Path) -> list[Path]:
+    """Draw the results page's two plots of the real model (``extend-loss.png``, ``extend-passkey.png``) into
+    ``img_dir`` from ``<data_dir>/extend.jsonl``; the files drawn (none where the data file is not there)."""
+    path = Path(data_dir) / PAGE_DATA
+    if not path.is_file():
+        return []
+    records = _read_lines(path)
+    drawn = [plot_losses(records, Path(img_dir) / "extend-loss.png")]
+    drawn.append(plot_passkey(records, Path(img_dir) / "extend-passkey.png"))
+    return [p for p in drawn if p is not None]
+
+
 def page_section(data_dir: str | Path, *, img_rel: str, img_dir: str | Path | None = None) -> list[str]:
     """The results page's section for the real model, from ``<data_dir>/extend.jsonl`` (nothing where the file
-    is not there); with ``img_dir``, its two plots are drawn there too."""
+    is not there); with ``img_dir``, its two plots are drawn there too (:func:`page_plots`)."""
     path = Path(data_dir) / PAGE_DATA
     if not path.is_file():
         return []
     records = _read_lines(path)
     if img_dir is not None:
-        plot_losses(records, Path(img_dir) / "extend-loss.png")
-        plot_passkey(records, Path(img_dir) / "extend-passkey.png")
+        page_plots(data_dir, img_dir)
     modes = sorted({str(r.get("mode", "quick")).split(",")[0] for r in records})
     command = " and ".join(f"posenc extend --{m}" if m in ("quick", "full") else "posenc extend" for m in modes)
     return markdown(records, img_rel=img_rel, heading="##", command=command).splitlines() + [""]

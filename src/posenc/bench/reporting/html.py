@@ -4,7 +4,8 @@
 failures, settings, environment) from a :class:`~.model.RunSet`; each task's table (:func:`task_table`)
 marks the best value of each column in bold and cells at chance in grey, with a swatch of the encoding's
 plot style. It imports the model, the lower modules of the reporting package and the published table's
-model (:func:`.markdown.published`), never the plots (it embeds the files they wrote).
+model (:func:`.markdown.published`); of the plots only what its note says of them (it embeds the files they
+wrote, never draws).
 """
 
 from __future__ import annotations

@@ -361,9 +361,16 @@ def _save(fig: Any, path: Path) -> Path | None:
     return path
 
 
-def plot(results: list[dict[str, Any]], path: Path, *, styles: dict[str, dict[str, Any]] | None = None) -> Path | None:
-    """Save :func:`metric_figure` as a PNG (None without matplotlib or results)."""
-    return _save(metric_figure(results, styles=styles), path)
+def plot(
+    results: list[dict[str, Any]],
+    path: Path,
+    *,
+    styles: dict[str, dict[str, Any]] | None = None,
+    rows: list[dict[str, Any]] | None = None,
+) -> Path | None:
+    """Save :func:`metric_figure` as a PNG (None without matplotlib or results); ``rows``: the results' leaderboard
+    where the caller has it already."""
+    return _save(metric_figure(results, styles=styles, rows=rows), path)
 
 
 def plot_curves(

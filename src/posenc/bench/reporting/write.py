@@ -48,7 +48,7 @@ def write_report(
     }
     files["results"].write_text(json.dumps({"leaderboard": jsonable(runs.rows), "runs": results}, indent=1))
     files["leaderboard_json"].write_text(json.dumps({"title": title, "rows": jsonable(runs.rows)}, indent=1))
-    png = plot(results, out_dir / "accuracy_vs_length.png", styles=runs.styles)
+    png = plot(results, out_dir / "accuracy_vs_length.png", styles=runs.styles, rows=runs.rows)
     if png is not None:
         files["plot"] = png
     curves = plot_curves(results, out_dir / "training_curves.png", styles=runs.styles)

@@ -39,333 +39,55 @@ Usage (from the repository root)::
 
 Results accumulate in ``benchmarks/results/<tag>.json`` (``--tag``, default ``models-cpu-fp32``); a (case, L)
 already there is skipped unless ``--force``, so an interrupted run resumes.
+
+The parts: :mod:`model_cases` (the models each case builds, what its ratios are against), :mod:`models_report`
+(the tables), and :mod:`harness` (fresh processes, the timed loop, the JSON store, resume), which
+``bench_attention.py`` shares.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# the shared methodology: malloc settings, the allocator-peak probe, the encodings' options (the same ones the
-# attention benchmark and its peers use), the transformers 4.57 interpreter
-from bench_attention import ENC_OPTIONS, HF457_PY, MALLOC_ENV, _profiled_peak  # noqa: E402
-
-MAIN_PY = sys.executable
-
-D, H, D_FF, N_LAYERS = 512, 8, 2048, 2
-DH = D // H
-N_CLASSES = 2
-# Llama's MLP is SwiGLU (three d x d_ff matrices): 1365 ~ 2/3 * 2048 gives it the parameters and FLOPs of the
-# two-matrix 2048 GELU MLP of posenc's blocks (the report prints both models' parameter counts)
-LLAMA_FF = 1365
-
-# the default encodings: one per distinct cost (the attention benchmark's list, minus kerple-power,
-# relative-bias and contextual-2, plus nope); --all runs every registered encoding
-DEFAULT_ENCODINGS = [
-    "none",
-    "nope",
-    "sinusoidal",
-    "learned",
-    "rope",
-    "rope-interleaved",
-    "xpos",
-    "rope-yarn",
-    "alibi",
-    "t5",
-    "kerple-log",
-    "fire",
-    "dynamic-bias",
-    "cope",
-    "shaw",
-    "nezha",
-    "relative-key",
-    "relative-key-query",
-    "contextual-1",
-    "transformer-xl",
-    "xlnet",
-    "tener",
-    "deberta",
-]
-QUICK_ENCODINGS = ["none", "rope", "alibi", "t5", "transformer-xl", "deberta"]
-
-# HF case -> (model kind, the posenc encoding it implements, what it is)
-HF_CASES: dict[str, tuple[str, str, str]] = {
-    "hf:llama": (
-        "lm",
-        "rope",
-        f"transformers 5.x LlamaForCausalLM (sdpa, tied embeddings, attention and MLP biases, SwiGLU "
-        f"intermediate {LLAMA_FF} = the parameters of a 2048 GELU MLP, RMSNorm)",
-    ),
-    "hf:xlnet": ("lm", "xlnet", "transformers 5.x XLNetLMHeadModel (attn_type='uni', no memory, post-LN)"),
-    "hf457:transfo-xl": (
-        "lm",
-        "transformer-xl",
-        "transformers 4.57 TransfoXLLMHeadModel (no adaptive softmax: cutoffs [], div_val 1; mem_len 0; post-LN)",
-    ),
-    "hf:t5": ("classifier", "t5", "transformers 5.x T5EncoderModel (sdpa; GELU MLP, no biases, RMSNorm)"),
-    "hf:deberta": (
-        "classifier",
-        "deberta",
-        "transformers 5.x DebertaV2Model (c2p+p2c, 256 buckets, max_relative_positions 512, shared keys, "
-        "LayerNorm'd rel. embeddings, no absolute positions)",
-    ),
-    "hf457:bert-relative_key": (
-        "classifier",
-        "relative-key",
-        "transformers 4.57 BertModel(position_embedding_type='relative_key'), eager, max_position_embeddings L",
-    ),
-    "hf457:bert-relative_key_query": (
-        "classifier",
-        "relative-key-query",
-        "transformers 4.57 BertModel(position_embedding_type='relative_key_query'), eager, max_position_embeddings L",
-    ),
-    "hf457:nezha": ("classifier", "nezha", "transformers 4.57 NezhaModel (max_relative_position 64), eager"),
-}
-HF_DECODE = {
-    "decode:hf:llama": ("rope", "transformers 5.x LlamaForCausalLM, DynamicCache"),
-    "decode-mem:hf457:transfo-xl": ("transformer-xl", "transformers 4.57 TransfoXLLMHeadModel, mems of L tokens"),
-}
-
-# cases known not to fit in this machine's memory (23 GB, shared) from this L on: skipped unless --allow-big.
-# L x L x d tensors (HF relative peers), or L x L per head kept for the backward (CoPE: 7.8 GB for one layer
-# at B=4, L=2048 in the attention benchmark)
-TOO_BIG = {
-    "classifier:hf457:bert-relative_key": 4096,
-    "classifier:hf457:bert-relative_key_query": 4096,
-    "classifier:hf457:nezha": 4096,
-    "classifier:hf:deberta": 4096,
-    "lm:hf:xlnet": 4096,
-    "lm:hf457:transfo-xl": 4096,
-    "lm:posenc:cope": 4096,
-    "classifier:posenc:cope": 4096,
-}
+import harness  # noqa: E402
+from attention_cases import ENC_OPTIONS  # noqa: E402
+from harness import MALLOC_ENV, RESULTS  # noqa: E402
+from model_cases import (  # noqa: E402
+    D_FF,
+    DEFAULT_ENCODINGS,
+    DH,
+    HF_CASES,
+    HF_DECODE,
+    N_LAYERS,
+    QUICK_ENCODINGS,
+    TOO_BIG,
+    D,
+    H,
+    decoder,
+    floor_of,
+    match_of,
+    train_case,
+)
+from models_report import report  # noqa: E402
 
 
-# ============================================================================ the worker (one fresh process)
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _maxrss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def _posenc_model(kind: str, enc: str, max_len: int, vocab: int):
-    import posenc
-
-    opts = dict(ENC_OPTIONS.get(enc, {}))
-    kw = dict(encoding=enc, encoding_options=opts or None, d_model=D, n_heads=H, d_ff=D_FF, n_layers=N_LAYERS)
-    if kind == "classifier":
-        return posenc.SequenceClassifier(vocab, N_CLASSES, max_len=max_len, **kw)
-    return posenc.LanguageModel(vocab, max_len=max_len, **kw)
-
-
-def _patch_type_as() -> None:
-    """transformers 4.57.6's TransfoXLModel.forward calls ``tensor.type_as(dtype=...)``, which torch has never
-    accepted (TypeError); accept that one spelling (``.to(dtype)``) and leave every other call alone."""
-    import torch
-
-    orig = torch.Tensor.type_as
-
-    def type_as(self, other=None, dtype=None):
-        return self.to(dtype) if other is None else orig(self, other)
-
-    torch.Tensor.type_as = type_as
-
-
-def _hf_model(pid: str, max_len: int, vocab: int, mem_len: int = 0):
-    """The HF model of case ``pid`` (``hf:llama`` ...): (module, returns) with returns 'logits', 'logprobs' or
-    'hidden' (the last hidden state, pooled and classified by the caller)."""
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    import transformers as tf
-
-    tf.logging.set_verbosity_error()
-    if pid.startswith("hfpatch:"):  # the Llama below, its encoding replaced by posenc.hf
-        import posenc.hf
-
-        enc = pid.split(":", 1)[1]
-        model, returns = _hf_model("hf:llama", max_len, vocab)
-        posenc.hf.patch(model, enc, **ENC_OPTIONS.get(enc, {}))
-        return model, returns
-    if pid == "hf:llama":
-        cfg = tf.LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=D,
-            intermediate_size=LLAMA_FF,
-            num_hidden_layers=N_LAYERS,
-            num_attention_heads=H,
-            num_key_value_heads=H,
-            head_dim=DH,
-            max_position_embeddings=max_len,
-            tie_word_embeddings=True,
-            attention_bias=True,
-            mlp_bias=True,
-            attention_dropout=0.0,
-            attn_implementation="sdpa",
-        )
-        return tf.LlamaForCausalLM(cfg), "logits"
-    if pid == "hf:xlnet":
-        cfg = tf.XLNetConfig(
-            vocab_size=vocab,
-            d_model=D,
-            n_layer=N_LAYERS,
-            n_head=H,
-            d_inner=D_FF,
-            ff_activation="gelu",
-            attn_type="uni",
-            dropout=0.0,
-            mem_len=None,
-        )
-        return tf.XLNetLMHeadModel(cfg), "logits"
-    if pid == "hf457:transfo-xl":
-        _patch_type_as()
-        from transformers.models.deprecated.transfo_xl.configuration_transfo_xl import TransfoXLConfig
-        from transformers.models.deprecated.transfo_xl.modeling_transfo_xl import TransfoXLLMHeadModel
-
-        cfg = TransfoXLConfig(
-            vocab_size=vocab,
-            cutoffs=[],
-            adaptive=False,
-            div_val=1,
-            d_model=D,
-            d_embed=D,
-            n_head=H,
-            d_head=DH,
-            d_inner=D_FF,
-            n_layer=N_LAYERS,
-            mem_len=mem_len,
-            clamp_len=-1,
-            same_length=False,
-            dropout=0.0,
-            dropatt=0.0,
-        )
-        return TransfoXLLMHeadModel(cfg), "logprobs"
-    if pid == "hf:t5":
-        cfg = tf.T5Config(
-            vocab_size=vocab,
-            d_model=D,
-            d_kv=DH,
-            num_heads=H,
-            d_ff=D_FF,
-            num_layers=N_LAYERS,
-            feed_forward_proj="gelu",
-            dropout_rate=0.0,
-            relative_attention_num_buckets=32,
-            relative_attention_max_distance=128,
-            attn_implementation="sdpa",
-        )
-        return tf.T5EncoderModel(cfg), "hidden"
-    if pid == "hf:deberta":
-        cfg = tf.DebertaV2Config(
-            vocab_size=vocab,
-            hidden_size=D,
-            num_hidden_layers=N_LAYERS,
-            num_attention_heads=H,
-            intermediate_size=D_FF,
-            relative_attention=True,
-            position_buckets=256,
-            max_position_embeddings=512,
-            pos_att_type=["p2c", "c2p"],
-            share_att_key=True,
-            norm_rel_ebd="layer_norm",
-            position_biased_input=False,
-            type_vocab_size=0,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-        return tf.DebertaV2Model(cfg), "hidden"
-    if pid.startswith("hf457:bert-"):
-        kind = pid[len("hf457:bert-") :]
-        cfg = tf.BertConfig(
-            vocab_size=vocab,
-            hidden_size=D,
-            num_hidden_layers=N_LAYERS,
-            num_attention_heads=H,
-            intermediate_size=D_FF,
-            max_position_embeddings=max_len,
-            position_embedding_type=kind,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            attn_implementation="eager",  # sdpa falls back to eager for relative positions anyway
-        )
-        return tf.BertModel(cfg, add_pooling_layer=False), "hidden"
-    if pid == "hf457:nezha":
-        from transformers.models.deprecated.nezha.configuration_nezha import NezhaConfig
-        from transformers.models.deprecated.nezha.modeling_nezha import NezhaModel
-
-        cfg = NezhaConfig(
-            vocab_size=vocab,
-            hidden_size=D,
-            num_hidden_layers=N_LAYERS,
-            num_attention_heads=H,
-            intermediate_size=D_FF,
-            max_relative_position=64,
-            max_position_embeddings=max(max_len, 512),
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-        return NezhaModel(cfg, add_pooling_layer=False), "hidden"
-    raise SystemExit(f"unknown HF case {pid!r}")
-
-
-def _train_case(case: str, L: int, vocab: int, batch: int):
-    """(module, loss_fn): ``loss_fn()`` runs the model on one batch and returns the scalar loss."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    kind, _, rest = case.partition(":")
-    tokens = torch.randint(0, vocab, (batch, L))
-    targets = torch.randint(0, vocab, (batch, L))
-    labels = torch.randint(0, N_CLASSES, (batch,))
-    if rest.startswith("posenc:"):
-        model = _posenc_model(kind, rest.split(":", 1)[1], L, vocab)
-        if kind == "lm":
-            return model, lambda: F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
-        return model, lambda: F.cross_entropy(model(tokens), labels)
-    base, returns = _hf_model(rest, L, vocab)
-    if kind == "lm":
-        extra = {"use_cache": False} if rest == "hf:llama" or rest.startswith("hfpatch:") else {}
-        if returns == "logprobs":  # TransfoXL's head returns log-softmax (its ProjectedAdaptiveLogSoftmax)
-            return base, lambda: F.nll_loss(base(tokens).prediction_scores.flatten(0, 1), targets.flatten())
-        return base, lambda: F.cross_entropy(base(tokens, **extra).logits.flatten(0, 1), targets.flatten())
-
-    class Pooled(nn.Module):  # what posenc.SequenceClassifier does: mean pooling, a linear head
-        def __init__(self) -> None:
-            super().__init__()
-            self.base, self.head = base, nn.Linear(D, N_CLASSES)
-
-        def forward(self, x):
-            return self.head(self.base(input_ids=x).last_hidden_state.mean(1))
-
-    model = Pooled()
-    return model, lambda: F.cross_entropy(model(tokens), labels)
-
-
+# ============================================================================ the workers (one fresh process)
 def train_worker(case: str, L: int, repeats: int, threads: int, vocab: int, batch: int) -> dict:
+    """One training step's time (forward, loss, backward; and the no-grad forward), allocator peak and RSS."""
     import torch
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    rss_imports = _rss_bytes()
-    module, loss_fn = _train_case(case, L, vocab, batch)
+    rss_imports = harness.rss_bytes()
+    module, loss_fn = train_case(case, L, vocab, batch)
     module.train()  # dropout is 0 everywhere; train mode is what a training step runs (randomized positions)
-    rss_entry = _rss_bytes()
+    rss_entry = harness.rss_bytes()
 
     def fwd():
         with torch.no_grad():
@@ -379,145 +101,59 @@ def train_worker(case: str, L: int, repeats: int, threads: int, vocab: int, batc
     t0 = time.process_time()
     step()  # the first step: one-time work (native kernels, caches); its RSS high-water mark is recorded
     first_step_cpu = time.process_time() - t0
-    rss_step = _maxrss_bytes() - rss_entry
-    peak_step = _profiled_peak(step)
-    peak_fwd = _profiled_peak(fwd)
-    if L <= 1024:  # one more plain pass where it is cheap
-        step()
-        fwd()
-    tf, ts, cf, cs = [], [], [], []
-    load0 = os.getloadavg()[0]
-    c0, w0 = time.process_time(), time.perf_counter()
-    for _ in range(repeats):
-        for f, wall, cpu in ((fwd, tf, cf), (step, ts, cs)):
-            p0, t0 = time.process_time(), time.perf_counter()
-            f()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - p0)
-    c1, w1 = time.process_time(), time.perf_counter()
+    rss_step = harness.maxrss_bytes() - rss_entry
+    # the profiled runs are the warm-up; one more plain pass where it is cheap
+    peak_step, peak_fwd, t = harness.fwd_and_step(fwd, step, "step", repeats, threads, L <= 1024)
     return {
         "case": case,
         "L": L,
-        "step_cpu_s": statistics.median(cs),
-        "step_cpu_min_s": min(cs),
-        "step_cpu_max_s": max(cs),
-        "step_s": statistics.median(ts),
-        "step_min_s": min(ts),
-        "step_max_s": max(ts),
-        "fwd_cpu_s": statistics.median(cf),
-        "fwd_s": statistics.median(tf),
+        **harness.spread("step_cpu", t.cpu["step"]),
+        **harness.spread("step", t.wall["step"]),
+        "fwd_cpu_s": statistics.median(t.cpu["fwd"]),
+        "fwd_s": statistics.median(t.wall["fwd"]),
         "first_step_cpu_s": first_step_cpu,
         "peak_step_MB": peak_step / 2**20,
         "peak_fwd_MB": peak_fwd / 2**20,
         "rss_step_MB": rss_step / 2**20,
-        "rss_run_MB": (_maxrss_bytes() - rss_entry) / 2**20,
+        "rss_run_MB": (harness.maxrss_bytes() - rss_entry) / 2**20,
         "rss_model_MB": (rss_entry - rss_imports) / 2**20,
         "repeats": repeats,
-        "cpu_util": (c1 - c0) / max(w1 - w0, 1e-9) / threads,
-        "loadavg_1m": [load0, os.getloadavg()[0]],
+        **t.summary(),
         "n_params": sum(p.numel() for p in module.parameters()),
         "torch": torch.__version__,
         **_versions(case),
     }
 
 
-def _decoder(case: str, C: int, n_tokens: int, vocab: int):
-    """(module, prefill(ctx), step(tok)): the decoding loop of one case; state lives in the closures."""
-    import torch
-
-    kind, _, rest = case.partition(":")
-    max_len = C + n_tokens
-    if rest.startswith("posenc:"):
-        import posenc
-
-        model = _posenc_model("lm", rest.split(":", 1)[1], max_len, vocab)
-        state: dict = {}
-        if kind == "decode":
-
-            def prefill(ctx):
-                state["cache"] = posenc.KVCache()
-                return model(ctx, kv_cache=state["cache"])
-
-            def step(tok):
-                return model(tok, kv_cache=state["cache"])
-
-        else:  # Transformer-XL segment memory: each layer's inputs of the last C tokens, no cache
-
-            def prefill(ctx):
-                logits, state["mem"] = model(ctx, return_memory=True)
-                return logits
-
-            def step(tok):
-                logits, new = model(tok, memory=state["mem"], return_memory=True)
-                state["mem"] = [torch.cat([m, n], 1)[:, -C:] for m, n in zip(state["mem"], new)]
-                return logits
-
-        return model, prefill, step
-    model, _ = _hf_model(rest, max_len, vocab, mem_len=C)
-    state = {}
-    if rest == "hf:llama" or rest.startswith("hfpatch:"):
-
-        def prefill(ctx):
-            out = model(ctx, use_cache=True)
-            state["pkv"] = out.past_key_values
-            return out.logits
-
-        def step(tok):
-            out = model(tok, past_key_values=state["pkv"], use_cache=True)
-            state["pkv"] = out.past_key_values
-            return out.logits
-
-    elif rest == "hf457:transfo-xl":
-
-        def prefill(ctx):
-            out = model(ctx)
-            state["mems"] = out.mems
-            return out.prediction_scores
-
-        def step(tok):
-            out = model(tok, mems=state["mems"])
-            state["mems"] = out.mems
-            return out.prediction_scores
-
-    else:
-        raise SystemExit(f"no decoding loop for {case!r}")
-    return model, prefill, step
-
-
 DECODE_WARMUP = 2
 
 
 def decode_worker(case: str, C: int, n_steps: int, threads: int, vocab: int) -> dict:
+    """Per-token time of KV-cache (or segment-memory) decoding from a context of C tokens, and the prefill's."""
     import torch
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     n_tokens = DECODE_WARMUP + 1 + n_steps
-    module, prefill, step = _decoder(case, C, n_tokens, vocab)
+    module, prefill, step = decoder(case, C, n_tokens, vocab)
     module.eval()
     ctx = torch.randint(0, vocab, (1, C))
     toks = torch.randint(0, vocab, (1, n_tokens))
-    rss_entry = _rss_bytes()
+    rss_entry = harness.rss_bytes()
     with torch.no_grad():
         # a throw-away prefill and step (one-time work), then the measured ones
         prefill(ctx[:, : min(C, 64)])
         step(toks[:, :1])
-        peak_prefill = _profiled_peak(lambda: prefill(ctx))
+        peak_prefill = harness.profiled_peak(lambda: prefill(ctx))
         p0, t0 = time.process_time(), time.perf_counter()
         prefill(ctx)
         prefill_cpu, prefill_wall = time.process_time() - p0, time.perf_counter() - t0
         for i in range(DECODE_WARMUP):
             step(toks[:, i : i + 1])
-        peak_step = _profiled_peak(lambda: step(toks[:, DECODE_WARMUP : DECODE_WARMUP + 1]))
-        cf, wf = [], []
-        load0 = os.getloadavg()[0]
-        c0, w0 = time.process_time(), time.perf_counter()
-        for i in range(DECODE_WARMUP + 1, n_tokens):
-            p0, t0 = time.process_time(), time.perf_counter()
-            step(toks[:, i : i + 1])
-            wf.append(time.perf_counter() - t0)
-            cf.append(time.process_time() - p0)
-        c1, w1 = time.process_time(), time.perf_counter()
+        peak_step = harness.profiled_peak(lambda: step(toks[:, DECODE_WARMUP : DECODE_WARMUP + 1]))
+        steps = (("token", lambda i=i: step(toks[:, i : i + 1])) for i in range(DECODE_WARMUP + 1, n_tokens))
+        t = harness.timed(steps, threads)
+    cf = t.cpu["token"]
     return {
         "case": case,
         "L": C,
@@ -525,15 +161,14 @@ def decode_worker(case: str, C: int, n_steps: int, threads: int, vocab: int) -> 
         "token_cpu_mean_ms": 1e3 * statistics.fmean(cf),
         "token_cpu_min_ms": 1e3 * min(cf),
         "token_cpu_max_ms": 1e3 * max(cf),
-        "token_ms": 1e3 * statistics.median(wf),
+        "token_ms": 1e3 * statistics.median(t.wall["token"]),
         "prefill_cpu_s": prefill_cpu,
         "prefill_s": prefill_wall,
         "peak_prefill_MB": peak_prefill / 2**20,
         "peak_token_MB": peak_step / 2**20,
-        "rss_run_MB": (_maxrss_bytes() - rss_entry) / 2**20,
+        "rss_run_MB": (harness.maxrss_bytes() - rss_entry) / 2**20,
         "steps": n_steps,
-        "cpu_util": (c1 - c0) / max(w1 - w0, 1e-9) / threads,
-        "loadavg_1m": [load0, os.getloadavg()[0]],
+        **t.summary(),
         "n_params": sum(p.numel() for p in module.parameters()),
         "torch": torch.__version__,
         **_versions(case),
@@ -549,29 +184,6 @@ def _versions(case: str) -> dict:
 
 
 # ====================================================================== the orchestrator
-def python_for(case: str) -> str:
-    return HF457_PY if ":hf457:" in case else MAIN_PY
-
-
-def floor_of(case: str) -> str:
-    """The ``none`` case every ratio of ``case`` is taken against (a patched HF model: the unpatched one)."""
-    kind = case.split(":", 1)[0]
-    if ":hfpatch:" in case:
-        return f"{kind}:hf:llama"
-    return "decode:posenc:none" if kind.startswith("decode") else f"{kind}:posenc:none"
-
-
-def match_of(case: str) -> str | None:
-    """The posenc case an HF case is compared with."""
-    kind, _, rest = case.partition(":")
-    if kind.startswith("decode"):
-        enc = HF_DECODE.get(case, (None,))[0]
-        return f"{kind}:posenc:{enc}" if enc else None
-    if rest in HF_CASES:
-        return f"{kind}:posenc:{HF_CASES[rest][1]}"
-    return None
-
-
 def default_repeats(L: int) -> int:
     """Timed training steps per process (the median is reported)."""
     return 5 if L <= 512 else 3 if L <= 2048 else 2
@@ -616,15 +228,11 @@ def unbuildable(encodings: list[str], vocab: int) -> dict[str, str]:
     return bad
 
 
-def load(path: Path) -> list[dict]:
-    return json.loads(path.read_text()) if path.exists() else []
-
-
 def _fmt_line(rec: dict, records: list[dict]) -> str:
+    """The progress line of one record, with its ratios to the records already there."""
     case, L = rec["case"], rec["L"]
     if "skipped" in rec or "error" in rec:
-        lines = [ln for ln in (rec.get("skipped") or rec.get("error", "")).splitlines() if ln.strip()] or ["?"]
-        return f"L={L:5d} {case:44s} {'ERROR: ' if 'error' in rec else ''}{lines[-1][-400:]}"
+        return f"L={L:5d} {case:44s} {'ERROR: ' if 'error' in rec else ''}{harness.why_not(rec, 400)}"
     fl = next((r for r in records if r["case"] == floor_of(case) and r["L"] == L and "error" not in r), None)
     if "token_cpu_ms" in rec:
         line = (
@@ -653,9 +261,7 @@ def _fmt_line(rec: dict, records: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{args.tag}.json"
-    records = load(path)
+    store = harness.Store(RESULTS / f"{args.tag}.json", key=lambda r: (r["case"], r["L"]))
     kinds = ["lm", "classifier"] if args.model == "both" else [args.model]
     if args.decode:
         lengths = args.lengths or ([256, 512] if args.quick else [1024, 4096])
@@ -677,254 +283,64 @@ def run(args: argparse.Namespace) -> None:
         cases = default_cases(
             kinds, [e for e in encs if e not in skipped_encs], not args.no_hf, args.decode, args.hf_patch
         )
+
+    def too_big(case: str, L: int) -> bool:
+        return L >= TOO_BIG.get(case, 1 << 30) and not args.allow_big
+
     if args.dry_run:
+        have = store.keys()
         for L in lengths:
             for case in cases:
-                big = L >= TOO_BIG.get(case, 1 << 30) and not args.allow_big
-                have = any(r["case"] == case and r["L"] == L for r in records)
-                note = " (too big: skipped)" if big else " (done)" if have and not args.force else ""
-                print(f"L={L:5d} {case} [{python_for(case)}]{note}")
+                done = (case, L) in have and not args.force
+                note = " (too big: skipped)" if too_big(case, L) else " (done)" if done else ""
+                print(f"L={L:5d} {case} [{harness.python_for(case)}]{note}")
         return
-    env = dict(os.environ, **MALLOC_ENV, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT / "src"))
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
-    done = {(r["case"], r["L"]) for r in records if "error" not in r}  # failed cases are tried again
+    env = harness.worker_env(args.threads)
+    done = store.keys(failed=False)  # failed cases are tried again
     for e, why in skipped_encs.items():  # recorded so that the report lists them
         for L in lengths:
             for kind in ["decode"] if args.decode else kinds:
                 c = f"{kind}:posenc:{e}"
                 if (c, L) not in done:
-                    records.append({"case": c, "L": L, "skipped": f"cannot be built with default options: {why}"})
-    path.write_text(json.dumps(records, indent=1))
+                    store.records.append({"case": c, "L": L, "skipped": f"cannot be built with default options: {why}"})
+    store.save()
+    config = {"d_model": D, "n_heads": H, "d_ff": D_FF, "n_layers": N_LAYERS}
+
+    def measure(job: tuple[str, int]) -> dict:
+        case, L = job
+        if too_big(case, L):
+            return {"case": case, "L": L, "skipped": "does not fit in this machine's memory (--allow-big to try)"}
+        spec = {
+            "case": case,
+            "L": L,
+            "threads": args.threads,
+            "vocab": args.vocab,
+            "batch": args.batch,
+            "steps": args.steps,
+            "repeats": args.repeats or (1 if args.quick else default_repeats(L)),
+        }
+        rec, wall = harness.fresh_process(Path(__file__), spec, env, args.timeout)
+        rec["process_wall_s"] = wall
+        rec["config"] = {k: spec[k] for k in ("threads", "vocab", "batch")} | config
+        if case.startswith("decode"):
+            rec["config"]["batch"] = 1
+        rec["malloc_env"] = MALLOC_ENV
+        return rec
+
     t_start = time.perf_counter()
-    for L in lengths:
-        for case in cases:
-            key = (case, L)
-            if key in done and not args.force:
-                continue
-            if L >= TOO_BIG.get(case, 1 << 30) and not args.allow_big:
-                rec = {"case": case, "L": L, "skipped": "does not fit in this machine's memory (--allow-big to try)"}
-            else:
-                spec = {
-                    "case": case,
-                    "L": L,
-                    "threads": args.threads,
-                    "vocab": args.vocab,
-                    "batch": args.batch,
-                    "steps": args.steps,
-                    "repeats": args.repeats or (1 if args.quick else default_repeats(L)),
-                }
-                cmd = [python_for(case), str(Path(__file__)), "worker", json.dumps(spec)]
-                t0 = time.perf_counter()
-                try:
-                    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-                    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-                    if p.returncode == 0 and lines:
-                        rec = json.loads(lines[-1])
-                    else:
-                        rec = {"case": case, "L": L, "error": (p.stderr or p.stdout)[-1500:] or f"exit {p.returncode}"}
-                except subprocess.TimeoutExpired:
-                    rec = {"case": case, "L": L, "error": f"timeout after {args.timeout} s"}
-                rec["process_wall_s"] = time.perf_counter() - t0
-                rec["config"] = {k: spec[k] for k in ("threads", "vocab", "batch")} | {
-                    "d_model": D,
-                    "n_heads": H,
-                    "d_ff": D_FF,
-                    "n_layers": N_LAYERS,
-                }
-                if case.startswith("decode"):
-                    rec["config"]["batch"] = 1
-                rec["malloc_env"] = MALLOC_ENV
-            records = [r for r in records if (r["case"], r["L"]) != key] + [rec]
-            path.write_text(json.dumps(records, indent=1))
-            print(_fmt_line(rec, records), flush=True)
-    print(f"finished in {time.perf_counter() - t_start:.0f} s; results in {path}", flush=True)
+    jobs = [((case, L), (case, L)) for L in lengths for case in cases]
+    harness.run_cases(store, jobs, measure, lambda rec: _fmt_line(rec, store.records), done, args.force)
+    print(f"finished in {time.perf_counter() - t_start:.0f} s; results in {store.path}", flush=True)
 
 
-# ========================================================================== the report
-def _cell(v: float | None, base: float | None, fmt: str) -> str:
-    if v is None:
-        return "—"
-    s = format(v, fmt)
-    return f"{s} ({v / base:.2f}×)" if base else s
-
-
-def report(args: argparse.Namespace) -> None:
-    records = load(RESULTS / f"{args.tag}.json")
-    cpu = args.metric in ("cpu", "cpu-min")
-    best = args.metric == "cpu-min"  # the fastest repeat: another process on the machine only ever adds time
-    ok = {(r["case"], r["L"]): r for r in records if "error" not in r and "skipped" not in r}
-
-    def step_t(r):
-        return (r["step_cpu_min_s"] if best else r["step_cpu_s"]) if cpu else r["step_s"]
-
-    def tok_t(r):
-        return (r["token_cpu_min_ms"] if best else r["token_cpu_ms"]) if cpu else r["token_ms"]
-
-    def fwd_t(r):
-        return r["fwd_cpu_s"] if cpu else r["fwd_s"]
-
-    def prefill_t(r):
-        return r["prefill_cpu_s"] if cpu else r["prefill_s"]
-
-    out = [f"# {args.tag}: whole models, CPU fp32, one thread ({args.metric} time)", ""]
-    suffix = "" if args.metric == "cpu" else f"-{args.metric}"
-    cfg = {k: sorted({r["config"][k] for r in ok.values() if "config" in r}) for k in ("vocab", "threads")}
-    cfg_s = {k: ", ".join(map(str, v)) for k, v in cfg.items()}
-    train_b = sorted({r["config"]["batch"] for r in ok.values() if "config" in r and "step_cpu_s" in r})
-    out.append(
-        f"{N_LAYERS} layers, d_model {D}, {H} heads, d_ff {D_FF}; vocabulary {cfg_s['vocab']}, training batch "
-        f"{', '.join(map(str, train_b))}, decoding batch 1, threads {cfg_s['threads']}. "
-        "Each cell: value (ratio to `none` of the same model and L, from this file)."
-    )
-    if any(len(v) > 1 for v in (*cfg.values(), train_b)):
-        out.append("**Warning: this file mixes runs of different settings; ratios across them are not meaningful.**")
-    order = {e: i for i, e in enumerate(DEFAULT_ENCODINGS)}
-
-    def encs_of(prefix: str) -> list[str]:
-        es = {c[len(prefix) :] for c, _ in ok if c.startswith(prefix)}
-        return sorted(es, key=lambda e: (order.get(e, 999), e))
-
-    # ---- training step
-    for kind, title in (("lm", "LanguageModel (causal)"), ("classifier", "SequenceClassifier (bidirectional)")):
-        prefix = f"{kind}:posenc:"
-        encs = encs_of(prefix)
-        if not encs:
-            continue
-        lengths = sorted({L for c, L in ok if c.startswith(prefix)})
-        out += ["", f"## Training step: {title}", ""]
-        out.append(
-            "Forward + loss + backward (no optimizer step), batch 2. Time: median "
-            f"{args.metric} seconds of the repeats; memory: allocator peak of one step above the level at entry "
-            "(torch.profiler). Ratios: / the `none` model at the same L."
-        )
-        out += ["", "| encoding | " + " | ".join(f"L={L} step s | L={L} peak MB" for L in lengths) + " |"]
-        out.append("|---|" + "---|---|" * len(lengths))
-        for e in encs:
-            cells = []
-            for L in lengths:
-                r, fl = ok.get((prefix + e, L)), ok.get((prefix + "none", L))
-                cells.append(_cell(step_t(r) if r else None, step_t(fl) if fl else None, ".3f"))
-                cells.append(_cell(r["peak_step_MB"] if r else None, fl["peak_step_MB"] if fl else None, ".0f"))
-            out.append(f"| {e} | " + " | ".join(cells) + " |")
-        out += ["", "No-grad forward of the same batch, and the process's RSS growth during one step (ru_maxrss):", ""]
-        out += ["| encoding | " + " | ".join(f"L={L} fwd s | L={L} RSS+ MB" for L in lengths) + " |"]
-        out.append("|---|" + "---|---|" * len(lengths))
-        for e in encs:
-            cells = []
-            for L in lengths:
-                r, fl = ok.get((prefix + e, L)), ok.get((prefix + "none", L))
-                cells.append(_cell(fwd_t(r) if r else None, fwd_t(fl) if fl else None, ".3f"))
-                cells.append(_cell(r["rss_step_MB"] if r else None, fl["rss_step_MB"] if fl else None, ".0f"))
-            out.append(f"| {e} | " + " | ".join(cells) + " |")
-
-    # ---- decoding
-    dec = {c for c, _ in ok if c.startswith("decode")}
-    if dec:
-        lengths = sorted({L for c, L in ok if c.startswith("decode")})
-        rows = [f"decode:posenc:{e}" for e in encs_of("decode:posenc:")]
-        rows += sorted(
-            (c for c in dec if not c.startswith("decode:posenc:")), key=lambda c: (":hf" in c, c.split(":")[-1], c)
-        )
-        out += ["", "## KV-cache decoding: LanguageModel, batch 1", ""]
-        out.append(
-            "Prefill a context of L tokens, then single-token steps under `torch.no_grad` (median of the steps, "
-            "after 2 warm-up steps). Peak: allocator peak of the prefill (cache included). "
-            "`decode-mem:` rows decode with Transformer-XL's segment memory (each layer's input for the last L "
-            "tokens, re-projected every step) instead of a KV cache. Ratios: / `decode:posenc:none`."
-        )
-        hdr = " | ".join(f"L={L} ms/token | L={L} prefill s | L={L} peak MB" for L in lengths)
-        out += ["", f"| case | {hdr} |", "|---|" + "---|---|---|" * len(lengths)]
-        for c in rows:
-            cells = []
-            for L in lengths:
-                r, fl = ok.get((c, L)), ok.get(("decode:posenc:none", L))
-                cells.append(_cell(tok_t(r) if r else None, tok_t(fl) if fl else None, ".2f"))
-                cells.append(_cell(prefill_t(r) if r else None, prefill_t(fl) if fl else None, ".3f"))
-                cells.append(_cell(r["peak_prefill_MB"] if r else None, fl["peak_prefill_MB"] if fl else None, ".0f"))
-            name = c[len("decode:posenc:") :] if c.startswith("decode:posenc:") else c
-            out.append(f"| {name} | " + " | ".join(cells) + " |")
-
-    # ---- HF beside posenc
-    hf_rows = sorted(
-        ((c, L) for c, L in ok if ":hf" in c and ":hfpatch:" not in c),
-        key=lambda t: (not t[0].startswith("lm"), t[0].startswith("decode"), t[0], t[1]),
-    )
-    if hf_rows:
-        out += ["", "## posenc beside the Hugging Face model of the same size", ""]
-        out.append(
-            "Same step, same batch, same sizes. `HF ×none`: the HF model / posenc's `none` model of the same "
-            "kind; `posenc / HF`: the matching posenc encoding / the HF model (< 1: posenc faster or smaller). "
-            "For decoding rows the times are ms per token."
-        )
-        out += [
-            "",
-            "| HF case | posenc match | L | HF time | HF peak MB | HF ×none time | HF ×none mem | posenc time "
-            "| posenc peak MB | posenc / HF time | posenc / HF mem | params HF / posenc |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c, L in hf_rows:
-            r, fl, m = ok[(c, L)], ok.get((floor_of(c), L)), ok.get((match_of(c) or "", L))
-            if "token_cpu_ms" in r:
-                t, mem = tok_t, (lambda x: x["peak_prefill_MB"])
-                fmt = ".2f"
-            else:
-                t, mem = step_t, (lambda x: x["peak_step_MB"])
-                fmt = ".3f"
-            row = [c, (match_of(c) or "—").split(":")[-1], str(L), format(t(r), fmt), f"{mem(r):.0f}"]
-            row += [f"{t(r) / t(fl):.2f}", f"{mem(r) / max(mem(fl), 1e-9):.2f}"] if fl else ["—", "—"]
-            if m:
-                row += [format(t(m), fmt), f"{mem(m):.0f}", f"{t(m) / t(r):.2f}", f"{mem(m) / max(mem(r), 1e-9):.2f}"]
-                row.append(f"{r['n_params'] / 1e6:.2f}M / {m['n_params'] / 1e6:.2f}M")
-            else:
-                row += ["—"] * 5
-            out.append("| " + " | ".join(row) + " |")
-        out += ["", "HF models as built:", ""]
-        for pid, (kind, enc, note) in HF_CASES.items():
-            out.append(f"- `{kind}:{pid}` (vs posenc `{enc}`): {note}")
-        for c, (enc, note) in HF_DECODE.items():
-            out.append(f"- `{c}` (vs posenc `{enc}`): {note}")
-
-    # ---- HF models patched by posenc.hf
-    patched = sorted(((c, L) for c, L in ok if ":hfpatch:" in c), key=lambda t: (t[0].startswith("decode"), t))
-    if patched:
-        out += ["", "## Hugging Face Llama patched by posenc.hf", ""]
-        out.append(
-            "`lm:hf:llama` above with `posenc.hf.patch(model, <encoding>)`: its training step (or ms per decoded "
-            "token) and allocator peak / the unpatched model's at the same L. Targets (issue 16): <= 1.10x for "
-            "rotary encodings, <= 1.25x for biases."
-        )
-        out += ["", "| case | L | time | × unpatched | peak MB | × unpatched |", "|---|---|---|---|---|---|"]
-        for c, L in patched:
-            r, fl = ok[(c, L)], ok.get((floor_of(c), L))
-            dec = "token_cpu_ms" in r
-            t = tok_t if dec else step_t
-            mem = (lambda x: x["peak_prefill_MB"]) if dec else (lambda x: x["peak_step_MB"])
-            fmt = ".2f" if dec else ".3f"
-            ratio = [f"{t(r) / t(fl):.2f}", f"{mem(r):.0f}", f"{mem(r) / max(mem(fl), 1e-9):.2f}"] if fl else [
-                "—", f"{mem(r):.0f}", "—"]
-            out.append(f"| {c} | {L} | {format(t(r), fmt)} | " + " | ".join(ratio) + " |")
-
-    bad = [r for r in records if ("error" in r or "skipped" in r) and (r["case"], r["L"]) not in ok]
-    if bad:
-        out += ["", "## Not measured", ""]
-        for r in sorted(bad, key=lambda r: (r["case"], r["L"])):
-            why = r.get("skipped") or (r["error"].strip().splitlines() or ["?"])[-1][:300]
-            out.append(f"- {r['case']} at L={r['L']}: {why}")
-    text = "\n".join(out) + "\n"
-    dest = RESULTS / f"{args.tag}{suffix}.md"
-    dest.write_text(text)
-    print(text)
-    print(f"wrote {dest}")
+def _worker(spec: dict) -> dict:
+    if spec["case"].startswith("decode"):
+        return decode_worker(spec["case"], spec["L"], spec["steps"], spec["threads"], spec["vocab"])
+    return train_worker(spec["case"], spec["L"], spec["repeats"], spec["threads"], spec["vocab"], spec["batch"])
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        spec = json.loads(sys.argv[2])
-        if spec["case"].startswith("decode"):
-            rec = decode_worker(spec["case"], spec["L"], spec["steps"], spec["threads"], spec["vocab"])
-        else:
-            rec = train_worker(spec["case"], spec["L"], spec["repeats"], spec["threads"], spec["vocab"], spec["batch"])
-        print(json.dumps(rec))
+    if harness.serve_worker(_worker):
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -2,7 +2,8 @@
 
 Per-token CPU ms (median over the rounds) and the ratio to ``none`` measured under the same machine load
 (``bench_models.py run --decode`` runs one process per case, minutes apart, which on a shared, loaded machine moves
-the floor between cases). The models are those of ``bench_models.py`` (its ``_decoder``).
+the floor between cases). The models are those of ``bench_models.py`` (``model_cases.decoder``), the timed loop
+the harness's (``harness.timed``: the rounds interleave the encodings' steps).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_interleaved.py 4096 none,t5,deberta 20
 
@@ -16,13 +17,19 @@ import json
 import os
 import statistics
 import sys
-import time
 
 
 def main() -> None:
-    sys.path.insert(0, os.environ.get("BENCH_DIR", os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.abspath(__file__))
+    bench = os.environ.get("BENCH_DIR", here)
+    sys.path[:0] = [bench, here]
     import torch
-    from bench_models import _decoder
+    from harness import timed
+
+    if os.path.exists(os.path.join(bench, "model_cases.py")):
+        from model_cases import decoder
+    else:  # a checkout from before the harness: the loop was bench_models._decoder
+        from bench_models import _decoder as decoder
 
     torch.set_num_threads(1)
     context, encs = int(sys.argv[1]), sys.argv[2].split(",")
@@ -30,22 +37,19 @@ def main() -> None:
     torch.manual_seed(0)
     ctx = torch.randint(0, 1024, (1, context))
     toks = torch.randint(0, 1024, (1, rounds + 10))
-    steps, times = {}, {}
+    steps = {}
     load0 = os.getloadavg()[0]
     with torch.no_grad():
         for e in encs:
-            model, prefill, step = _decoder(f"decode:posenc:{e}", context, rounds + 10, 1024)
+            model, prefill, step = decoder(f"decode:posenc:{e}", context, rounds + 10, 1024)
             model.eval()
             prefill(ctx)
             for i in range(3):  # warm-up steps (a KV cache's first growth, kept tables)
                 step(toks[:, i : i + 1])
-            steps[e], times[e] = step, []
-        for r in range(rounds):
-            for e in encs:
-                p = time.process_time()
-                steps[e](toks[:, 3 + r : 4 + r])
-                times[e].append(time.process_time() - p)
-    med = {e: 1e3 * statistics.median(v) for e, v in times.items()}
+            steps[e] = step
+        calls = ((e, lambda e=e, r=r: steps[e](toks[:, 3 + r : 4 + r])) for r in range(rounds) for e in encs)
+        times = timed(calls, threads=1).cpu
+    med = {e: 1e3 * statistics.median(times[e]) for e in encs}
     floor = med.get("none")
     ratio = {e: med[e] / floor for e in med} if floor else {}
     print(json.dumps({"C": context, "load": [load0, os.getloadavg()[0]], "ms": med, "ratio": ratio}))

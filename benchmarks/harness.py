@@ -1,4 +1,5 @@
-"""The benchmark harness shared by ``bench_attention.py``, ``bench_models.py`` and ``bench_real_model.py``.
+"""The benchmark harness shared by ``bench_attention.py``, ``bench_models.py``, ``bench_real_model.py`` and
+``decode_interleaved.py``.
 
 A benchmark here is a list of *cases* (one thing to measure at one length L), each measured in a **fresh
 process** so that one case's allocator state, caches and compiled kernels never leak into the next. The pieces,
@@ -16,7 +17,7 @@ in the order a run uses them:
   :class:`Store` (one record per key, rewritten after every case: an interrupted run resumes where it stopped)
   and :func:`run_cases` (skip what is done, measure, store, print a line);
 * rounds: :func:`round_order` (odd rounds run the cases in reverse, so that a slow spell of a shared machine hits
-  different cases in different rounds);
+  different cases in different rounds; ``bench_real_model.py`` runs its cases in one process, in this order);
 * the report: :func:`why_not` (the one line saying why a record has no numbers), :func:`write_report`.
 
 What it may import: the standard library only at import time (the transformers-4.57 interpreter imports this file
@@ -44,8 +45,9 @@ ROOT = HERE.parent
 RESULTS = HERE / "results"
 MAIN_PY = sys.executable
 HF457_PY = os.environ.get("POSENC_HF457_PYTHON", "/work/venv-hf457/bin/python")
-# glibc's malloc: allocations up to 32 MiB from the heap (not a fresh mmap each time) and no trimming, so that a
-# step's large buffers are reused as in a long training run instead of being faulted in again at every step
+# glibc's malloc: blocks up to 32 MiB come from the heap rather than fresh mmaps, and the heap is not trimmed
+# below 4 GiB, so memory freed by one step is reused by the next instead of going back to the OS and being
+# faulted in again; every figure in results/ was measured with these settings
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 
 Record = dict[str, Any]

@@ -96,3 +96,30 @@ def test_rounds_alternate_and_the_timed_loop_interleaves() -> None:
     assert {k: len(v) for k, v in t.cpu.items()} == {"fwd": 3, "step": 3} == {k: len(v) for k, v in t.wall.items()}
     assert set(t.summary()) == {"cpu_util", "loadavg_1m"}
     assert harness.spread("step", [3.0, 1.0, 2.0]) == {"step_s": 2.0, "step_min_s": 1.0, "step_max_s": 3.0}
+
+
+# the modules of benchmarks/, bottom to top: each imports at module level only the standard library and the ones
+# below it; torch, transformers and posenc inside functions, so that a report needs none of them and a worker
+# (under either interpreter, transformers 5 or 4.57) loads only what its case builds
+LAYERS = [
+    ["harness"],
+    ["attention_cases"],
+    ["model_cases"],
+    ["attention_report", "models_report"],
+    ["bench_attention", "bench_models"],
+]
+
+
+def test_benchmark_modules_import_only_downwards_at_module_level() -> None:
+    import ast
+
+    level = {m: i for i, names in enumerate(LAYERS) for m in names}
+    for name, i in level.items():
+        tree = ast.parse((BENCH / f"{name}.py").read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                for m in mods:
+                    top = m.split(".")[0]
+                    ok = top in sys.stdlib_module_names or top == "__future__" or level.get(top, 99) < i
+                    assert ok, f"{name}.py imports {m} at module level"

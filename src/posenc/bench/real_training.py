@@ -24,9 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from .api import OnStep
-from .steps import one_cycle, optimise
-from .types import RunConfig
+from .steps import fit
+from .types import OnStep, RunConfig
 
 # --------------------------------------------------------------------------- options
 
@@ -90,10 +89,7 @@ def train_loop(
     non-finite loss stops training (the curve ends there).
     """
     g = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
-    curve, seconds = optimise(
-        model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, lambda step: batch_loss(step, g), on_step=on_step
-    )
+    curve, seconds = fit(model, cfg, lambda step: batch_loss(step, g), on_step=on_step)
     model.eval()
     return {"curve": curve, "train_seconds": round(seconds, 2)}
 

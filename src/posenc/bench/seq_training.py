@@ -44,10 +44,9 @@ from torch import Tensor
 from ..attention import KVCache
 from ..errors import ConfigError
 from ..models import LanguageModel, TokenTagger
-from .api import OnStep, Task
 from .distributed import ddp_wrap, distributed, mean_over_ranks, shard
-from .steps import model_options, one_cycle, optimise
-from .types import RunConfig
+from .steps import fit, model_options
+from .types import OnStep, RunConfig, Task
 
 PAD, SEP, OUT = 0, 1, 2
 #: the decoder's start-of-sequence token: the id of the encoder's output slots, which a decoder never reads
@@ -282,7 +281,6 @@ def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnSt
     max_len = max(task.max_total(n, opts) for n in {longest, *cfg.test_lengths}) + (cfg.model == "decoder")
     model = build_model(cfg, vocab, max_len)
     collate = decoder_batch if cfg.model == "decoder" else encoder_batch
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     # under torchrun (posenc bench --ddp N): DistributedDataParallel, each rank its share of every batch
     trained = ddp_wrap(model)
     ranks = distributed()
@@ -303,15 +301,7 @@ def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnSt
         )
         return total * (ranks[1] / count)
 
-    curve, train_s = optimise(
-        model,
-        opt,
-        one_cycle(opt, cfg.lr, cfg.steps),
-        cfg.steps,
-        loss_at,
-        on_step=on_step,
-        reduce=mean_over_ranks,
-    )
+    curve, train_s = fit(model, cfg, loss_at, on_step=on_step, reduce=mean_over_ranks)
     metrics: dict[str, Any] = {}
     for n in cfg.test_lengths:
         examples = task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)

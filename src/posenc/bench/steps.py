@@ -94,3 +94,20 @@ def optimise(
         if on_step is not None:
             on_step(step, value)
     return curve, time.perf_counter() - t0
+
+
+def fit(
+    model: nn.Module,
+    cfg: RunConfig,
+    loss_at: Callable[[int], Tensor],
+    *,
+    on_step: Callable[[int, float], None] | None = None,
+    reduce: Callable[[float], float] | None = None,
+) -> tuple[list[list[float]], float]:
+    """A run's training: ``cfg.steps`` steps of AdamW at ``cfg.lr`` (weight decay 0.01) on the one-cycle schedule.
+
+    Every task's training goes through here (the classifier, sequence and real-data loops); what differs is
+    ``loss_at``. Returns :func:`optimise`'s ``(curve, seconds)``.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    return optimise(model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, loss_at, on_step=on_step, reduce=reduce)

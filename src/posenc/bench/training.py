@@ -15,10 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..models import SequenceClassifier
-from .api import OnStep
 from .distributed import ddp_wrap, mean_over_ranks, shard
-from .steps import model_options, one_cycle, optimise
-from .types import RunConfig
+from .steps import fit, model_options
+from .types import OnStep, RunConfig
 
 # make(n, (min_len, max_len), generator) -> (tokens [N, L], attention_mask [N, L], labels [N])
 MakeBatch = Callable[[int, tuple[int, int], torch.Generator], tuple[Tensor, Tensor, Tensor]]
@@ -52,15 +51,12 @@ def train_classifier(
     g = torch.Generator().manual_seed(cfg.seed)
     model = classifier_for(cfg, vocab_size, n_classes)
     trained = ddp_wrap(model)  # the model itself unless torch.distributed is initialised
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
 
     def loss_at(step: int) -> Tensor:
         tokens, mask, labels = shard(*make(cfg.batch_size, cfg.train_lengths, g))
         return F.cross_entropy(trained(tokens, attention_mask=mask), labels)
 
-    curve, train_s = optimise(
-        model, opt, one_cycle(opt, cfg.lr, cfg.steps), cfg.steps, loss_at, on_step=on_step, reduce=mean_over_ranks
-    )
+    curve, train_s = fit(model, cfg, loss_at, on_step=on_step, reduce=mean_over_ranks)
     metrics: dict[str, Any] = {}
     for n in cfg.test_lengths:
         try:

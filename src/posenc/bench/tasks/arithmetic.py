@@ -31,9 +31,8 @@ import random
 from typing import Any
 
 from ...errors import ConfigError
-from ..api import OnStep, register_task
 from ..seq_training import FIRST, Example, SeqTask, train_seq
-from ..types import RunConfig
+from ..types import OnStep, RunConfig, register_task
 
 DIGIT0 = FIRST  # digits 0..9: FIRST .. FIRST + 9
 PLUS = FIRST + 10

@@ -29,9 +29,8 @@ import random
 from typing import Any, ClassVar
 
 from ...errors import ConfigError
-from ..api import register_task
 from ..seq_training import FIRST, Example, SeqTask
-from ..types import RunConfig
+from ..types import RunConfig, register_task
 
 
 class StringTask(SeqTask):

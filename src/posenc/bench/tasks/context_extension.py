@@ -85,10 +85,9 @@ from ...errors import ConfigError
 from ...models import LanguageModel
 from ...registry import resolve
 from ...rotary.scaling import ScaledRoPE
-from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
 from ..steps import model_options, optimise
-from ..types import RunConfig
+from ..types import OnStep, RunConfig, Task, register_task
 from .lm import encoded_lm, uniform_perplexity
 
 #: the RoPE scalings of the suite (any ScaledRoPE works; these are the ones compared)

@@ -29,9 +29,8 @@ import random
 from typing import Any
 
 from ...errors import ConfigError
-from ..api import register_task
 from ..seq_training import FIRST, Example, SeqTask
-from ..types import RunConfig
+from ..types import RunConfig, register_task
 
 EQ, INC, SEMI, PASS, PRINT = FIRST, FIRST + 1, FIRST + 2, FIRST + 3, FIRST + 4
 VAL0 = FIRST + 5  # value tokens VAL0 .. VAL0 + max_value; variables follow

@@ -42,10 +42,9 @@ from torch import Tensor
 from ... import data as D
 from ...errors import ConfigError
 from ...models import LanguageModel
-from ..api import OnStep, Task, register_task
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
 from ..steps import model_options
-from ..types import RunConfig
+from ..types import OnStep, RunConfig, Task, register_task
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,10 +38,9 @@ import torch.nn.functional as F
 
 from ... import data as D
 from ...models import TokenTagger
-from ..api import OnStep, Task, register_task
 from ..real_training import EpochSampler, count_parameters, require, task_options, train_loop
 from ..steps import model_options
-from ..types import RunConfig
+from ..types import OnStep, RunConfig, Task, register_task
 
 Split = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]  # char ids, tag ids
 

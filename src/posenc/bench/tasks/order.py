@@ -20,9 +20,8 @@ import torch
 from torch import Tensor
 
 from ...errors import ConfigError
-from ..api import OnStep, Task, register_task
 from ..training import train_classifier
-from ..types import RunConfig
+from ..types import OnStep, RunConfig, Task, register_task
 
 PAD, A, B = 0, 1, 2
 N_FILLER = 13  # filler tokens 3 .. 15

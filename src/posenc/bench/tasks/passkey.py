@@ -39,9 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...models import LanguageModel
-from ..api import register_task
 from ..real_training import require
-from ..types import RunConfig
+from ..types import RunConfig, register_task
 from .context_extension import ExtensionTask
 
 FILLER = ("the grass is green . the sky is blue . the sun is yellow . here we go . there and back again .").split()

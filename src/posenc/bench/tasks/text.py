@@ -49,7 +49,6 @@ import torch.nn.functional as F
 from ... import data as D
 from ...errors import ConfigError, PosencError
 from ...models import SequenceClassifier
-from ..api import OnStep, Task, register_task
 from ..real_training import (
     EpochSampler,
     count_parameters,
@@ -58,7 +57,7 @@ from ..real_training import (
     train_loop,
 )
 from ..steps import model_options
-from ..types import RunConfig
+from ..types import OnStep, RunConfig, Task, register_task
 from .lm import LMTask
 
 Encoded = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]  # ids, labels, full lengths

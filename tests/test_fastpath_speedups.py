@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import posenc  # noqa: F401
-import posenc.attention as attention_module
+import posenc.attention.sdpa as attention_module
 import posenc.rotary.rope as rope_module
 from posenc import native
 from posenc.attention import MultiHeadAttention, _BiasedSDPA

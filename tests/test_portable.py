@@ -73,7 +73,7 @@ def test_portable_nests_restores_and_turns_the_native_code_off():
 
 def test_the_portable_plan_calls_no_native_code_and_no_cpu_flash(monkeypatch):
     """Inside the block no native wrapper computes anything and the CPU flash op is never chosen."""
-    from posenc import attention
+    from posenc.attention import sdpa as attention
 
     computed = []
     for fn in ("rope_rotate", "fire_bias", "rows_dot", "decode_attention"):

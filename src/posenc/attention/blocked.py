@@ -1,0 +1,64 @@
+"""The kernels of an encoding's offset-table form (:meth:`~posenc.base.PositionalEncoding.relative_form`):
+``blocked`` (:func:`posenc.fused.relative_attention`, one block of query rows at a time, no ``[B, H, Lq, Lk]``
+tensor) and ``decode`` (:func:`posenc.native.decode_attention`: one query, one pass over the keys, the values and
+the offset tables), with :func:`decodable`, what the decode kernel computes.
+
+Imports :mod:`posenc.native` and :mod:`posenc.fused` (kernels) and this package's call and plan records.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import native
+from ..fused import RelativeForm, Rows, relative_attention
+from .call import _Call, beyond_causal
+from .kernels import Plan
+
+
+def blocked(call: _Call, plan: Plan, form: RelativeForm | None, add: Tensor | None, scale: float) -> Tensor:
+    """The ``blocked`` kernel: the form's terms (or, without a form, ``add``: the encoding's terms after the
+    temperature, for dropout on CPU), row block by row block."""
+    form = form if form is not None else RelativeForm(q=call.q, k=call.k)
+    return relative_attention(
+        form, call.v, scale, beyond_causal(call), bias=add, dropout=plan.dropout, causal=call.causal
+    )
+
+
+def decode(call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:
+    """One query: :func:`posenc.native.decode_attention` with the form's terms (:func:`blocked` if it declines)."""
+    query_term = key_table = add = None
+    if form.query_terms:
+        a, table = form.query_terms[0]
+        t, idx = (table.table, table.index) if isinstance(table, Rows) else (table, None)
+        query_term = (a[:, :, 0], t, idx)  # offset t(0, j) = j: row j of the table, or index[j]
+    if form.key_terms:
+        table = form.key_terms[0][1]
+        key_table = (table.table, table.index) if isinstance(table, Rows) else (table, None)
+    if form.segment is not None:  # XLNet: e[same] (a logit: scaled)
+        e, same = form.segment
+        e0, e1 = e[:, :, 0, 0:1], e[:, :, 0, 1:2]  # [B, H, 1]: the same segment or not
+        add = torch.where(same[:, None, 0, :], e0, e1) * scale  # [B, H, Lk]
+    if call.allowed is not None:
+        mask = torch.zeros(call.allowed.shape, dtype=call.q.dtype, device=call.q.device)
+        mask = mask.masked_fill_(~call.allowed, float("-inf"))
+        mask = mask[:, :, 0]
+        add = mask if add is None else add + mask
+    out = native.decode_attention(
+        form.q[:, :, 0], form.k, call.v, scale, query_term=query_term, key_table=key_table, add=add
+    )
+    if out is None:
+        return blocked(call, plan, form, None, scale)
+    return out[:, :, None]
+
+
+def decodable(form: RelativeForm) -> bool:
+    """Whether :func:`posenc.native.decode_attention` computes this form: at most one query term, at most one key term
+    whose operand is the keys, no value table (Shaw's and NEZHA's a^V)."""
+    return (
+        len(form.query_terms) <= 1
+        and len(form.key_terms) <= 1
+        and all(c is form.k for c, _ in form.key_terms)
+        and form.value_table is None
+    )

@@ -1,0 +1,172 @@
+"""Attention after the projections: :class:`AttentionCore` plans each call and runs the kernel the plan names.
+
+The plan is :mod:`posenc.attention.plan`'s; the kernels are one file per family (:mod:`~posenc.attention.sdpa`,
+:mod:`~posenc.attention.blocked`, :mod:`~posenc.attention.own`, :mod:`~posenc.attention.materialised`). Imports
+:mod:`posenc.base`, :mod:`posenc.errors`, :mod:`posenc.fused` (the form's type) and this package's files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+from ..base import AttentionContext, PositionalEncoding
+from ..errors import ConfigError
+from ..fused import RelativeForm
+from .blocked import blocked, decode
+from .call import _Call, repeat_kv
+from .checks import check_encoding, check_int, check_probability
+from .kernels import Plan
+from .materialised import materialised
+from .own import block_bias, offset_bias, own_blocked
+from .plan import Facts, plan_call
+from .sdpa import sdpa
+
+PATHS = ("auto", "fast", "reference")
+
+
+class AttentionCore(nn.Module):
+    """Attention after the projections: an encoding's hooks, the plan, and the kernels.
+
+    :class:`MultiHeadAttention` adds its own projections and positions in front of it;
+    :mod:`posenc.hf` puts one inside each attention layer of a transformers model, whose own
+    projections (and KV cache) then feed it. :meth:`attend` takes the prepared q, k, v and their
+    :class:`~posenc.base.AttentionContext` (a :class:`_Call`) and returns ``[B, H, Lq, Dh]``.
+
+    Args:
+        n_heads, head_dim: the shape of q (k and v have the same number of heads).
+        encoding: the encoding whose hooks shape the attention (``None``: no position).
+        dropout: dropout on the attention probabilities while training.
+        path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
+        layer: this layer's index (the key of its entry in a :class:`KVCache`).
+    """
+
+    # use the row-blocked kernel of :mod:`posenc.fused` for encodings that give a ``relative_form``
+    # (CPU, fast path); set to False to compare with the hook-by-hook fast path
+    fused: bool = True
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        encoding: PositionalEncoding | None = None,
+        *,
+        dropout: float = 0.0,
+        path: str = "auto",
+        layer: int = 0,
+    ):
+        super().__init__()
+        if path not in PATHS:
+            raise ConfigError(f"path must be one of {PATHS}, got {path!r}")
+        check_int("n_heads", n_heads)
+        check_int("head_dim", head_dim)
+        check_int("layer", layer, 0)
+        check_probability("dropout", dropout)
+        check_encoding(encoding, head_dim)
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.dropout = dropout
+        self.path = path
+        self.layer = layer
+        if encoding is not None:  # an encoding built for other sizes fails here, not at the first call
+            encoding.check_sizes(n_heads=n_heads, head_dim=head_dim)
+        self.encoding = encoding
+        hooks = encoding.hooks() if encoding is not None else frozenset()
+        self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
+        self.last_plan: Plan | None = None
+
+    def _keeps_groups(self, call: _Call, return_weights: bool) -> bool:
+        """Whether a call with grouped keys (``Hkv < H``) runs on them as they are: one query (a decoding step,
+        where repeating the cache's keys per step would cost as much as the attention itself), an encoding that
+        acts by a ``bias`` alone (or not at all: it never reads the keys), no weights asked for, no dropout, not the
+        reference path. The kernel is then SDPA with the query heads of each group folded onto its key head."""
+        enc = self.encoding
+        return (
+            call.q.shape[2] == 1
+            and not (self._has["rotate"] or self._has["logits"] or self._has["values"])
+            and (enc is None or not enc.logits_read_scores)
+            and not call.ctx.reference
+            and not return_weights
+            and not (self.training and self.dropout > 0)
+        )
+
+    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Any]:
+        """Step 5: the facts of this call, then :func:`~posenc.attention.plan.plan_call` (the encoding's fast forms
+        where they may apply, and :func:`~posenc.attention.plan.choose_kernel`).
+
+        Returns the plan, the encoding's offset-table form (``relative_form``) and the input of its own kernel
+        (``bias_offsets``, ``bias_blocks`` or ``blocked_attention``), each ``None`` unless the plan uses it."""
+        dropout = self.dropout if self.training else 0.0
+        facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights)
+        return plan_call(facts, self.encoding, call)
+
+    # ---------------------------------------------------------------- the encoding's terms
+    def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:
+        """The encoding's ``logits`` (before the temperature) and ``bias`` (after) as tensors, or ``None``."""
+        enc = self.encoding
+        if enc is None:
+            return None, None
+        extra = enc.logits(call.q, call.k, call.ctx) if self._has["logits"] else None
+        post = enc.bias(call.ctx) if self._has["bias"] else None
+        return extra, post
+
+    def _additive(self, call: _Call, scale: float) -> Tensor | None:
+        """``scale · logits + bias``: one additive term after the temperature, or ``None``."""
+        extra, post = self._terms(call)
+        add = extra * scale if extra is not None else None
+        if post is not None:
+            add = post if add is None else add + post
+        return add
+
+    def _values(self) -> Callable[[Tensor, AttentionContext], Tensor | None] | None:
+        """The encoding's ``values`` hook (``probabilities, ctx -> a^V or None``), or ``None``."""
+        return self.encoding.values if self._has["values"] and self.encoding is not None else None
+
+    def _sdpa(self, call: _Call, plan: Plan, scale: float) -> Tensor:
+        """The SDPA kernels, after folding the encoding's content term into q where it offers that."""
+        q = call.q
+        if self.encoding is not None and self._has["logits"] and not call.ctx.reference:
+            folded = self.encoding.content_query(q, call.ctx)  # (q + c) · k_j: logits() then leave c · k_j out
+            if folded is not None:
+                q = folded
+                call.ctx.content_folded = True
+        return sdpa(call, plan, q, self._additive(call, scale), scale)
+
+    # ---------------------------------------------------------------- the call
+    def attend(
+        self, call: _Call, return_weights: bool = False, scale: float | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Steps 5-6: plan and run the kernel. ``[B, H, Lq, Dh]`` (and the probabilities when asked for).
+
+        ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``). Grouped keys
+        (``Hkv < H``) stay grouped where :meth:`_keeps_groups` allows; otherwise each key/value head is repeated
+        for its ``H / Hkv`` query heads first, and the call runs as any other."""
+        if call.k.shape[1] != call.q.shape[1] and not self._keeps_groups(call, return_weights):
+            call = repeat_kv(call)
+        plan, form, own = self._plan(call, return_weights)
+        self.last_plan = plan
+        if scale is None:
+            enc = self.encoding
+            scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
+        weights = None
+        if plan.kernel == "decode":
+            assert form is not None
+            out = decode(call, plan, form, scale)
+        elif plan.kernel == "blocked":  # without a form (dropout on CPU): the encoding's terms as one tensor
+            out = blocked(call, plan, form, None if form is not None else self._additive(call, scale), scale)
+        elif plan.kernel == "offset-bias":
+            assert own is not None
+            out = offset_bias(call, own, scale)
+        elif plan.kernel == "block-bias":
+            out = block_bias(call, own, scale)
+        elif plan.kernel == "own-blocked":
+            out = own_blocked(call, own, scale)
+        elif plan.kernel == "materialised":
+            out, weights = materialised(call, scale, plan.dropout, self._terms, self._values())
+        else:
+            out = self._sdpa(call, plan, scale)
+        if call.allowed is not None and call.any_padding:
+            # a query that may see no key at all (left padding) gets a zero output on every kernel
+            out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
+        return out, weights

@@ -1,0 +1,342 @@
+"""The multi-head attention module: :class:`MultiHeadAttention` puts its projections, positions, KV cache and mask
+in front of :class:`~posenc.attention.core.AttentionCore`.
+
+Imports :mod:`posenc.base`, :mod:`posenc.errors` and this package's files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..base import (
+    AttentionContext,
+    PositionalEncoding,
+    as_position_rows,
+    check_positions,
+    contiguous_positions,
+    mark_arange,
+)
+from ..errors import ConfigError, PositionError
+from .cache import KVCache
+from .call import _Call
+from .checks import check_encoding, check_int
+from .core import AttentionCore
+from .kernels import Plan
+from .masks import build_mask
+
+
+@dataclass
+class _Inputs:
+    """The keyword inputs of one :meth:`MultiHeadAttention.forward` (or :meth:`~MultiHeadAttention.plan`) besides
+    ``x`` and ``return_weights``, which :meth:`MultiHeadAttention._prepare` reads (described in ``forward``)."""
+
+    positions: Tensor | None = None
+    key_value: Tensor | None = None
+    key_positions: Tensor | None = None
+    memory: Tensor | None = None
+    causal: bool = False
+    attention_mask: Tensor | None = None
+    document_ids: Tensor | None = None
+    mask: Tensor | None = None
+    segment_ids: Tensor | None = None
+    key_segment_ids: Tensor | None = None
+    kv_cache: KVCache | None = None
+    cache: dict | None = None
+
+
+class MultiHeadAttention(AttentionCore):
+    """Multi-head attention into which any :class:`~posenc.base.PositionalEncoding` plugs.
+
+    One call runs six named steps: :meth:`_positions` (query and key positions, and whether they are contiguous),
+    :meth:`_project_rotate` (q, k, v and the ``rotate`` hook), :meth:`_extend_cache` (a KV cache), the mask
+    (:func:`~posenc.attention.masks.build_mask`), :meth:`_plan` (the kernel, chosen by
+    :func:`~posenc.attention.plan.choose_kernel` alone) and the kernel itself. :meth:`plan` says
+    which kernel a call takes and why; ``last_plan`` holds the plan of the latest call.
+
+    Args:
+        d_model: model width.
+        n_heads: number of heads.
+        encoding: the encoding whose hooks shape the attention (``None``: no position).
+        head_dim: width of one head (default ``d_model // n_heads``).
+        dropout: dropout on the attention probabilities (every kernel applies it; none falls back for it).
+        bias: whether the q/k/v/o projections have a bias.
+        path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
+        layer: this layer's index (the key of its entry in a :class:`KVCache`).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        encoding: PositionalEncoding | None = None,
+        *,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        path: str = "auto",
+        layer: int = 0,
+    ):
+        check_int("d_model", d_model)
+        check_int("n_heads", n_heads)
+        check_int("head_dim", head_dim, optional=True)
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
+            head_dim = d_model // n_heads
+        check_encoding(encoding, head_dim)
+        if encoding is not None:  # all three sizes in the message (the core checks n_heads and head_dim again)
+            encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=head_dim)
+        super().__init__(n_heads, head_dim, encoding, dropout=dropout, path=path, layer=layer)
+        self.d_model = d_model
+        self.inner = n_heads * head_dim
+        self.q_proj = nn.Linear(d_model, self.inner, bias=bias)
+        if encoding is not None and not encoding.key_projection:
+            if self.inner != d_model:
+                raise ConfigError(
+                    f"{encoding.info.name} uses K = H without a key projection, which needs "
+                    f"n_heads * head_dim == d_model, got {self.inner} != {d_model}"
+                )
+            self.k_proj: nn.Module = nn.Identity()
+        else:
+            self.k_proj = nn.Linear(d_model, self.inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, self.inner, bias=bias)
+        self.o_proj = nn.Linear(self.inner, d_model, bias=bias)
+
+    def _split(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+
+    # ------------------------------------------------------------------ the steps
+    def _positions(
+        self,
+        x: Tensor,
+        src: Tensor,
+        positions: Tensor | None,
+        key_positions: Tensor | None,
+        cross: bool,
+        n_past: int,
+        cache: dict,
+    ) -> tuple[Tensor, Tensor]:
+        """Query positions ``[B|1, Lq]`` and the new keys' positions ``[B|1, Lk_new]``, validated."""
+        b, lq = x.shape[:2]
+        n_new_keys = src.shape[1]
+        offset = n_past + (0 if cross else n_new_keys - lq)
+        if positions is None:
+            q_pos = mark_arange(cache, torch.arange(offset, offset + lq, device=x.device)[None, :])
+        else:
+            q_pos = as_position_rows(positions, lq)
+            check_positions(q_pos, what="query positions", integer=False)
+        if key_positions is not None:
+            k_pos = as_position_rows(key_positions, n_new_keys)
+            check_positions(k_pos, what="key positions", integer=False)
+        elif cross:
+            k_pos = mark_arange(cache, torch.arange(n_new_keys, device=x.device)[None, :])
+        elif positions is None:
+            k_pos = mark_arange(cache, torch.arange(n_past, n_past + n_new_keys, device=x.device)[None, :])
+        elif n_new_keys == lq:
+            k_pos = q_pos
+        else:
+            raise PositionError(
+                "with memory and explicit query positions, pass key_positions for all "
+                f"{n_new_keys} keys (memory + sequence)"
+            )
+        for what, rows, given in (("positions", q_pos, positions), ("key_positions", k_pos, key_positions)):
+            if rows.shape[0] not in (1, b):
+                shape = tuple(given.shape) if isinstance(given, Tensor) else tuple(rows.shape)
+                raise PositionError(
+                    f"{what} have batch size {rows.shape[0]} (shape {shape}) but x has batch size {b}; "
+                    f"give one row of positions for the whole batch ([L] or [1, L]) or one per sequence ([{b}, L])"
+                )
+        return q_pos, k_pos
+
+    def _project_rotate(self, x: Tensor, src: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v ``[B, H, L, Dh]`` with the ``rotate`` hook applied to q and the new keys."""
+        q = self._split(self.q_proj(x))
+        k = self._split(self.k_proj(src))
+        v = self._split(self.v_proj(src))
+        if self.encoding is not None and self._has["rotate"]:
+            q, k = self.encoding.rotate(q, k, ctx)
+        return q, k, v
+
+    def _extend_cache(
+        self, k: Tensor, v: Tensor, ctx: AttentionContext, kv_cache: KVCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """Prepend the cached keys / values / positions (and store the extended ones): :meth:`KVCache._extend`."""
+        if kv_cache is None:
+            return k, v
+        return kv_cache._extend(self.layer, id(self), self._sizes(), k, v, ctx)
+
+    def _sizes(self) -> str:
+        """This module's sizes in words (the width first), for messages about a KV cache of another model."""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, head_dim={self.head_dim}"
+
+    def _prepare(self, x: Tensor, inputs: _Inputs) -> _Call:
+        """Steps 1-4: positions, projections and rotation, cache, mask."""
+        positions, key_value, key_positions = inputs.positions, inputs.key_value, inputs.key_positions
+        memory, causal, kv_cache, cache = inputs.memory, inputs.causal, inputs.kv_cache, inputs.cache
+        attention_mask, document_ids, mask = inputs.attention_mask, inputs.document_ids, inputs.mask
+        self._check_input(x, "x")
+        b, lq, _ = x.shape
+        cache = {} if cache is None else cache
+        src = x if key_value is None else key_value
+        if key_value is not None:
+            self._check_input(key_value, "key_value", batch=b)
+        if kv_cache is not None and not isinstance(kv_cache, KVCache):
+            raise ConfigError(f"kv_cache must be a posenc.KVCache, got {type(kv_cache).__name__}")
+        if memory is not None:
+            if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[0] != b:
+                shape = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+                raise ConfigError(
+                    f"memory must be [batch={b}, M, d_model={self.d_model}], got {shape}; "
+                    "it must come from a model with the same width"
+                )
+            self._check_input(memory, "memory", batch=b, empty_ok=True)
+            src = torch.cat([memory, src], dim=1)
+        past = kv_cache.get(self.layer) if kv_cache is not None else None
+        n_past = 0 if past is None else past[0].shape[-2]
+        q_pos, k_pos = self._positions(x, src, positions, key_positions, key_value is not None, n_past, cache)
+        ctx = AttentionContext(
+            q_pos=q_pos,
+            k_pos=k_pos,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            layer=self.layer,
+            reference=self.path == "reference",
+            cache=cache,
+            q_segments=inputs.segment_ids,
+            k_segments=inputs.key_segment_ids if inputs.key_segment_ids is not None else inputs.segment_ids,
+            attention=self,
+            caching=kv_cache is not None,
+        )
+        q, k, v = self._project_rotate(x, src, ctx)
+        k, v = self._extend_cache(k, v, ctx, kv_cache)
+        # once per forward and pair of position tensors (memoised in the shared cache), after the cache has
+        # prepended its keys' positions: the decision every hook and the plan read
+        ctx.contiguous = contiguous_positions(ctx.q_pos, ctx.k_pos, cache)
+        lk = k.shape[2]
+        allowed = build_mask(
+            batch=b,
+            lq=lq,
+            lk=lk,
+            device=x.device,
+            causal=causal and lq > 1,  # one query (a decoding step) sees every key: an all-True mask is none
+            attention_mask=attention_mask,
+            document_ids=document_ids,
+            mask=mask,
+        )
+        if allowed is not None and allowed.shape[1] not in (1, self.n_heads):
+            raise ConfigError(
+                f"mask has {allowed.shape[1]} heads but this attention has n_heads={self.n_heads}; "
+                "give it 1 or n_heads entries in that dimension"
+            )
+        ctx.mask = allowed
+        padding = attention_mask is not None or document_ids is not None or mask is not None
+        return _Call(
+            q,
+            k,
+            v,
+            ctx,
+            allowed,
+            plain_causal=causal and not padding and lq == lk,
+            causal=causal and lk >= lq,
+            any_padding=padding,
+        )
+
+    def _check_input(self, t: Any, what: str, batch: int | None = None, empty_ok: bool = False) -> None:
+        """A hidden-state input: a ``[batch, length, d_model]`` float tensor of the module's dtype and device."""
+        if not isinstance(t, Tensor):
+            raise ConfigError(f"{what} must be a tensor [batch, length, {self.d_model}], got {type(t).__name__}")
+        if t.dim() != 3 or t.shape[-1] != self.d_model or (batch is not None and t.shape[0] != batch):
+            b = "batch" if batch is None else f"batch={batch}"
+            raise ConfigError(f"{what} must be [{b}, length, {self.d_model}] (d_model), got {tuple(t.shape)}")
+        if not empty_ok and (t.shape[0] == 0 or t.shape[1] == 0):
+            raise ConfigError(
+                f"{what} has no tokens (shape {tuple(t.shape)}): posenc refuses empty input for every encoding; "
+                "pass at least one sequence of at least one token"
+            )
+        weight = self.q_proj.weight
+        if t.dtype != weight.dtype:
+            raise ConfigError(
+                f"{what} has dtype {t.dtype} but this attention's weights are {weight.dtype}; pass "
+                f"{what}.to({weight.dtype}) or convert the module with .to({t.dtype})"
+            )
+        if t.device != weight.device:
+            raise ConfigError(
+                f"{what} is on {t.device} but this attention is on {weight.device}; move one of them (.to(device))"
+            )
+
+    # ---------------------------------------------------------------- public
+    def plan(self, x: Tensor, *, return_weights: bool = False, **kwargs: Any) -> Plan:
+        """The kernel that ``self(x, **kwargs)`` would take, and why (nothing is computed under autograd, and a
+        ``kv_cache`` passed here is left unchanged)."""
+        kv_cache = kwargs.pop("kv_cache", None)
+        if kv_cache is not None:
+            kv_cache = KVCache(dict(kv_cache.layers), dict(kv_cache.owners))
+        grad = torch.is_grad_enabled()
+        with torch.no_grad():
+            call = self._prepare(x, _Inputs(**kwargs, kv_cache=kv_cache))
+            if grad:  # as the call would see them: q and k need a gradient wherever the projections do
+                call.q.requires_grad_(self.q_proj.weight.requires_grad)
+                call.k.requires_grad_(self.q_proj.weight.requires_grad)
+        return self._plan(call, return_weights)[0]
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        key_value: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        memory: Tensor | None = None,
+        causal: bool = False,
+        attention_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        mask: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+        key_segment_ids: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        cache: dict | None = None,
+        return_weights: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``x`` ``[B, Lq, D]`` to itself (or to ``key_value``).
+
+        Args:
+            positions: query positions ``[Lq]`` or ``[B, Lq]``; default ``arange`` continuing
+                after any memory / cached keys.
+            key_value: a different source for keys and values (cross-attention).
+            key_positions: positions of the keys of ``key_value`` / ``memory`` + ``x``.
+            memory: ``[B, M, D]`` hidden states of an earlier segment, prepended to the keys
+                and values (Transformer-XL recurrence); pass them detached.
+            causal, attention_mask, document_ids, mask: see :func:`build_mask`;
+                ``attention_mask`` and ``document_ids`` cover all keys (memory/cache included).
+            segment_ids, key_segment_ids: segment ids for encodings that use them (XLNet).
+            kv_cache: a :class:`KVCache`; new keys/values are appended to it.
+            cache: a dict shared by the layers of one forward (for per-forward caching).
+            return_weights: also return the attention probabilities (materialised kernel).
+        """
+        inputs = _Inputs(
+            positions=positions,
+            key_value=key_value,
+            key_positions=key_positions,
+            memory=memory,
+            causal=causal,
+            attention_mask=attention_mask,
+            document_ids=document_ids,
+            mask=mask,
+            segment_ids=segment_ids,
+            key_segment_ids=key_segment_ids,
+            kv_cache=kv_cache,
+            cache=cache,
+        )
+        call = self._prepare(x, inputs)
+        out, weights = self.attend(call, return_weights)
+        b, lq = x.shape[:2]
+        out = self.o_proj(out.transpose(1, 2).reshape(b, lq, self.inner))
+        if return_weights:
+            assert weights is not None
+            return out, weights
+        return out

@@ -12,11 +12,11 @@ label: :mod:`.rows`) -> one :class:`TaskTable` per task (columns, cells, chance,
   (:mod:`.suite_data`) and the README's block of verdicts;
 - :mod:`.write`: the files of ``posenc bench``'s report.
 
-Layers inside the package, bottom to top: format, styles -> rows -> verdicts -> context -> model -> plots,
-markdown -> html, suite_data -> page, readme -> write. The package sits above the runner in posenc.bench
-(it may import anything of posenc.bench below it, and :mod:`posenc.extend`); only :mod:`posenc.bench.report`,
-:mod:`posenc.bench.results_page` and the command line import it. The judgements on single runs (chance,
-at chance) are :mod:`posenc.bench.outcomes`'s, shared with the live board.
+Layers inside the package, bottom to top: commands, format, styles -> rows -> verdicts -> context -> model ->
+plots, markdown -> html -> write; model -> suite_data -> page, readme. The package sits above the runner in
+posenc.bench (it may import anything of posenc.bench below it, and :mod:`posenc.extend`); only
+:mod:`posenc.bench.report`, :mod:`posenc.bench.results_page` and the command line import it. The judgements
+on single runs (chance, at chance) are :mod:`posenc.bench.outcomes`'s, shared with the live board.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 :func:`metric_figure`: the metric against test length, one panel per task, one line per encoding (a task
 with more than :data:`HEATMAP_ROWS` rows: a heatmap); :func:`curves_figure`: the training loss against
-step. Both draw from the model's rows (:func:`.rows.leaderboard`) with the model's styles
-(:func:`.styles.encoding_styles`), so an encoding looks the same in every panel and in the tables. They use
-matplotlib's Figure, never pyplot (the global backend is left alone). It imports the lower modules of the
-reporting package (rows, format, styles) and :mod:`posenc.bench.outcomes`.
+step. The panels draw the model's task tables (:class:`~.model.TaskTable`: the rows, chance and training
+lengths that the tables show) with the model's styles (:func:`.styles.encoding_styles`), so an encoding looks
+the same in every panel and in the tables. They use matplotlib's Figure, never pyplot (the global backend is
+left alone). It imports the model and the lower modules of the reporting package, and
+:mod:`posenc.bench.outcomes`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 
 from ..outcomes import is_pct, metric_range
 from ..types import label_of
-from .format import fmt, trained_text
+from .format import fmt
+from .model import TaskTable, task_tables
 from .rows import leaderboard, task_chance
 from .styles import CHANCE_STYLE, encoding_styles
 
@@ -60,8 +62,8 @@ HEATMAP_ROWS = 8
 SEED_STYLE = {"linestyle": "none", "ms": 3.5, "mfc": "none", "mew": 0.8, "alpha": 0.65, "zorder": 2.5}
 
 
-def _use_heatmap(sub: list[dict[str, Any]]) -> bool:
-    return len(sub) > HEATMAP_ROWS and any(k.isdigit() for r in sub for k in r["values"])
+def _use_heatmap(t: TaskTable) -> bool:
+    return len(t.rows) > HEATMAP_ROWS and any(k.isdigit() for r in t.rows for k in r["values"])
 
 
 def _seed_points(ax: Any, xs_of: dict[str, float], r: dict[str, Any], k: float, style: dict[str, Any]) -> bool:
@@ -100,13 +102,12 @@ def _chance_off_axis(ax: Any, sub: list[dict[str, Any]], keys: list[str], k: flo
     return True
 
 
-def _heatmap_panel(ax: Any, sub: list[dict[str, Any]]) -> Any:
+def _heatmap_panel(ax: Any, t: TaskTable) -> Any:
     """Rows (ranked) × test lengths, coloured by the mean over seeds; each cell gives the mean and, below it, each
     seed's value; an orange frame marks seeds that disagree (:func:`seeds_disagree`). Returns the image."""
     from matplotlib.patches import Rectangle
 
-    task, metric, tm = sub[0]["task"], sub[0]["metric"], sub[0]["train_max"]
-    higher = sub[0]["higher_is_better"]
+    sub, task, metric, tm, higher = t.rows, t.task, t.metric, t.train_max, t.higher
     k = 100.0 if is_pct(metric) else 1.0
     lengths = sorted({int(n) for r in sub for n, v in r["values"].items() if v is not None and n.isdigit()})
     grid = [[float("nan")] * len(lengths) for _ in sub]
@@ -145,7 +146,7 @@ def _heatmap_panel(ax: Any, sub: list[dict[str, Any]]) -> Any:
     if trained and len(trained) < len(lengths):
         ax.axvline(trained[-1] + 0.5, color="white", lw=3)
     ax.set_xlabel("test length")
-    said = trained_text(sub)
+    said = t.trained
     ax.set_title(
         f"{task}" + (f" ({said})" if said else "") + f"\n{metric}{' %' if is_pct(metric) else ''}, mean over seeds "
         "(bold) and each seed (below); orange frame: seeds split",
@@ -154,10 +155,10 @@ def _heatmap_panel(ax: Any, sub: list[dict[str, Any]]) -> Any:
     return im
 
 
-def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str, Any]]) -> None:
+def _metric_panel(ax: Any, t: TaskTable, styles: dict[str, dict[str, Any]]) -> None:
     from matplotlib.ticker import NullLocator
 
-    task, metric, tm = sub[0]["task"], sub[0]["metric"], sub[0]["train_max"]
+    sub, task, metric, tm = t.rows, t.task, t.metric, t.train_max
     k = 100.0 if is_pct(metric) else 1.0
     rng = metric_range(metric)
     lengths = sorted({int(n) for r in sub for n, v in r["values"].items() if v is not None and n.isdigit()})
@@ -209,7 +210,7 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
             start = math.sqrt(max(tm, lo) * longer[0]) if tm >= lengths[0] else lo
             ax.axvspan(start, hi, color="#eef2f7", zorder=0, label="longer than training")
         ax.set_xlabel("test length")
-        said = trained_text(sub)
+        said = t.trained
         # a long title (rows trained on different lengths) on two lines, clear of the legend at the right
         sep = "\n" if len(task) + len(said) > 40 else " "
         ax.set_title(f"{task}{sep}({said})" if said else task, fontsize=10)
@@ -245,7 +246,7 @@ def _metric_panel(ax: Any, sub: list[dict[str, Any]], styles: dict[str, dict[str
         ax.set_title(task, fontsize=10)
     if seeds_drawn:  # one legend entry for the seeds' hollow marks
         ax.plot([], [], marker="o", color="0.3", label="each seed (hollow)", **SEED_STYLE)
-    better = "higher" if sub[0]["higher_is_better"] else "lower"
+    better = "higher" if t.higher else "lower"
     ax.set_ylabel(f"{metric} {'%' if is_pct(metric) else ''} ({better} is better)".replace("  ", " "))
     if is_pct(metric):
         ax.set_ylim(-3, 103)
@@ -272,23 +273,22 @@ def metric_figure(
     the test length, on a log scale labelled with the lengths themselves.
     """
     rows = leaderboard(results) if rows is None else rows
-    tasks = sorted({r["task"] for r in rows})
-    if not tasks:
+    tables = task_tables(rows)
+    if not tables:
         return None
     styles = styles or encoding_styles(r["label"] for r in rows)
-    subs = {task: [r for r in rows if r["task"] == task] for task in tasks}
-    heat = [t for t in tasks if _use_heatmap(subs[t])]
-    height = max([3.9] + [0.42 * len(subs[t]) + 1.6 for t in heat])
-    fig = _new_figure(4.6 * len(tasks) + 1.6 + 1.2 * len(heat), height)
+    heat = {t.task: len(t.rows) for t in tables if _use_heatmap(t)}
+    height = max([3.9] + [0.42 * n + 1.6 for n in heat.values()])
+    fig = _new_figure(4.6 * len(tables) + 1.6 + 1.2 * len(heat), height)
     if fig is None:
         return None
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
-    for ax, task in zip(axes, tasks):
-        if task in heat:
-            fig.colorbar(_heatmap_panel(ax, subs[task]), ax=ax, shrink=0.6, pad=0.02)
+    axes = fig.subplots(1, len(tables), squeeze=False)[0]
+    for ax, t in zip(axes, tables):
+        if t.task in heat:
+            fig.colorbar(_heatmap_panel(ax, t), ax=ax, shrink=0.6, pad=0.02)
         else:
-            _metric_panel(ax, subs[task], styles)
-    if len(heat) < len(tasks):
+            _metric_panel(ax, t, styles)
+    if len(heat) < len(tables):
         _shared_legend(fig, axes, styles)
     return fig
 

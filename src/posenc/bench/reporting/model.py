@@ -16,7 +16,7 @@ It imports the reporting package's lower modules (rows, verdicts, context, forma
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .context import mixed_environments, run_environments, settings_grid, tasks_info
@@ -90,6 +90,7 @@ class TaskTable:
         return cell(row["values"].get(key), self.metric, row, key)
 
     def at_chance(self, row: dict[str, Any], key: str) -> bool:
+        """Whether the row's cell is at chance (grey in HTML, italic in Markdown)."""
         return cell_at_chance(row, key)
 
 
@@ -105,12 +106,11 @@ class RunSet:
 
     results: list[dict[str, Any]]
     failures: list[dict[str, Any]] | None = None
-    #: rows given already (a page that ranks its runs once); default: :func:`.rows.leaderboard` of ``results``
-    given_rows: list[dict[str, Any]] | None = field(default=None, repr=False)
 
     @functools.cached_property
     def rows(self) -> list[dict[str, Any]]:
-        return leaderboard(self.results) if self.given_rows is None else self.given_rows
+        """One row per (task, label), ranked within each task (:func:`.rows.leaderboard`)."""
+        return leaderboard(self.results)
 
     @functools.cached_property
     def tables(self) -> list[TaskTable]:

@@ -6,7 +6,8 @@ field is part of its key); a :class:`Job` is a run of a suite with the label it 
 
 Everything else in the harness -- the tasks and training loops, the store, the executors, the runner, the
 reports, the CLI -- imports these names from here; this module imports nothing of the harness (only
-:mod:`posenc.errors` and :mod:`posenc.registry`, to check an encoding's name). The built-in tasks
+:mod:`posenc.errors`, and :mod:`posenc.registry` when a config is made, to check its encoding's name: importing
+this module does not import torch). The built-in tasks
 (:data:`BUILTIN_PACKAGE`) are found as plugins, by walking their package by name the first time a task is looked
 up, like the tasks of installed packages (entry points) and those given to :func:`posenc.bench.api.load_tasks`.
 The loading of task modules for worker processes and the running of one config live in :mod:`posenc.bench.api`.

@@ -92,11 +92,8 @@ class AttentionCore(nn.Module):
         )
 
     def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Any]:
-        """Step 5: the facts of this call, then :func:`~posenc.attention.plan.plan_call` (the encoding's fast forms
-        where they may apply, and :func:`~posenc.attention.plan.choose_kernel`).
-
-        Returns the plan, the encoding's offset-table form (``relative_form``) and the input of its own kernel
-        (``bias_offsets``, ``bias_blocks`` or ``blocked_attention``), each ``None`` unless the plan uses it."""
+        """Step 5: the facts of this call (:class:`~posenc.attention.plan.Facts`), then
+        :func:`~posenc.attention.plan.plan_call`: the plan, and the encoding's form or own kernel input it uses."""
         dropout = self.dropout if self.training else 0.0
         facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights)
         return plan_call(facts, self.encoding, call)

@@ -3,8 +3,8 @@
 :func:`plan_call` reads the facts of one call once (:class:`Facts`), asks the encoding for a fast form only where a
 named predicate says one may apply, and hands what it got to :func:`choose_kernel`: the table whose first rule that
 holds names the kernel and the reason the :class:`~posenc.attention.kernels.Plan` shows the user. Imports
-:mod:`posenc.native` and :mod:`posenc.fused` (kernels), :mod:`posenc.base`, and this package's call record, plan
-record and portability switch.
+:mod:`posenc.native` and :mod:`posenc.fused` (kernels) and, of this package, the call and plan records, the
+portability switch and :func:`~posenc.attention.blocked.decodable` (what the decode kernel computes).
 """
 
 from __future__ import annotations

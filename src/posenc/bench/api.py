@@ -32,6 +32,14 @@ to a ``.py`` file). See ``docs/tasks.md``.
 A task has a *version* (:func:`task_version`) that is part of the run key of a
 task that is not built in, so that editing a task's code gives new runs instead
 of silently stale results.
+
+Where things live: the interface and the registry (:class:`Task`, :func:`register_task`,
+:func:`get_task`, :func:`task_version`) are defined at the bottom of the harness, in
+:mod:`posenc.bench.types`, because a :class:`~posenc.bench.types.RunConfig` checks its task
+when it is made; they are re-exported here, the place a task's author imports them from.
+This module adds the loading of task modules (:func:`load_tasks`, :func:`worker_imports`,
+:func:`prepare_process`) and :func:`run_one`, which runs one config with its task and makes
+the run's record. It imports :mod:`.types` and nothing else of the harness.
 """
 
 from __future__ import annotations

@@ -38,8 +38,9 @@ Where things live: the interface and the registry (:class:`Task`, :func:`registe
 :mod:`posenc.bench.types`, because a :class:`~posenc.bench.types.RunConfig` checks its task
 when it is made; they are re-exported here, the place a task's author imports them from.
 This module adds the loading of task modules (:func:`load_tasks`, :func:`worker_imports`,
-:func:`prepare_process`) and :func:`run_one`, which runs one config with its task and makes
-the run's record. It imports :mod:`.types` and nothing else of the harness.
+:func:`prepare_process`), :func:`run_one`, which runs one config with its task and makes
+the run's record, and :func:`describe_error`, a failed run's error as text. It imports
+:mod:`.types` and nothing else of the harness.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ import importlib.util
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PosencError
 
 # the task interface and its registry live at the bottom of the harness (a RunConfig checks its task there);
 # this is where a task's author finds them
@@ -236,3 +238,11 @@ def run_one(cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         "env": run_environment(),
         **({"extra": out["extra"]} if "extra" in out else {}),
     }
+
+
+def describe_error(exc: BaseException) -> str:
+    """A failed run as text: the message of a posenc error, a short traceback for anything else."""
+    if isinstance(exc, PosencError):
+        return f"{type(exc).__name__}: {exc}"
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return f"{type(exc).__name__}: {exc}\n" + "".join(tb[-4:-1]).rstrip()

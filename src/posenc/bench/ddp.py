@@ -36,9 +36,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from .api import load_tasks, run_one
+from .api import describe_error, load_tasks, run_one
 from .distributed import last_wrapped, parameter_checksum
-from .executors import describe_error
 from .types import Job, RunConfig
 
 

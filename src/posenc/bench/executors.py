@@ -29,15 +29,14 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import ConfigError, PosencError
-from .api import prepare_process, run_one
+from ..errors import ConfigError
+from .api import describe_error, prepare_process, run_one
 from .distributed import (  # noqa: F401 -- re-exported: a task's own loop imports them from here (docs/tasks.md)
     ddp_wrap,
     distributed,
@@ -55,14 +54,6 @@ EXECUTORS = ("auto", "local", "process", "ray", "ddp")
 
 
 # ---------------------------------------------------------------------------- executors
-def describe_error(exc: BaseException) -> str:
-    """A failed run as text: the message of a posenc error, a short traceback for anything else."""
-    if isinstance(exc, PosencError):
-        return f"{type(exc).__name__}: {exc}"
-    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return f"{type(exc).__name__}: {exc}\n" + "".join(tb[-4:-1]).rstrip()
-
-
 def _run_config_dict(
     cfg: dict[str, Any],
     threads: int | None = None,

@@ -5,7 +5,7 @@
 # (POSENC_NATIVE=0): the PyTorch paths a machine without a C compiler takes, through the tests of the plan,
 # the attention kernels, the models, generation and the encodings that have a C kernel. Both legs print
 # pytest's closing line; the script fails if either fails. POSENC_NATIVE_ISA=baseline runs the first leg
-# with the portable baseline build of the kernels instead of the one this CPU's flags pick (src/posenc/native.py).
+# with the portable baseline build of the kernels instead of the one this CPU's flags pick (src/posenc/native/builds.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test

@@ -1,4 +1,4 @@
-"""The shape of the code: the layer contracts hold, every module sits in a layer, the picture is current, files stay small.
+"""The shape of the code: the layer contracts hold, each module is in a layer, the picture is current, files are short.
 
 The layers (docs/architecture.md) are import-linter contracts in pyproject.toml: a new import circle, or a module
 that imports from a layer above its own (a lazy import inside a function counts), fails here.

@@ -23,8 +23,8 @@ from posenc.bench import RunConfig, run_suite
 from posenc.bench.api import Task, get_task, register_task
 from posenc.bench.live import LiveBoard
 from posenc.bench.report import leaderboard, markdown_table, published_table, write_report
-from posenc.runenv import KEYS, run_environment
 from posenc.bench.runner import Job
+from posenc.runenv import KEYS, run_environment
 
 SMALL = dict(steps=5, batch_size=8, d_model=16, n_layers=1, n_heads=2, eval_samples=32)
 ENV = {

@@ -30,11 +30,11 @@ _LAZY: dict[str, str] = {
     "leaderboard": "report",
     "markdown_table": "report",
     "write_report": "report",
-    "Job": "runner",
+    "Job": "types",
     "ResultStore": "runner",
-    "RunConfig": "runner",
+    "RunConfig": "types",
     "RunFailedError": "runner",
-    "run_one": "runner",
+    "run_one": "api",
     "run_suite": "runner",
     "SQLiteStore": "store",
     "StoreCorruptError": "store",
@@ -47,11 +47,12 @@ _LAZY: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
-    from .api import Task, available_tasks, get_task, load_tasks, register_task, task_version
+    from .api import Task, available_tasks, get_task, load_tasks, register_task, run_one, task_version
     from .report import leaderboard, markdown_table, write_report
-    from .runner import Job, ResultStore, RunConfig, RunFailedError, run_one, run_suite
+    from .runner import ResultStore, RunFailedError, run_suite
     from .store import SQLiteStore, StoreCorruptError, StoreError, StoreLockedError, open_store
     from .suites import Suite, available_suites, load_suite
+    from .types import Job, RunConfig
 
 QUICK_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "binary", "normalized")
 
@@ -70,8 +71,8 @@ def quick_suite(
     Each task has the settings of its grid in the quick suite's file (``adjacent`` has its own, see
     ``suites/quick.toml``); a task the suite does not name gets those of its first grid; ``overrides`` on top.
     """
-    from .runner import RunConfig
     from .suites import load_suite
+    from .types import RunConfig
 
     grids = load_suite("quick").grids
     per_task = {t: g.settings for g in reversed(grids) for t in g.tasks}

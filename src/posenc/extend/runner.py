@@ -301,8 +301,8 @@ def run(
     ``model`` / ``tokenizer``: a loaded model (else ``cfg.model`` is loaded with
     :func:`posenc.pretrained.load_pretrained`). ``max_cells``: stop after that many new cells (a budget).
     """
-    from ..runenv import run_environment
     from ..pretrained import identity, load_pretrained
+    from ..runenv import run_environment
 
     if model is None:
         model, tokenizer = load_pretrained(cfg.model, quiet=quiet)

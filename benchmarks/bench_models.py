@@ -36,12 +36,14 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/bench_models.py run --model lm --encodings none --hf-patch rope alibi --lengths 1024
     .venv/bin/python benchmarks/bench_models.py run ... --dry-run                 # list the cases only
     .venv/bin/python benchmarks/bench_models.py report                            # -> results/models-cpu-fp32.md
+    .venv/bin/python benchmarks/bench_models.py floors --tags TAG [TAG ...]       # measured / floor per L, threads
 
 Results accumulate in ``benchmarks/results/<tag>.json`` (``--tag``, default ``models-cpu-fp32``); a (case, L)
 already there is skipped unless ``--force``, so an interrupted run resumes.
 
 The parts: :mod:`model_cases` (the models each case builds, what its ratios are against), :mod:`models_report`
-(the tables), and :mod:`harness` (fresh processes, the timed loop, the JSON store, resume), which
+(the tables), :mod:`floors` (each encoding's floor from its declared cost, and the table against it), and
+:mod:`harness` (fresh processes, the timed loop, the JSON store, resume), which
 ``bench_attention.py`` shares.
 """
 
@@ -333,6 +335,14 @@ def run(args: argparse.Namespace) -> None:
     print(f"finished in {time.perf_counter() - t_start:.0f} s; results in {store.path}", flush=True)
 
 
+def floors_report(args: argparse.Namespace) -> None:
+    """``floors``: the measured ratios against each encoding's floor (:mod:`floors`, a report beside
+    :mod:`models_report`; imported here only when asked, as it builds encodings to read their declared cost)."""
+    import floors
+
+    floors.report(args)
+
+
 def _worker(spec: dict) -> dict:
     if spec["case"].startswith("decode"):
         return decode_worker(spec["case"], spec["L"], spec["steps"], spec["threads"], spec["vocab"])
@@ -402,8 +412,19 @@ def main() -> None:
         default="cpu",
         help="median CPU seconds of the repeats (default), the fastest repeat's CPU seconds, or wall seconds",
     )
+    f = sub.add_parser(
+        "floors",
+        help="each encoding's measured ratio to none against its floor (benchmarks/floors.py), per L and threads",
+    )
+    f.add_argument("--tags", nargs="+", default=["models-cpu-fp32"], help="results/<tag>.json files to read")
+    f.add_argument(
+        "--metric",
+        choices=("auto", "cpu", "cpu-min", "wall"),
+        default="auto",
+        help="auto (default): CPU seconds at one thread, wall seconds at more (CPU seconds count every thread)",
+    )
     args = ap.parse_args()
-    (run if args.cmd == "run" else report)(args)
+    {"run": run, "report": report, "floors": floors_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,46 @@ class Card:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """An encoding's work beyond plain attention (``q·k``, softmax, ``p·v`` and the projections), in FLOPs.
+
+    The floor the encoding's maths sets, in its cheapest exact form (a multiply-add counts 2): what the issue's
+    speed targets are measured against (``benchmarks/floors.py`` turns it into a model step's ratio to ``none``).
+    *Products* are matrix products (what ``torch.utils.flop_counter`` counts); the ``*_elementwise`` fields are the
+    adds, multiplies, gates and lookups it does not count. Every field is per layer unless it says otherwise.
+
+    * ``pair`` / ``pair_elementwise``: per (query, key) pair and head (``q_i·a_ij`` is ``2·d``, a bias add is 1);
+    * ``token`` / ``token_elementwise``: per token and head, the token as query and as key together (rotating q
+      and k is ``2 × 3·d`` elementwise); negative where the encoding removes a product (TENER has no ``W_k``);
+    * ``row``: products per row of a position-only table, all heads together (``W_kR R_d`` is ``2·d_model·H·d``),
+      a table that depends on parameters only, so decoding keeps it between steps; ``rows``: how many rows the
+      table has where that is fixed (DeBERTa's ``2k``, a bucket table), ``None``: one row per offset ``j - i``;
+    * ``embed`` / ``embed_elementwise``: per token, once per model (absolute codes added to the embeddings);
+    * ``memory``: where the encoding's extra memory is inherently ``O(L²)``, the bound in words; ``None``: ``O(L)``
+      memory is possible (a blocked kernel recomputes what it needs);
+    * ``note``: the one-line derivation, and which form the kernels achieve.
+    """
+
+    pair: float = 0.0
+    pair_elementwise: float = 0.0
+    token: float = 0.0
+    token_elementwise: float = 0.0
+    row: float = 0.0
+    rows: int | None = None
+    embed: float = 0.0
+    embed_elementwise: float = 0.0
+    memory: str | None = None
+    note: str = ""
+
+    def table_rows(self, offsets: int) -> int:
+        """Rows of the position table a call computes when its pairs take ``offsets`` distinct offsets."""
+        return offsets if self.rows is None else self.rows
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class AttentionContext:
     """Everything an attention hook may need besides q and k.
@@ -276,6 +316,8 @@ class PositionalEncoding(nn.Module):
     * :meth:`check_sizes`: the model sizes this instance was built for (``d_model``, ``n_heads``,
       ``head_dim``, ``vocab_size`` among its settings) are compared with the attention's and the model's
       when they are built; override it for sizes the settings do not name.
+    * :meth:`cost`: its work beyond plain attention in FLOPs (:class:`Cost`: per pair, per token, per row of a
+      position table), derived from its formula: the floor the speed benchmark measures it against.
     * ``option_limits``: ``{setting: (test, what is right)}`` beyond the generic ones every encoding gets from
       :func:`check_options` (types from the ``__init__`` annotations, no NaN or infinity, the limits of
       :data:`OPTION_LIMITS` by setting name: ``base > 1``, sizes ``>= 1``, ``eps > 0`` ...), checked before
@@ -420,6 +462,15 @@ class PositionalEncoding(nn.Module):
         if wrong:
             raise size_error(self, {k: built[k] for k in wrong}, {k: sizes[k] for k in wrong}, sizes)
 
+    def cost(self, head_dim: int) -> Cost:
+        """This encoding's work beyond plain attention at head width ``head_dim`` (:class:`Cost`): the floor its
+        maths sets, which ``benchmarks/floors.py`` measures the kernels against.
+
+        Default: nothing. Every registered encoding declares its own in its file, with the derivation in a comment
+        (``tests/test_floors.py`` checks that none is left at this default and counts the reference's products).
+        """
+        return Cost()
+
     # ------------------------------------------------------------ utilities
     @classmethod
     def hooks(cls) -> frozenset[str]:
@@ -489,6 +540,9 @@ class NoPositionalEncoding(PositionalEncoding):
         reference="permutation equivariance (a property test)",
         shortcoming="cannot tell word order apart in a bidirectional model",
     )
+
+    def cost(self, head_dim: int) -> Cost:
+        return Cost(note="the baseline: plain attention, nothing added")
 
 
 # ---------------------------------------------------------------- positions

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import HOOKS, AttentionContext, Card, PositionalEncoding, check_positions
+from .base import HOOKS, AttentionContext, Card, Cost, PositionalEncoding, check_positions
 from .errors import ConfigError, PositionError
 
 AT_EVAL = ("ordinary", "random")
@@ -166,6 +166,11 @@ class Randomized(PositionalEncoding):
         if self.at_eval == "random":
             return f"{self.info.name} draws a new random sample of positions in every forward (at_eval='random')"
         return self.inner.cache_problem(shortest, longest)
+
+    def cost(self, head_dim: int) -> Cost:
+        # the inner encoding's work; the sample (a sort of N draws per sequence, once per model forward) is not
+        # per layer and has no product
+        return self.inner.cost(head_dim)
 
     def positions(self, positions: Tensor, training: bool) -> Tensor:
         if training or self.at_eval == "random":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import PositionalEncoding, as_position_rows, check_positions
+from ..base import Cost, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError
 
 
@@ -23,6 +23,11 @@ class AdditiveAbsolute(PositionalEncoding):
 
     def table(self, positions: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def cost(self, head_dim: int) -> Cost:
+        # x + PE(t): d_model adds per token, once per model (the codes of a fixed encoding are a table lookup)
+        d = getattr(self, "d_model", None) or 0
+        return Cost(embed_elementwise=float(d), note="x + PE(t): d_model adds per token, once per model")
 
     def codes(self, positions: Tensor) -> Tensor:
         """The codes of ``positions`` (``[L]`` or ``[B, L]``), validated."""

@@ -49,7 +49,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..base import Card, PositionalEncoding, as_position_rows, check_positions
+from ..base import Card, Cost, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError
 from ..registry import register
 
@@ -106,6 +106,17 @@ class ComplexOrder(PositionalEncoding):
                 self.omega.copy_(freq.float().expand(self.vocab_size, -1))
         if self.proj is not None:
             self.proj.reset_parameters()
+
+    def cost(self, head_dim: int) -> Cost:
+        # per token, once per model: φ = ω·pos + θ (2·D, without ω: none), cos and sin (2·D), r·cos, r·sin (2·D);
+        # output="project": W [Re; Im] is a (2·D -> D) product, 2·(2·D)·D
+        d = self.d_model
+        products = 4.0 * d * d if self.proj is not None else 0.0
+        return Cost(
+            embed=products,
+            embed_elementwise=(6.0 if self.omega is not None else 4.0) * d,
+            note="r·e^{iφ} per token and dimension, projected back to d_model once per model",
+        )
 
     def phase(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """``φ = ω_j · pos + θ_j``: ``[B, L, D]``."""

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
 from ..relative._skew import arange_rows, offsets, toeplitz
@@ -91,6 +91,10 @@ class ALiBi(PositionalEncoding):
         self.bidirectional = self.bidirectional_default if bidirectional is None else bool(bidirectional)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads), dtype=torch.float64), persistent=False)
         self._memo: tuple[tuple, Tensor] | None = None  # the last Toeplitz matrix (see bias)
+
+    def cost(self, head_dim: int) -> Cost:
+        # -m_h (i - j) is one value per offset and head (O(L)); each pair adds it: 1 add per pair and head
+        return Cost(pair_elementwise=1.0, note="one add per pair and head (the offset-bias kernel reads it per offset)")
 
     def _matrix(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dist = q_pos[:, :, None].double() - k_pos[:, None, :].double()  # i - j, [B, Lq, Lk]

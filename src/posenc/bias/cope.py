@@ -48,7 +48,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
 
@@ -95,6 +95,16 @@ class CoPE(PositionalEncoding):
         self.causal, self.gate_scale = bool(causal), bool(gate_scale)
         # [head_dim, npos_max] as the reference code's pos_emb; zero at init as there
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
+
+    def cost(self, head_dim: int) -> Cost:
+        # the gate σ(q·k/√d) reads the attention's own q·k (no second product); per pair and head: the sigmoid (~4),
+        # the running sum over the keys (1), floor / fraction (2), the interpolation w·a + (1-w)·b (3) and the add (1);
+        # per query and head: q·e[n] for the npos_max embeddings, 2·d·npos_max products, which the pairs gather
+        return Cost(
+            pair_elementwise=11.0,
+            token=2.0 * head_dim * self.npos_max,
+            note="gates share q·k; q·e[n] once per query and n, gathered per pair (own-blocked kernel)",
+        )
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.pos_emb)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
 from ..relative._skew import arange_rows, offsets, toeplitz
@@ -96,6 +96,16 @@ class DynamicPositionBias(PositionalEncoding):
     def of_distance(self, delta: Tensor) -> Tensor:
         """The bias for signed distances ``Δ = i - j`` of any shape: ``[..., H]``."""
         return self.mlp(self.features(delta)[..., None])
+
+    def cost(self, head_dim: int) -> Cost:
+        # the MLP of one distance: Linear(1, w), (depth - 1) x Linear(w, w), Linear(w, H): 2·(w + (depth-1)·w² + w·H)
+        # products per offset (a table of the offsets, kept between decoding steps); then one add per pair and head
+        w, h = self.hidden, self.n_heads
+        return Cost(
+            pair_elementwise=1.0,
+            row=2.0 * (w + (self.depth - 1) * w * w + w * h),
+            note="the MLP once per distinct offset (not per pair), one add per pair and head",
+        )
 
     def check_sizes(self, **sizes: int | None) -> None:
         sizes.pop("d_model", None)  # only sets the MLP's default width: any model width works

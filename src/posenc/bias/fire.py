@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import native
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
 
@@ -101,6 +101,19 @@ class FIRE(PositionalEncoding):
         with torch.no_grad():
             self.c.fill_(self.init_c_value)
             self.L_multiplier.fill_(1.0)
+
+    def cost(self, head_dim: int) -> Cost:
+        # f(x) = W_2 relu(w_1 x + b_1) + b_2 of a scalar x is piecewise linear with at most w + 1 pieces: the MLP
+        # (2·w + 2·w·H products) once per piece, then per pair x = ψ(|i-j|) / ψ(max{L, i}) (abs, mul, log1p, div,
+        # shared by the heads; x depends on i, not on j - i alone) and a piece lookup, and per head slope·x + intercept
+        # (2) and the add (1). The kernels (block-bias, native fire_bias) do exactly this.
+        w, h = self.hidden, self.n_heads
+        return Cost(
+            pair_elementwise=3.0 + 8.0 / h,
+            row=2.0 * (w + w * h),
+            rows=w + 1,
+            note="the MLP is piecewise linear in its scalar input: one multiply-add per pair and head, not the MLP",
+        )
 
     def threshold(self) -> Tensor:
         """``L = |ℓ L_0|``."""

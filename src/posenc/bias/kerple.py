@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
 from ..relative._skew import arange_rows, offsets, toeplitz
@@ -131,6 +131,10 @@ class _Kerple(PositionalEncoding):
 
     def kernel(self, dist: Tensor, r1: Tensor, r2: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def cost(self, head_dim: int) -> Cost:
+        # the kernel of |i - j| (log or power) is one value per offset and head (O(L)); each pair adds it
+        return Cost(pair_elementwise=1.0, note="one add per pair and head; the kernel per offset (offset-bias kernel)")
 
     def _check_heads(self, ctx: AttentionContext) -> None:
         if ctx.n_heads != self.n_heads:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
@@ -128,6 +128,10 @@ class RelativeBias(_Bucketed):
         self.n_heads = n_heads
         self.embeddings = nn.Embedding(num_buckets, n_heads)
 
+    def cost(self, head_dim: int) -> Cost:
+        # a learned value per bucket and head, looked up per offset; each pair adds it
+        return Cost(pair_elementwise=1.0, note="a lookup per offset, one add per pair and head (offset-bias kernel)")
+
     def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
         """The bucket embeddings of the ``Lq + Lk - 1`` offsets of contiguous positions: ``[H, P]`` (else ``None``)."""
         if ctx.reference or not arange_rows(ctx):
@@ -183,6 +187,15 @@ class Contextual1(_Bucketed):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.embeddings = nn.Embedding(num_buckets, d_model)
         self.to_r = nn.Linear(d_model, n_heads * head_dim, bias=False)
+
+    def cost(self, head_dim: int) -> Cost:
+        # q_i · (W_r r_β)_h: 2·d per pair and head; W_r r for the num_buckets rows, 2·d_model·H·d each (parameters only)
+        return Cost(
+            pair=2.0 * head_dim,
+            row=2.0 * self.d_model * self.n_heads * self.head_dim,
+            rows=self.num_buckets,
+            note="the projected bucket table once per call, q·row per pair (blocked kernel)",
+        )
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         h, d = q.shape[1], q.shape[-1]
@@ -246,6 +259,16 @@ class Contextual2(_Bucketed):
         self.num_buckets, self.max_distance = _check_buckets(num_buckets, max_distance)
         self.d_model, self.projection_bias = d_model, bool(projection_bias)
         self.embeddings = nn.Embedding(num_buckets, d_model)
+
+    def cost(self, head_dim: int) -> Cost:
+        # q_i · (W_k r_β)_h + k_j · (W_q r_β)_h: 4·d per pair and head; W_k r and W_q r for the num_buckets rows,
+        # 2 × 2·d_model·d_model each (the attention's projections: H·d = d_model)
+        return Cost(
+            pair=4.0 * head_dim,
+            row=4.0 * self.d_model * self.d_model,
+            rows=self.num_buckets,
+            note="the two projected bucket tables once per call, a query and a key term per pair (blocked kernel)",
+        )
 
     def _projections(self, ctx: AttentionContext) -> tuple[nn.Linear, nn.Linear]:
         att = ctx.attention

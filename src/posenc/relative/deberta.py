@@ -61,7 +61,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows, check_positions
+from ..base import AttentionContext, Card, Cost, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
@@ -227,6 +227,20 @@ class DeBERTa(PositionalEncoding):
     def reset_parameters(self) -> None:
         super().reset_parameters()
         nn.init.normal_(self.rel_embeddings.weight, std=0.02)
+
+    def cost(self, head_dim: int) -> Cost:
+        # c2p Q^c_i · K^r_δ and p2c K^c_j · Q^r_δ: 2·d per pair and head each (4·d for both); p2p reads one value of
+        # the [2k] (or [2k, 2k]) table per pair: an add. Q_r = P W_q,r and K_r = P W_k,r for the 2k rows of P:
+        # 2·d_model·H·d each (parameters only: kept while decoding)
+        products = sum(t in self.terms for t in ("c2p", "p2c"))
+        tables = int("p2c" in self.terms or "p2p" in self.terms) + int("c2p" in self.terms or "p2p" in self.terms)
+        return Cost(
+            pair=2.0 * head_dim * products,
+            pair_elementwise=float("p2p" in self.terms),
+            row=2.0 * self.d_model * self.n_heads * self.head_dim * tables,
+            rows=2 * self.span,
+            note="projected tables of the 2k buckets (kept between decoding steps), c2p and p2c per pair",
+        )
 
     # ------------------------------------------------------------------ hooks
     def scale(self, head_dim: int) -> float:

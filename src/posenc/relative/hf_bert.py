@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
@@ -87,6 +87,11 @@ class RelativeKey(PositionalEncoding):
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.distance_embedding.weight, std=0.02)  # BERT's initializer_range
+
+    def cost(self, head_dim: int) -> Cost:
+        # q_i · E[i-j]: 2·d per pair and head; relative_key_query adds k_j · E[i-j]: 4·d (E is a lookup)
+        pair = 2.0 * head_dim * (2 if self.key_query else 1)
+        return Cost(pair=pair, note="q·E (and k·E) per pair, E read per offset (blocked kernel)")
 
     def index(self, ctx: AttentionContext) -> Tensor:
         """``(i - j) + max_len - 1``: ``[B|1, Lq, Lk]`` in ``0 .. 2 max_len - 2`` (checked or clipped)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
@@ -72,6 +72,12 @@ class _ClippedRelative(PositionalEncoding):
                 "enable keys, values or both"
             )
         self.head_dim, self.keys, self.values_term = head_dim, bool(keys), bool(values)
+
+    def cost(self, head_dim: int) -> Cost:
+        # q_i · a^K_ij: 2·d per pair and head; Σ_j p_ij a^V_ij: 2·d per pair and head (the tables are lookups by
+        # clip(j - i, k): no product)
+        pair = 2.0 * head_dim * (int(self.keys) + int(self.values_term))
+        return Cost(pair=pair, note="q·a^K and p·a^V per pair, the tables read per offset (blocked kernel)")
 
     # the two tables, [2k + 1, head_dim]
     def key_table(self) -> Tensor:

@@ -34,7 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError, PositionError
 from ..registry import register
 from ._skew import arange_rows, offsets, toeplitz
@@ -162,6 +162,10 @@ class T5Bias(PositionalEncoding):
 
     def scale(self, head_dim: int) -> float:
         return 1.0 if self.scaling == "t5" else head_dim**-0.5
+
+    def cost(self, head_dim: int) -> Cost:
+        # bucket(j - i) and its table row are one value per offset and head (a lookup, O(L)); each pair adds it
+        return Cost(pair_elementwise=1.0, note="a lookup per offset, one add per pair and head (offset-bias kernel)")
 
     def buckets(self, relative_position: Tensor) -> Tensor:
         """Bucket ids of offsets ``j - i`` (see :func:`t5_relative_position_bucket`)."""

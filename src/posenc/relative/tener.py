@@ -58,7 +58,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm
 from ..registry import register
@@ -122,6 +122,18 @@ class TENER(PositionalEncoding):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.u, std=0.02)
         nn.init.normal_(self.v, std=0.02)
+
+    def cost(self, head_dim: int) -> Cost:
+        # (Q_t + v) · R_{t-j}: 2·d per pair and head (R: a sinusoid table, no product); u·K_j folds into the query,
+        # (Q_t + u) · K_j (the adds Q + u, Q + v: 2·d per token); K = H, no W_k: 2·d_model·d products per token and
+        # head fewer than plain attention (key_projection=False, the paper)
+        saved = 0.0 if self.key_projection else -2.0 * self.n_heads * self.head_dim * head_dim
+        return Cost(
+            pair=2.0 * head_dim,
+            token=saved,
+            token_elementwise=2.0 * head_dim,
+            note="(q+v)·R per pair, u folded into the query, no key projection (blocked kernel)",
+        )
 
     def R(self, distances: Tensor) -> Tensor:
         """``R_d``, interleaved ``sin, cos`` of width ``head_dim``: ``[..., head_dim]`` (float64)."""

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card, PositionalEncoding, is_arange_rows
+from ..base import AttentionContext, Card, Cost, PositionalEncoding, is_arange_rows
 from ..errors import ConfigError
 from ..fused import RelativeForm, Rows
 from ..registry import register
@@ -315,6 +315,16 @@ class TransformerXL(PositionalEncoding):
         self.u = nn.Parameter(torch.empty(n_heads, head_dim))
         self.v = nn.Parameter(torch.empty(n_heads, head_dim))
         self._init_biases()
+
+    def cost(self, head_dim: int) -> Cost:
+        # (q_i + v) · W_kR R_{i-j}: 2·d per pair and head; u · k_j folds into the query, (q_i + u) · k_j (the adds
+        # q + u, q + v: 2·d per token); W_kR R_d once per offset, 2·d_model·H·d (parameters only: kept while decoding)
+        return Cost(
+            pair=2.0 * head_dim,
+            token_elementwise=2.0 * head_dim,
+            row=2.0 * self.d_model * self.n_heads * self.head_dim,
+            note="W_kR R per offset (kept between decoding steps), (q+v)·row per pair, u folded (blocked kernel)",
+        )
 
     def _init_biases(self) -> None:
         nn.init.normal_(self.u, std=0.02)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import AttentionContext, Card
+from ..base import AttentionContext, Card, Cost
 from ..errors import ConfigError
 from ..fused import RelativeForm
 from ..registry import register
@@ -94,6 +94,12 @@ class XLNet(TransformerXL):
         self._init_segment()
 
     # -------------------------------------------------------------- segments
+    def cost(self, head_dim: int) -> Cost:
+        # Transformer-XL's terms; with segment ids (q_i + b) · s± is 2 × 2·d per query and head and a choice per pair
+        # (not counted: the benchmarks and the language model pass no segment ids, and then there is no term)
+        base = super().cost(head_dim)
+        return Cost(**{**base.as_dict(), "note": base.note + "; segment ids add 4·d per query, a select per pair"})
+
     def segments(self, ctx: AttentionContext, batch: int, lq: int, lk: int) -> tuple[Tensor, Tensor] | None:
         """Validated ``(q_segments [B|1, Lq], k_segments [B|1, Lk])``, or ``None`` when absent."""
         qs, ks = ctx.q_segments, ctx.k_segments

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from .. import native
-from ..base import AttentionContext, Card, PositionalEncoding, as_position_rows, check_positions
+from ..base import AttentionContext, Card, Cost, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError
 from ..registry import register
 
@@ -325,6 +325,11 @@ class RoPE(PositionalEncoding):
             x1, x2 = rot[..., : r // 2], rot[..., r // 2 :]
             out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return out if rest is None else torch.cat((out, rest), dim=-1)
+
+    def cost(self, head_dim: int) -> Cost:
+        # x ⊙ cos + rotate_half(x) ⊙ sin: 3 per rotated element of q and of k, 2 × 3·rotary_dim per token and head
+        # (cos / sin are a table per position shared by the heads); nothing per pair
+        return Cost(token_elementwise=6.0 * self.rotary_dim, note="q and k rotated once per token, nothing per pair")
 
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
         key = ("rope-cos-sin", id(self))

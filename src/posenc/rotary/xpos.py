@@ -49,7 +49,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..base import AttentionContext, Card, as_position_rows, check_positions
+from ..base import AttentionContext, Card, Cost, as_position_rows, check_positions
 from ..errors import ConfigError, PositionError
 from ..registry import register
 from .rope import RoPE
@@ -158,6 +158,14 @@ class XPos(RoPE):
         return cos.to(work) * scale, sin.to(work) * scale
 
     # ----------------------------------------------------------- the hooks
+    def cost(self, head_dim: int) -> Cost:
+        # RoPE's rotation (2 × 3·rotary_dim per token and head) with ζ^{±t/γ} folded into cos and sin per position
+        # (2 multiplies per rotated pair, shared by the heads): nothing per pair
+        return Cost(
+            token_elementwise=6.0 * self.rotary_dim,
+            note="q and k rotated and scaled once per token (the scale folded into cos / sin), nothing per pair",
+        )
+
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
         key = ("xpos-cos-sin", id(self), q.dtype)
         got = ctx.cache.get(key)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigError
+from .ops import attention_op, extra_grad
 
 # query rows per block of the forward's flash calls (each recomputes nothing; the block only bounds the wasted
 # upper triangle of a causal diagonal square: 256 rows waste ~6 % at L = 2048)
@@ -45,69 +46,70 @@ def _masked(vals: Tensor, lq: int, lk: int, causal: bool) -> Tensor:
     return out
 
 
-class _OffsetBiasAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, vals: Tensor, scale: float, causal: bool) -> Tensor:  # type: ignore[override]
-        b, h, lq, _ = q.shape
-        lk = k.shape[2]
-        vm = _masked(vals, lq, lk, causal)
-        rows = vm.unfold(-1, lk, 1)  # [H|1, Lq, Lk]: row r is the bias of query Lq - 1 - r
-        out = torch.empty_like(q)
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        for r0 in range(0, lq, FORWARD_ROWS):
-            r1 = min(lq, r0 + FORWARD_ROWS)
-            ke = min(lk, r1 + lk - lq) if causal else lk
-            mask = rows[None, :, lq - r1 : lq - r0, :ke]
-            o, _ = flash(q[:, :, r0:r1].flip(2), k[:, :, :ke], v[:, :, :ke], 0.0, False, attn_mask=mask, scale=scale)
-            out[:, :, r0:r1] = o.flip(2)
-        ctx.save_for_backward(q, k, v, vm, out)
-        ctx.scale, ctx.causal = scale, causal
-        return out
+def _forward(q: Tensor, k: Tensor, v: Tensor, vals: Tensor, scale: float, causal: bool) -> Tensor:
+    """The forward: flash on blocks of query rows in reverse order, each block's bias a strided view of ``vals``."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    rows = _masked(vals, lq, lk, causal).unfold(-1, lk, 1)  # [H|1, Lq, Lk]: row r is the bias of query Lq - 1 - r
+    out = torch.empty_like(q)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    for r0 in range(0, lq, FORWARD_ROWS):
+        r1 = min(lq, r0 + FORWARD_ROWS)
+        ke = min(lk, r1 + lk - lq) if causal else lk
+        mask = rows[None, :, lq - r1 : lq - r0, :ke]
+        o, _ = flash(q[:, :, r0:r1].flip(2), k[:, :, :ke], v[:, :, :ke], 0.0, False, attn_mask=mask, scale=scale)
+        out[:, :, r0:r1] = o.flip(2)
+    return out
 
-    @staticmethod
-    def backward(ctx, dout: Tensor):  # type: ignore[override]
-        q, k, v, vm, out = ctx.saved_tensors
-        scale, causal = ctx.scale, ctx.causal
-        b, h, lq, _ = q.shape
-        lk = k.shape[2]
-        shared = vm.shape[0] == 1
-        rows = vm.unfold(-1, lk, 1)
-        acc = torch.promote_types(q.dtype, torch.float32)
-        delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
-        dout = dout.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        want_dvals = ctx.needs_input_grad[3]
-        dvals = torch.zeros_like(vm) if want_dvals else None
-        n = max(1, min(lq, BACKWARD_BYTES // max(lk * q.element_size(), 1)))
-        blocks = [(r0, min(lq, r0 + n)) for r0 in range(0, lq, n)]
-        bufs: dict[tuple[int, int], Tensor] = {}
-        for bi in range(b):
-            for hi in range(h):
-                vh = 0 if shared else hi
-                kh, kt, vt = k[bi, hi], k[bi, hi].t(), v[bi, hi].t()
-                dkh, dvh = dk[bi, hi], dv[bi, hi]
-                for r0, r1 in blocks:
-                    ke = min(lk, r1 + lk - lq) if causal else lk
-                    m = r1 - r0
-                    # this block's rows in reverse order: its bias is the view rows[lq - r1 : lq - r0]
-                    qr = q[bi, hi, r0:r1].flip(0)
-                    dor = dout[bi, hi, r0:r1].flip(0)
-                    s = torch.addmm(rows[vh, lq - r1 : lq - r0, :ke], qr, kt[:, :ke], alpha=scale)
-                    p = torch.softmax(s, dim=-1)  # its vectorised exp is fast where the bias makes scores underflow
-                    dvh[:ke].addmm_(p.t(), dor)
-                    ds = torch.mm(dor, vt[:, :ke])
-                    ds.sub_(delta[bi, hi, r0:r1].flip(0)[:, None]).mul_(p)  # dS = P ∘ (dP − Δ)
-                    if dvals is not None:
-                        # reversed row r, key j has offset index (Lq - r1) + r + j: anti-diagonals to columns
-                        w = ke + m - 1
-                        buf = bufs.get((m, ke))
-                        if buf is None:  # zeroed once per shape: every copy writes the same places
-                            buf = bufs[(m, ke)] = ds.new_zeros(m * w)
-                        buf.as_strided((m, ke), (w + 1, 1)).copy_(ds)
-                        dvals[vh, lq - r1 : lq - r1 + w].add_(buf.view(m, w).sum(0))
-                    dq[bi, hi, r0:r1] = torch.mm(ds, kh[:ke]).flip(0).mul_(scale)
-                    dkh[:ke].addmm_(ds.t(), qr, alpha=scale)
-        return dq, dk, dv, dvals, None, None
+
+def _backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, vals: Tensor, out: Tensor, scale: float, causal: bool, dvals: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``dq, dk, dv`` and ``∂L/∂vals`` (empty unless ``dvals``), each block's probabilities recomputed."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    vm = _masked(vals, lq, lk, causal)
+    shared = vm.shape[0] == 1
+    rows = vm.unfold(-1, lk, 1)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
+    dout = dout.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_vals = extra_grad(vm, dvals)
+    n = max(1, min(lq, BACKWARD_BYTES // max(lk * q.element_size(), 1)))
+    blocks = [(r0, min(lq, r0 + n)) for r0 in range(0, lq, n)]
+    bufs: dict[tuple[int, int], Tensor] = {}
+    for bi in range(b):
+        for hi in range(h):
+            vh = 0 if shared else hi
+            kh, kt, vt = k[bi, hi], k[bi, hi].t(), v[bi, hi].t()
+            dkh, dvh = dk[bi, hi], dv[bi, hi]
+            for r0, r1 in blocks:
+                ke = min(lk, r1 + lk - lq) if causal else lk
+                m = r1 - r0
+                # this block's rows in reverse order: its bias is the view rows[lq - r1 : lq - r0]
+                qr = q[bi, hi, r0:r1].flip(0)
+                dor = dout[bi, hi, r0:r1].flip(0)
+                s = torch.addmm(rows[vh, lq - r1 : lq - r0, :ke], qr, kt[:, :ke], alpha=scale)
+                p = torch.softmax(s, dim=-1)  # its vectorised exp is fast where the bias makes scores underflow
+                dvh[:ke].addmm_(p.t(), dor)
+                ds = torch.mm(dor, vt[:, :ke])
+                ds.sub_(delta[bi, hi, r0:r1].flip(0)[:, None]).mul_(p)  # dS = P ∘ (dP − Δ)
+                if dvals:
+                    # reversed row r, key j has offset index (Lq - r1) + r + j: anti-diagonals to columns
+                    w = ke + m - 1
+                    buf = bufs.get((m, ke))
+                    if buf is None:  # zeroed once per shape: every copy writes the same places
+                        buf = bufs[(m, ke)] = ds.new_zeros(m * w)
+                    buf.as_strided((m, ke), (w + 1, 1)).copy_(ds)
+                    d_vals[vh, lq - r1 : lq - r1 + w].add_(buf.view(m, w).sum(0))
+                dq[bi, hi, r0:r1] = torch.mm(ds, kh[:ke]).flip(0).mul_(scale)
+                dkh[:ke].addmm_(ds.t(), qr, alpha=scale)
+    return dq, dk, dv, d_vals
+
+
+# one custom op (and its backward another), so that torch.compile keeps the kernel
+_op = attention_op("offset_bias_attention", _forward, _backward)
 
 
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, what: str) -> None:
@@ -150,7 +152,7 @@ def offset_bias_attention(q: Tensor, k: Tensor, v: Tensor, vals: Tensor, scale: 
             f"offset_bias_attention: vals must be [{h}|1, Lq + Lk - 1 = {lq + lk - 1}] (a bias per head, or one for "
             f"all, per offset) for Lq={lq} queries and Lk={lk} keys, got {shape}"
         )
-    return _OffsetBiasAttention.apply(q, k, v, vals.to(q.dtype), float(scale), bool(causal))
+    return _op(q, k, v, vals.to(q.dtype), float(scale), bool(causal))
 
 
 __all__ = ["check_inputs", "offset_bias_attention", "FORWARD_ROWS", "BACKWARD_BYTES"]

@@ -26,6 +26,11 @@ KERNELS = {
 #: the kernels of the portable plan: they exist on every device torch runs on (see :func:`~posenc.attention.portable`)
 PORTABLE_KERNELS = ("sdpa", "materialised")
 
+#: the CPU kernels ``torch.compile`` keeps: each is one ``torch.library`` custom op (``posenc::...``, with its fake
+#: implementation and its backward a second op), which Dynamo records as it is instead of tracing its row loops. The
+#: other CPU kernels (Python callables of the encoding, the C decode kernel) are left out while compiling.
+COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -39,8 +44,9 @@ class Plan:
         terms: what the encoding adds to the logits on this call: ``"form"`` (offset tables for the blocked
             kernel), ``"logits"`` and/or ``"bias"`` (tensors), or nothing.
         dropout: the attention dropout applied on this call.
-        portable: whether the call was planned without the CPU kernels (a non-CPU device, ``torch.compile``
-            tracing, or :func:`portable` forced on CPU): the kernel is then one of :data:`PORTABLE_KERNELS`.
+        portable: whether the call was planned without the CPU kernels (a non-CPU device, :func:`portable` forced
+            on CPU, or ``torch.compile`` tracing a call whose CPU kernel is not one of :data:`COMPILABLE_KERNELS`):
+            the kernel is then one of :data:`PORTABLE_KERNELS`.
         grouped: whether the call kept grouped-query keys as they are (fewer key/value heads than query heads, each
             serving ``H / Hkv`` query heads: the query heads of a group are folded onto its key head, no copy of the
             keys; :meth:`AttentionCore.attend`). ``False`` also where grouped keys were repeated to ``H`` heads.

@@ -18,7 +18,7 @@ from .. import native
 from ..fused import RelativeForm
 from .blocked import decodable
 from .call import _Call
-from .kernels import Plan
+from .kernels import COMPILABLE_KERNELS, Plan
 from .portability import portable_forced
 
 
@@ -32,7 +32,7 @@ class Facts:
     weights: bool  # the probabilities are asked for (return_weights)
     dropout: float  # the attention dropout of this call (0 outside training)
     on_cpu: bool  # the CPU kernels may run: CPU tensors, the portable plan not forced
-    compiling: bool  # torch.compile is tracing (the row loops of the CPU kernels are not traced)
+    compiling: bool  # torch.compile is tracing (only the CPU kernels that are custom ops may run: compilable())
     fused: bool  # AttentionCore.fused: the row-blocked kernel of offset tables is allowed
     grouped: bool  # grouped keys kept as they are (fewer key/value heads than query heads)
     queries: int  # Lq
@@ -72,14 +72,19 @@ class Facts:
 
 # ---------------------------------------------------------------- the predicates
 def rewritable(f: Facts) -> bool:
-    """An encoding on ungrouped keys, no literal formula or weights asked for, the CPU kernels allowed and nothing
-    tracing: the encoding's fast forms may apply."""
-    return f.encoded and not f.grouped and not f.reference and not f.weights and f.on_cpu and not f.compiling
+    """An encoding on ungrouped keys, no literal formula or weights asked for, the CPU kernels allowed: the
+    encoding's fast forms may apply (while compiling, only those of a kernel that :func:`compilable` names)."""
+    return f.encoded and not f.grouped and not f.reference and not f.weights and f.on_cpu
+
+
+def compilable(f: Facts, kernel: str) -> bool:
+    """Nothing is tracing, or ``kernel`` is a custom op ``torch.compile`` keeps (:data:`COMPILABLE_KERNELS`)."""
+    return not f.compiling or kernel in COMPILABLE_KERNELS
 
 
 def form_may_apply(f: Facts) -> bool:
     """The encoding may give its logits as offset tables (relative_form) for the blocked or decode kernel."""
-    return rewritable(f) and f.fused and "bias" not in f.hooks
+    return rewritable(f) and f.fused and "bias" not in f.hooks and compilable(f, "blocked")
 
 
 def worth_blocking(f: Facts) -> bool:
@@ -91,7 +96,8 @@ def decode_may_apply(f: Facts, enc: Any) -> bool:
     """A decoding step (one query, no gradient) of an encoding that offers a form: the native one-pass kernel."""
     one_step = f.queries == 1 and f.dropout == 0 and f.floats and f.head_dim <= native.DECODE_MAX_HEAD_DIM
     gradient = f.autograd and (f.qk_grad or f.learnable)
-    return form_may_apply(f) and one_step and not gradient and enc.offers_relative_form() and native.available()
+    runs = compilable(f, "decode") and native.available()
+    return form_may_apply(f) and one_step and not gradient and runs and enc.offers_relative_form()
 
 
 def own_kernels_may_apply(f: Facts) -> bool:
@@ -102,13 +108,14 @@ def own_kernels_may_apply(f: Facts) -> bool:
 def bias_kernels_may_apply(f: Facts) -> bool:
     """A bias alone, and a mask that is at most the causal one: bias_offsets (or bias_blocks) may apply."""
     alone = "bias" in f.hooks and "logits" not in f.hooks
-    return own_kernels_may_apply(f) and alone and f.causal_mask_only
+    return own_kernels_may_apply(f) and alone and f.causal_mask_only and compilable(f, "offset-bias")
 
 
 def own_blocks_may_apply(f: Facts, enc: Any) -> bool:
     """Logits alone, several queries, and the encoding attends by blocks itself (blocked_attention)."""
     alone = "logits" in f.hooks and "bias" not in f.hooks
-    return own_kernels_may_apply(f) and alone and f.queries > 1 and hasattr(enc, "blocked_attention")
+    traced = compilable(f, "own-blocked")
+    return own_kernels_may_apply(f) and alone and f.queries > 1 and traced and hasattr(enc, "blocked_attention")
 
 
 def scores_once(f: Facts) -> bool:
@@ -131,7 +138,7 @@ def plan_call(f: Facts, enc: Any, call: _Call) -> tuple[Plan, RelativeForm | Non
         form = None  # asked for the decode kernel only, and it does not fit: the hooks as usual
     if bias_kernels_may_apply(f):
         offsets = enc.bias_offsets(call.ctx)
-        blocks = enc.bias_blocks(call.ctx) if offsets is None else None
+        blocks = enc.bias_blocks(call.ctx) if offsets is None and compilable(f, "block-bias") else None
     if own_blocks_may_apply(f, enc):
         own = enc.blocked_attention(call.ctx)
     has_logits = "logits" in f.hooks and form is None
@@ -153,7 +160,8 @@ def plan_call(f: Facts, enc: Any, call: _Call) -> tuple[Plan, RelativeForm | Non
         compiling=f.compiling,
     )
     terms = tuple(t for t, on in (("form", form is not None), ("logits", has_logits), ("bias", has_bias)) if on)
-    plan = Plan(kernel, reason, call.ctx.contiguous, terms, f.dropout, not f.on_cpu or f.compiling, f.grouped)
+    portable = not f.on_cpu or not compilable(f, kernel)  # while compiling, sdpa and materialised are portable
+    plan = Plan(kernel, reason, call.ctx.contiguous, terms, f.dropout, portable, f.grouped)
     return plan, form, offsets if offsets is not None else blocks if blocks is not None else own
 
 
@@ -193,8 +201,8 @@ def choose_kernel(
     a bias given per offset (no dropout, no pad) (1)  offset-bias     no ``[H, L, L]`` bias or gradient
     a bias given per block of rows (the same) (1)     block-bias      no ``[H, L, L]`` bias or gradient
     a ``values`` hook without a form                  materialised    a^V needs the probabilities
-    dropout (1) (2)                                   blocked         CPU SDPA has no fused dropout
-    a learned bias (1) (2)                            biased-sdpa     flash forward, blocked backward
+    dropout (1)                                       blocked         CPU SDPA has no fused dropout
+    a learned bias (1)                                biased-sdpa     flash forward, blocked backward
     the encoding's logits or bias as tensors          sdpa            SDPA with the terms as its mask
     anything else                                     sdpa            SDPA's own kernel (flash)
     ================================================  ==============  ==================================
@@ -203,35 +211,39 @@ def choose_kernel(
     hooks give their logits (and a^V) as tensors, so it takes ``sdpa`` with them as the additive mask, or
     ``materialised`` for a^V; a bias per offset or per block is laid out as a tensor for ``sdpa``; dropout is SDPA's
     own (fused on GPUs); a learned bias gets its gradient from SDPA's backward (the memory-efficient kernel on
-    CUDA). (2) Not while ``torch.compile`` traces. ``flex_attention`` with a ``score_mod`` would suit the bias
-    family on GPUs, but its backward does not run on CPU, so the portable plan could not be tested against the
-    reference path here; it is not used.
+    CUDA). While ``torch.compile`` traces, a CPU kernel runs only if it is a custom op that the compiler keeps
+    as one node (:data:`~posenc.attention.kernels.COMPILABLE_KERNELS`); the others' rules are skipped as in (1).
+    ``flex_attention`` with a ``score_mod`` would suit the bias family on GPUs, but its backward does not run on
+    CPU, so the portable plan could not be tested against the reference path here; it is not used.
     """
-    cpu = on_cpu and not compiling
+
+    def cpu(kernel: str) -> bool:  # the CPU kernel may run: on CPU, and not tracing unless it is a custom op
+        return on_cpu and (not compiling or kernel in COMPILABLE_KERNELS)
+
     if reference:
         return "materialised", "path='reference' follows the formulas literally"
     if return_weights:
         return "materialised", "return_weights needs the probabilities"
-    if one_query and on_cpu:
+    if one_query and cpu("decode"):
         return "decode", "one query (a decoding step): one pass over the keys with the offset tables (native)"
-    if has_own and on_cpu:
+    if has_own and cpu("own-blocked"):
         return "own-blocked", "the encoding attends one block of query rows at a time (blocked_attention)"
     if scores_once:
         return "materialised", "one query whose logits read q·kᵀ: computed once and handed to them (ctx.scores)"
-    if has_form and on_cpu:
+    if has_form and cpu("blocked"):
         return "blocked", "the encoding gave its logits as offset tables (relative_form)"
-    if has_offsets and on_cpu:
+    if has_offsets and cpu("offset-bias"):
         return "offset-bias", "the encoding gave its bias per offset (bias_offsets)"
-    if has_blocks and on_cpu:
+    if has_blocks and cpu("block-bias"):
         return "block-bias", "the encoding evaluates its bias per block of query rows (bias_blocks)"
     if needs_values:
         return "materialised", (
             "a values hook needs the probabilities (no offset-table form on this call: none offered, "
             "fewer pairs than fused_min_pairs, or positions not start + arange)"
         )
-    if dropout and cpu:
+    if dropout and cpu("blocked"):
         return "blocked", "attention dropout on CPU (SDPA's CPU kernels would materialise it)"
-    if learned_bias and cpu:
+    if learned_bias and cpu("biased-sdpa"):
         return "biased-sdpa", "a bias with a gradient (SDPA's math path would keep [B, H, Lq, Lk] tensors)"
     if has_terms:
         if not on_cpu:

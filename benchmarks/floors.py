@@ -19,8 +19,9 @@ Elementwise work (softmax, norms, GELU) is not in ``F_none``; an encoding's elem
 a bias add's floor is a little above 1 rather than exactly 1. Time per FLOP differs between products and
 elementwise passes: the floor is what the arithmetic sets, and ``measured / floor`` says how far a kernel is from it.
 
-The report (``bench_models.py floors``) reads results files (``results/<tag>.json``) and prints one table per
-(kind, L, threads): encoding | floor | measured ratio to none | measured / floor | memory ratio to none | bound.
+The report (``bench_models.py floors``) reads results files (``results/<tag>.json``, one per round: each time is the
+median over the files that have it) and prints one table per (kind, L, threads): encoding | floor | measured ratio
+to none | measured / floor | memory ratio to none | bound.
 Targets (issue 25): measured / floor <= 1.10; memory <= 1.5x ``none`` unless the encoding declares an inherent
 ``O(L²)`` bound (``Cost.memory``), which the table then prints.
 
@@ -31,6 +32,7 @@ build an encoding and read its declaration) inside the functions.
 from __future__ import annotations
 
 import argparse
+import statistics
 from dataclasses import dataclass
 
 from attention_cases import ENC_OPTIONS
@@ -121,6 +123,11 @@ def _memory(rec: dict) -> float:
     return rec["peak_prefill_MB"] if "token_cpu_ms" in rec else rec["peak_step_MB"]
 
 
+def _median(records: list[dict], value, *args) -> float:
+    """The median of ``value(record, *args)`` over the rounds' records of one case."""
+    return statistics.median(value(r, *args) for r in records)
+
+
 def _mark(ok: bool) -> str:
     return "" if ok else " ✗"
 
@@ -135,7 +142,7 @@ def floors_table(records: list[dict], metric: str = "auto") -> str:
             continue
         cfg = r.get("config", {})
         key = (kind, r["L"], cfg.get("threads", 1), cfg.get("batch", 1 if kind == "decode" else 2), cfg.get("vocab"))
-        groups.setdefault(key, {})[enc] = r
+        groups.setdefault(key, {}).setdefault(enc, []).append(r)  # one record per results file (round)
     order = {e: i for i, e in enumerate(DEFAULT_ENCODINGS)}
     titles = {"lm": "training step, LanguageModel (causal)", "classifier": "training step, SequenceClassifier",
               "decode": "KV-cache decoding, ms per token"}  # fmt: skip
@@ -143,27 +150,28 @@ def floors_table(records: list[dict], metric: str = "auto") -> str:
     out.append(
         f"{N_LAYERS} layers, d_model {D}, {H} heads, d_ff {D_FF}. Floor: the step's FLOPs with the encoding / "
         "without (benchmarks/floors.py, from each encoding's declared cost). Measured: its time / `none`'s in the "
-        f"same file and setting. ✗: above the targets (measured / floor <= {TIME_TARGET}, memory <= "
-        f"{MEMORY_TARGET}x none unless a bound is declared)."
+        "same setting (medians over the rounds: the results files read). ✗: above the targets (measured / floor "
+        f"<= {TIME_TARGET}, memory <= {MEMORY_TARGET}x none unless a bound is declared)."
     )
     for key in sorted(groups, key=lambda k: (["lm", "classifier", "decode"].index(k[0]), k[2], k[1])):
         kind, L, threads, batch, vocab = key
         rows = groups[key]
-        base = rows.get("none")
-        if base is None or vocab is None:
+        if "none" not in rows or vocab is None:
             continue
         use = metric if metric != "auto" else ("cpu" if threads == 1 else "wall")
+
         step = Step(kind, L, batch, vocab)
         label = "context" if kind == "decode" else "L"
-        out += ["", f"## {titles[kind]}: {label}={L}, {threads} thread(s), batch {batch} ({use} time)", ""]
+        rounds = max(len(v) for v in rows.values())
+        out += ["", f"## {titles[kind]}: {label}={L}, {threads} thread(s), batch {batch} ({use} time, median of "
+                f"{rounds} round(s))", ""]  # fmt: skip
         out += ["| encoding | floor | measured / none | measured / floor | memory / none | bound |"]
         out.append("|---|---|---|---|---|---|")
         for enc in sorted(rows, key=lambda e: (order.get(e, 999), e)):
-            r = rows[enc]
             cost = step_cost(enc, step)
             fl = floor(enc, step, cost)
-            ratio = _time(r, use) / _time(base, use)
-            mem = _memory(r) / max(_memory(base), 1e-9)
+            ratio = _median(rows[enc], _time, use) / _median(rows["none"], _time, use)
+            mem = _median(rows[enc], _memory) / max(_median(rows["none"], _memory), 1e-9)
             bound = cost.memory or f"<= {MEMORY_TARGET}x"
             mem_ok = cost.memory is not None or mem <= MEMORY_TARGET
             out.append(

@@ -203,7 +203,7 @@ def test_floors_table(floors):
     records.append({"case": "decode:posenc:none", "L": 4096, "token_cpu_ms": 2.0, "token_ms": 2.0,
                     "token_cpu_min_ms": 2.0, "peak_prefill_MB": 10.0, "config": dict(cfg, batch=1)})  # fmt: skip
     text = floors.floors_table(records)
-    assert "L=2048, 2 thread(s), batch 2 (wall time)" in text
+    assert "L=2048, 2 thread(s), batch 2 (wall time, median of 1 round(s))" in text
     assert "context=4096" in text
     shaw = next(line for line in text.splitlines() if line.startswith("| shaw |"))
     fl = floors.floor("shaw", floors.Step("lm", 2048, 2, 8192))

@@ -65,23 +65,9 @@ def attention_op(name: str, forward: Forward, backward: Backward) -> Callable[..
         return torch.empty_like(q)
 
     @backward_op.register_fake
-    def _(
-        dout: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        extra: Tensor,
-        out: Tensor,
-        scale: float,
-        causal: bool,
-        want: bool,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return (
-            torch.empty_like(q),
-            torch.empty_like(k),
-            torch.empty_like(v),
-            extra.new_empty(extra.shape if want else 0),
-        )
+    def _(dout, q, k, v, extra, out, scale, causal, want):  # the schema is the op's: no annotations needed
+        dextra = extra.new_empty(extra.shape if want else 0)  # laid out as extra_grad lays it out
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dextra
 
     def setup(ctx, inputs, output) -> None:
         q, k, v, extra, scale, causal = inputs

@@ -189,3 +189,23 @@ def test_the_live_board_ranks_text_tasks_by_test():
     for job, rec in zip(jobs, _text_runs("mr")):
         assert board._score({**rec, "label": job.label}) == rec["metrics"]["test"]
     assert board.leaders("mr").startswith("none")
+
+
+def test_the_commit_is_the_checkout_s_where_posenc_runs_from_one():
+    """A checkout's commit is recorded (independent truth: git itself); None only where posenc is not tracked."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from posenc.runenv import git_state
+
+    pkg = Path(posenc.__file__).resolve().parent
+    git = shutil.which("git")
+    tracked = git and subprocess.run([git, "ls-files", "--error-unmatch", "__init__.py"], cwd=pkg,
+                                     capture_output=True).returncode == 0
+    commit, dirty = git_state()
+    if not tracked:
+        assert commit is None and dirty is None
+        return
+    head = subprocess.run([git, "rev-parse", "HEAD"], cwd=pkg, capture_output=True, text=True).stdout.strip()
+    assert commit == head and isinstance(dirty, bool)

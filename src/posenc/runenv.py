@@ -42,7 +42,7 @@ def git_state() -> tuple[str | None, bool | None]:
     package installed into a virtual environment inside some repository is not). ``dirty``:
     tracked files under the package differ from the commit. Cached per process.
     """
-    pkg = Path(__file__).resolve().parents[1]
+    pkg = Path(__file__).resolve().parent
     if _git("ls-files", "--error-unmatch", "__init__.py", cwd=pkg) is None:
         return None, None
     commit = _git("rev-parse", "HEAD", cwd=pkg)

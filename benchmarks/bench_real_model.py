@@ -114,23 +114,13 @@ def decode(model, cache, context: int, steps: int, token: int) -> float:
 
 
 def peak_memory(model, ids) -> float:
-    """MiB: the running sum of the profiler events' ``cpu_memory_usage`` over one prefill, its maximum.
+    """MiB: the allocator peak of one prefill above the level before it (:func:`harness.profiled_peak`, the
+    measure of the two other benchmarks).
 
-    Not :func:`harness.profiled_peak` (the allocator's own running total, which the two other benchmarks use):
-    an event's ``cpu_memory_usage`` includes its child ops' allocations, so nested ops count more than once here
-    (about 3.7x the allocator peak on a small posenc model). Kept as it was, so that new runs compare with
-    ``results/real-model-*.json`` and the README's table: a change of method is not a refactor's to make.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        prefill(model, ids)
-    peak = cur = 0
-    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
-    for e in events:
-        cur += e.cpu_memory_usage
-        peak = max(peak, cur)
-    return peak / 2**20
+    Until 2026-11-25 this summed the profiler events' ``cpu_memory_usage``, which counts an op's allocations again
+    in each op that encloses it: 3-4x too much (``results/real-model-smollm2-*.json`` before that date hold the
+    old measure; benchmarks/README.md says which numbers are which)."""
+    return harness.profiled_peak(lambda: prefill(model, ids)) / 2**20
 
 
 def main(argv=None) -> int:
@@ -142,12 +132,15 @@ def main(argv=None) -> int:
     p.add_argument("--factor", type=float, default=2.0)
     p.add_argument("--cases", nargs="+", default=["unpatched", "hf-yarn", "posenc-yarn", "posenc-alibi"])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measure")
+    p.add_argument("--memory-only", action="store_true", help="only the peak memory of one prefill per case")
     p.add_argument("--quick", action="store_true", help="1k / 2k tokens, decode at 2k: a smoke test")
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
     if args.quick:
         args.lengths, args.decode_context, args.decode_steps, args.rounds = [1024, 2048], 2048, 4, 1
+    if args.memory_only:
+        args.rounds = 0
     torch.set_num_threads(args.threads)
     model, tok = load()
     cases = Cases(model, args.factor)
@@ -160,8 +153,10 @@ def main(argv=None) -> int:
     # the decoding cache is filled once (by the unpatched model: the values do not change the cost) and cropped
     # back to its length after each case's steps
     cases.enter("unpatched")
-    fill, cache = prefill(model, ids[:, : args.decode_context])
-    print(f"filled a cache of {args.decode_context} tokens in {fill:.0f} s", flush=True)
+    cache = None
+    if args.rounds:
+        fill, cache = prefill(model, ids[:, : args.decode_context])
+        print(f"filled a cache of {args.decode_context} tokens in {fill:.0f} s", flush=True)
     for rnd in range(args.rounds):
         order = harness.round_order(args.cases, rnd)
         for n in args.lengths:
@@ -181,7 +176,9 @@ def main(argv=None) -> int:
     if not args.no_memory:
         for c in args.cases:
             cases.enter(c)
+            load_avg.append(os.getloadavg()[0])
             memory[c] = peak_memory(model, ids[:, : min(args.lengths)])
+            print(f"peak memory, prefill {min(args.lengths)}, {c:>13}: {memory[c]:.0f} MiB", flush=True)
     cases.enter("unpatched")
     base = times["unpatched"]
     rows = []

@@ -5,7 +5,9 @@
 traced with the ``aot_eager`` backend (Dynamo + AOTAutograd, no C++ code generation: seconds, not minutes);
 one representative per family (rotary, bias, relative with skewing, relative with values) is also compiled
 with the default Inductor backend, forward and backward. Each compiled output must equal the eager output
-(float32, rtol=atol=1e-5; Inductor: 1e-4, it may re-associate sums).
+(float32, rtol=atol=1e-5; Inductor: 1e-4, it may re-associate sums), and where the eager call takes a kernel that is
+a custom op (``COMPILABLE_KERNELS``: offset-bias, biased-sdpa) the compiled call takes it too (tests/test_custom_ops.py
+checks the ops themselves, and longer lengths under ``dynamic=True``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 import posenc  # noqa: F401
 from posenc.attention import MultiHeadAttention
+from posenc.attention.kernels import COMPILABLE_KERNELS
 from posenc.registry import accepted_arguments, available, build, example_options, resolve
 
 D_MODEL, N_HEADS, LENGTH = 16, 2, 7
@@ -63,7 +66,10 @@ def test_fullgraph_aot_eager_forward_backward(name: str) -> None:
         return out.detach(), xx.grad, {n: p.grad for n, p in layer.named_parameters()}
 
     want, gx_want, gp_want = run(layer)
+    eager_plan = layer.last_plan
     got, gx_got, gp_got = run(torch.compile(layer, fullgraph=True, backend="aot_eager"))
+    if eager_plan is not None and eager_plan.kernel in COMPILABLE_KERNELS:  # a custom op: the compiled call keeps it
+        assert layer.last_plan is not None and layer.last_plan.kernel == eager_plan.kernel, str(layer.last_plan)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx_got, gx_want, rtol=1e-4, atol=1e-5)
     for n, g in gp_want.items():

@@ -38,6 +38,7 @@ a form (fast path, no dropout, not while ``torch.compile`` traces) and keeps its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Union
 
@@ -308,36 +309,127 @@ class _Work:
         return ~(m[r0:r1, :ke] if m.shape[0] > 1 else m[:, :ke])  # a key-padding mask is [.., 1, Lk]
 
 
+def _attend(w_: _Work, keep: bool) -> tuple[Tensor, list[Tensor]]:
+    """The forward of one call: ``out`` and, where ``keep``, the probabilities of each head and block of rows."""
+    q, v = w_.q, w_.v
+    plan = w_.plan
+    out = torch.empty_like(q)
+    # one tensor per head and block of rows rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
+    # between steps, where one large block would be mapped (and page-faulted) afresh every time
+    probs: list[Tensor] = []
+    for bi in range(plan.b):
+        for hi in range(plan.h):
+            key_rows = w_.key_rows(bi, hi)
+            for r0, r1 in plan.blocks:
+                ke = plan.kend(r1)
+                # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
+                # (masked keys, far ALiBi/KERPLE-like terms); kept for the backward, or recomputed there
+                s = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
+                if keep:
+                    probs.append(s)
+                keep_ = w_.keep(bi, hi, r0, r1)
+                if keep_ is not None:  # dropout acts on the probabilities that weigh the values
+                    s = keep_.mul_(s)
+                o = out[bi, hi, r0:r1]
+                torch.mm(s, v[bi, hi, :ke], out=o)
+                if w_.vtab is not None:
+                    s0, w = plan.window(r0, r1)
+                    buf = plan.buffer(r1 - r0, w)
+                    plan.skew(buf, ke).copy_(s)
+                    o.add_(w_.vtab.values(buf, hi, s0, s0 + w))
+    return out, probs
+
+
+def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tensor], want_dbias: bool) -> tuple:
+    """The backward of one call (the probabilities read from ``probs``, or recomputed where it is empty):
+    ``dq, dk, dv, de, dbias, dvt`` (``None`` where the input is) and the lists of the terms' operand and table
+    gradients."""
+    q, k, v, e, bias, same = w_.q, w_.k, w_.v, w_.e, w_.bias, w_.same
+    plan, scale = w_.plan, w_.scale
+    dout = dout.contiguous()
+    delta = (dout * out).sum(-1)  # rowsum(dO ∘ O), the softmax backward's Δ
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_qops = [torch.empty_like(a) for a in w_.q_ops]
+    d_kops = [torch.zeros_like(c) for c in w_.k_ops]
+    de = torch.empty_like(e) if e is not None else None
+    dbias = torch.zeros_like(bias) if want_dbias else None
+    n_blocks = len(plan.blocks)
+    for bi in range(plan.b):
+        for hi in range(plan.h):
+            key_rows = w_.key_rows(bi, hi) if not probs else None
+            # compact key terms: the head's gradient of c_h · rows, transposed ([R, Lk]: row adds are contiguous)
+            d_rows = [None if u.idx is None else q.new_zeros(u.t.shape[1], plan.lk) for u in w_.k_tabs]
+            for blk, (r0, r1) in enumerate(plan.blocks):
+                b_rows = r1 - r0
+                ke = plan.kend(r1)
+                s0, w = plan.window(r0, r1)
+                if probs:
+                    p = probs[(bi * plan.h + hi) * n_blocks + blk]
+                else:
+                    p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
+                do = dout[bi, hi, r0:r1]
+                keep_ = w_.keep(bi, hi, r0, r1)  # the forward's dropout mask, drawn again
+                pd = p if keep_ is None else keep_ * p  # the probabilities that weighed the values
+                dv[bi, hi, :ke].addmm_(pd.t(), do)
+                dp = torch.mm(do, v[bi, hi, :ke].t())
+                if w_.vtab is not None:
+                    buf = plan.buffer(b_rows, w)
+                    plan.skew(buf, ke).copy_(pd)
+                    dp.add_(plan.skew(w_.vtab.value_backward(buf, do, hi, s0, s0 + w), ke))
+                if keep_ is not None:
+                    dp.mul_(keep_)  # ∂L/∂p through the mask; Δ = rowsum(dO ∘ O) holds with dropout too
+                ds = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # ∂L/∂(scaled logits) = ∂L/∂bias
+                blocked = w_.blocked(bi, hi, r0, r1)
+                if blocked is not None:  # a query that sees no key has uniform p, but no gradient
+                    ds.masked_fill_(blocked, 0.0)
+                if dbias is not None:
+                    bb = dbias[bi if dbias.shape[0] > 1 else 0, hi if dbias.shape[1] > 1 else 0]
+                    if bb.shape[0] > 1:
+                        bb[r0:r1, :ke].add_(ds)
+                    else:
+                        bb[:, :ke].add_(ds.sum(0, keepdim=True))
+                dz = ds.mul_(scale)  # ∂L/∂(unscaled logits)
+                torch.mm(dz, k[bi, hi, :ke], out=dq[bi, hi, r0:r1])
+                dk[bi, hi, :ke].addmm_(dz.t(), q[bi, hi, r0:r1])
+                if w_.q_ops:
+                    buf = plan.buffer(b_rows, w)
+                    plan.skew(buf, ke).copy_(dz)
+                    for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
+                        t.backward(buf, a[bi, hi, r0:r1], hi, s0, s0 + w, da[bi, hi, r0:r1])
+                # dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
+                dzt = dz.t().contiguous() if w_.k_ops else None
+                for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
+                    for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
+                        buf = plan.buffer(j1 - j0, hi_ - lo)
+                        plan.key_tile(buf, b_rows).t().copy_(dzt[j0:j1])
+                        if dr is None:
+                            dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])
+                            u.dhead(hi)[lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
+                        else:
+                            dr[:, j0:j1].index_add_(0, u.idx[lo:hi_], buf.t().contiguous())
+                if de is not None:
+                    same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1, :ke]
+                    d_same = (dz * same_rows).sum(-1)
+                    de[bi, hi, r0:r1, 0] = d_same
+                    de[bi, hi, r0:r1, 1] = dz.sum(-1) - d_same
+            for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
+                if dr is not None:
+                    dc[bi, hi].addmm_(dr.t(), u.head(hi))
+                    u.dhead(hi).addmm_(dr, c[bi, hi])
+    d_tabs = [t.grad.permute(1, 0, 2) for t in w_.q_tabs]
+    d_tabs += [u.grad.flip(1).permute(1, 0, 2) if u.idx is None else u.grad.permute(1, 0, 2) for u in w_.k_tabs]
+    dvt = w_.vtab.grad.permute(1, 0, 2) if w_.vtab is not None else None
+    return dq, dk, dv, de, dbias, dvt, d_qops + d_kops, d_tabs
+
+
 class _RelativeAttention(torch.autograd.Function):
+    """The eager entry: keeps the probabilities for the backward where they fit in ``SAVE_BYTES``."""
+
     @staticmethod
     def forward(ctx, meta, q, k, v, allowed, same, e, bias, vt, vt_idx, *terms):  # type: ignore[override]
         w_ = _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
         plan = w_.plan
-        out = torch.empty_like(q)
-        keep = plan.b * plan.h * plan.lq * plan.lk * q.element_size() <= SAVE_BYTES
-        # one tensor per head and block of rows rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
-        # between steps, where one large block would be mapped (and page-faulted) afresh every time
-        probs: list[Tensor] = []
-        for bi in range(plan.b):
-            for hi in range(plan.h):
-                key_rows = w_.key_rows(bi, hi)
-                for r0, r1 in plan.blocks:
-                    ke = plan.kend(r1)
-                    # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
-                    # (masked keys, far ALiBi/KERPLE-like terms); kept for the backward, or recomputed there
-                    s = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
-                    if keep:
-                        probs.append(s)
-                    keep_ = w_.keep(bi, hi, r0, r1)
-                    if keep_ is not None:  # dropout acts on the probabilities that weigh the values
-                        s = keep_.mul_(s)
-                    o = out[bi, hi, r0:r1]
-                    torch.mm(s, v[bi, hi, :ke], out=o)
-                    if w_.vtab is not None:
-                        s0, w = plan.window(r0, r1)
-                        buf = plan.buffer(r1 - r0, w)
-                        plan.skew(buf, ke).copy_(s)
-                        o.add_(w_.vtab.values(buf, hi, s0, s0 + w))
+        out, probs = _attend(w_, plan.b * plan.h * plan.lq * plan.lk * q.element_size() <= SAVE_BYTES)
         ctx.meta = meta
         ctx.n_probs = len(probs)
         ctx.save_for_backward(q, k, v, allowed, same, e, bias, vt, vt_idx, out, *probs, *terms)
@@ -345,96 +437,111 @@ class _RelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        meta = ctx.meta
         q, k, v, allowed, same, e, bias, vt, vt_idx, out, *rest = ctx.saved_tensors
         probs, terms = rest[: ctx.n_probs], rest[ctx.n_probs :]
-        w_ = _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
-        plan, scale = w_.plan, w_.scale
-        dout = dout.contiguous()
-        delta = (dout * out).sum(-1)  # rowsum(dO ∘ O), the softmax backward's Δ
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        d_qops = [torch.empty_like(a) for a in w_.q_ops]
-        d_kops = [torch.zeros_like(c) for c in w_.k_ops]
-        de = torch.empty_like(e) if e is not None else None
-        want_dbias = bias is not None and ctx.needs_input_grad[7]
-        dbias = torch.zeros_like(bias) if want_dbias else None
-        n_blocks = len(plan.blocks)
-        for bi in range(plan.b):
-            for hi in range(plan.h):
-                key_rows = w_.key_rows(bi, hi) if not probs else None
-                # compact key terms: the head's gradient of c_h · rows, transposed ([R, Lk]: row adds are contiguous)
-                d_rows = [None if u.idx is None else q.new_zeros(u.t.shape[1], plan.lk) for u in w_.k_tabs]
-                for blk, (r0, r1) in enumerate(plan.blocks):
-                    b_rows = r1 - r0
-                    ke = plan.kend(r1)
-                    s0, w = plan.window(r0, r1)
-                    if probs:
-                        p = probs[(bi * plan.h + hi) * n_blocks + blk]
-                    else:
-                        p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
-                    do = dout[bi, hi, r0:r1]
-                    keep_ = w_.keep(bi, hi, r0, r1)  # the forward's dropout mask, drawn again
-                    pd = p if keep_ is None else keep_ * p  # the probabilities that weighed the values
-                    dv[bi, hi, :ke].addmm_(pd.t(), do)
-                    dp = torch.mm(do, v[bi, hi, :ke].t())
-                    if w_.vtab is not None:
-                        buf = plan.buffer(b_rows, w)
-                        plan.skew(buf, ke).copy_(pd)
-                        dp.add_(plan.skew(w_.vtab.value_backward(buf, do, hi, s0, s0 + w), ke))
-                    if keep_ is not None:
-                        dp.mul_(keep_)  # ∂L/∂p through the mask; Δ = rowsum(dO ∘ O) holds with dropout too
-                    ds = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # ∂L/∂(scaled logits) = ∂L/∂bias
-                    blocked = w_.blocked(bi, hi, r0, r1)
-                    if blocked is not None:  # a query that sees no key has uniform p, but no gradient
-                        ds.masked_fill_(blocked, 0.0)
-                    if dbias is not None:
-                        bb = dbias[bi if dbias.shape[0] > 1 else 0, hi if dbias.shape[1] > 1 else 0]
-                        if bb.shape[0] > 1:
-                            bb[r0:r1, :ke].add_(ds)
-                        else:
-                            bb[:, :ke].add_(ds.sum(0, keepdim=True))
-                    dz = ds.mul_(scale)  # ∂L/∂(unscaled logits)
-                    torch.mm(dz, k[bi, hi, :ke], out=dq[bi, hi, r0:r1])
-                    dk[bi, hi, :ke].addmm_(dz.t(), q[bi, hi, r0:r1])
-                    if w_.q_ops:
-                        buf = plan.buffer(b_rows, w)
-                        plan.skew(buf, ke).copy_(dz)
-                        for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
-                            t.backward(buf, a[bi, hi, r0:r1], hi, s0, s0 + w, da[bi, hi, r0:r1])
-                    # dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
-                    dzt = dz.t().contiguous() if w_.k_ops else None
-                    for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
-                        for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
-                            buf = plan.buffer(j1 - j0, hi_ - lo)
-                            plan.key_tile(buf, b_rows).t().copy_(dzt[j0:j1])
-                            if dr is None:
-                                dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])
-                                u.dhead(hi)[lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
-                            else:
-                                dr[:, j0:j1].index_add_(0, u.idx[lo:hi_], buf.t().contiguous())
-                    if de is not None:
-                        same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1, :ke]
-                        d_same = (dz * same_rows).sum(-1)
-                        de[bi, hi, r0:r1, 0] = d_same
-                        de[bi, hi, r0:r1, 1] = dz.sum(-1) - d_same
-                for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
-                    if dr is not None:
-                        dc[bi, hi].addmm_(dr.t(), u.head(hi))
-                        u.dhead(hi).addmm_(dr, c[bi, hi])
-        nq = len(w_.q_ops)
-        tabs = terms[len(w_.q_ops) + len(w_.k_ops) : 2 * (len(w_.q_ops) + len(w_.k_ops))]
-        d_tabs = [t.grad.permute(1, 0, 2) for t in w_.q_tabs]
-        d_tabs += [u.grad.flip(1).permute(1, 0, 2) if u.idx is None else u.grad.permute(1, 0, 2) for u in w_.k_tabs]
+        w_ = _Work(ctx.meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
+        grads = _attend_backward(w_, dout, out, probs, bias is not None and ctx.needs_input_grad[7])
+        dq, dk, dv, de, dbias, dvt, d_ops, d_tabs = grads
+        tabs = terms[len(d_ops) : 2 * len(d_ops)]
         assert all(g.shape == t.shape for g, t in zip(d_tabs, tabs)), "table gradient layout"
-        dvt = w_.vtab.grad.permute(1, 0, 2) if w_.vtab is not None else None
-        n_idx = nq + len(w_.k_ops)
-        return (None, dq, dk, dv, None, None, de, dbias, dvt, None, *d_qops, *d_kops, *d_tabs, *([None] * n_idx))
+        return (None, dq, dk, dv, None, None, de, dbias, dvt, None, *d_ops, *d_tabs, *([None] * len(d_ops)))
+
+
+# ---------------------------------------------------------------- the custom ops (what torch.compile keeps)
+# The terms travel as lists of tensors and the form's shape as numbers: ``nq`` query terms, then key terms. The
+# compiled forward keeps no probabilities (their number of pieces would follow the length): its backward recomputes
+# them, flash-attention style. The seed of the dropout masks is a tensor, drawn in the graph.
+_ARGS = (
+    "Tensor q, Tensor k, Tensor v, Tensor? allowed, Tensor? same, Tensor? e, Tensor? bias, Tensor? vt, "
+    "Tensor? vt_idx, Tensor[] ops, Tensor[] tabs, Tensor?[] idxs, Tensor seed, float scale, int nq, float dropout, "
+    "bool causal"
+)
+
+
+def _work(q, k, v, allowed, same, e, bias, vt, vt_idx, ops, tabs, idxs, seed, scale, nq, dropout, causal) -> _Work:
+    """The :class:`_Work` of the ops' arguments (``_ARGS``)."""
+    meta = (scale, nq, len(ops) - nq, dropout, int(seed), causal)
+    return _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, (*ops, *tabs, *idxs))
+
+
+def _run(*args) -> Tensor:
+    return _attend(_work(*args), False)[0]
+
+
+def _run_backward(dout: Tensor, out: Tensor, *args) -> tuple:
+    """``dq, dk, dv, de, dbias, dvt`` (an empty tensor for an input that is ``None``, or a bias that needs no
+    gradient: the last argument says whether it does), the operands' and the tables' gradients."""
+    *args, want_dbias = args
+    w_ = _work(*args)
+    dq, dk, dv, de, dbias, dvt, d_ops, d_tabs = _attend_backward(w_, dout, out, (), want_dbias and w_.bias is not None)
+    q = w_.q
+    return dq, dk, dv, _or_empty(de, q), _or_empty(dbias, q), _or_empty(dvt, q), d_ops, d_tabs
+
+
+_op = torch.library.custom_op("posenc::relative_attention", _run, mutates_args=(), schema=f"({_ARGS}) -> Tensor")
+_backward_op = torch.library.custom_op(
+    "posenc::relative_attention_backward",
+    _run_backward,
+    mutates_args=(),
+    schema=f"(Tensor dout, Tensor out, {_ARGS}, bool want_dbias) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+    "Tensor[], Tensor[])",
+)
+
+
+def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
+    """``t``, or a new empty tensor in its place (an op returns tensors, each its own)."""
+    return like.new_empty(0) if t is None else t
+
+
+def _table_grad(t: Tensor) -> Tensor:
+    """A table's gradient as :func:`_attend_backward` lays it out: ``[H|1, R, d]`` permuted to the table's shape."""
+    return t.new_empty(t.shape[1], t.shape[0], t.shape[2]).permute(1, 0, 2)
+
+
+@_op.register_fake
+def _(q, k, v, *rest):
+    return torch.empty_like(q)
+
+
+@_backward_op.register_fake
+def _(dout, out, q, k, v, allowed, same, e, bias, vt, vt_idx, ops, tabs, idxs, seed, scale, nq, dropout, causal, want):
+    de = torch.empty_like(e) if e is not None else q.new_empty(0)
+    dbias = torch.empty_like(bias) if bias is not None and want else q.new_empty(0)
+    dvt = _table_grad(vt) if vt is not None else q.new_empty(0)
+    d_qkv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return (*d_qkv, de, dbias, dvt, [torch.empty_like(a) for a in ops], [_table_grad(t) for t in tabs])
+
+
+def _setup(ctx, inputs, output) -> None:
+    *tensors, ops, tabs, idxs, seed, scale, nq, dropout, causal = inputs  # tensors: q, k, v, allowed ... vt_idx
+    ctx.numbers = (len(ops), scale, nq, dropout, causal)
+    # autograd sees a list of Nones only as one None (and an empty list as a list): the idxs' gradient is shaped so
+    ctx.idxs_none = bool(idxs) and all(i is None for i in idxs)
+    ctx.want_dbias = tensors[6] is not None and tensors[6].requires_grad
+    ctx.save_for_backward(output, seed, *tensors, *ops, *tabs, *idxs)
+
+
+def _grad(ctx, dout: Tensor):
+    n, *numbers = ctx.numbers
+    out, seed, *rest = ctx.saved_tensors
+    tensors, ops, tabs, idxs = rest[:9], rest[9 : 9 + n], rest[9 + n : 9 + 2 * n], rest[9 + 2 * n :]
+    grads = _backward_op(dout, out, *tensors, ops, tabs, idxs, seed, *numbers, ctx.want_dbias)
+    dq, dk, dv, de, dbias, dvt, d_ops, d_tabs = grads
+    e, vt = tensors[5], tensors[7]
+    de, dvt = (de if e is not None else None), (dvt if vt is not None else None)
+    dbias = dbias if ctx.want_dbias else None
+    d_idxs = None if ctx.idxs_none else [None] * n
+    return dq, dk, dv, None, None, de, dbias, dvt, None, d_ops, d_tabs, d_idxs, None, None, None, None, None
+
+
+_op.register_autograd(_grad, setup_context=_setup)
 
 
 def offset_table(table: Tensor, index: Tensor) -> Table:
     """The table ``[R, H|1, d]`` at the offsets' rows ``index [P]``: :class:`Rows` when ``R`` is small (``R ≤ P/2``),
-    else expanded to ``[P, H|1, d]`` (one product with ``P`` rows is then cheaper than a product and a gather)."""
-    if 2 * table.shape[0] <= index.shape[0]:
+    else expanded to ``[P, H|1, d]`` (one product with ``P`` rows is then cheaper than a product and a gather).
+    While ``torch.compile`` traces, always :class:`Rows`: one graph for all lengths, not one each side of ``P = 2R``."""
+    if torch.compiler.is_compiling() or 2 * table.shape[0] <= index.shape[0]:
         return Rows(table, index)
     return table.index_select(0, index)
 
@@ -503,10 +610,15 @@ def relative_attention(
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if causal and lk < lq:
         raise ValueError(f"causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}; pass a mask")
-    seed = int(torch.randint(0, 1 << 62, (1,))) if dropout else 0
-    meta = (float(scale), len(form.query_terms), len(form.key_terms), float(dropout), seed, bool(causal))
     if bias is not None:
         bias = bias.to(q.dtype)
+    nq = len(form.query_terms)
+    if torch.compiler.is_compiling():  # one custom op, which the compiled graph keeps as it is
+        seed_t = torch.randint(0, 1 << 62, (1,)) if dropout else torch.zeros(1, dtype=torch.long)
+        args = (q, k, v, allowed, same, e, bias, vt, vt_idx, ops, tabs, idxs, seed_t)
+        return _op(*args, float(scale), nq, float(dropout), bool(causal))
+    seed = int(torch.randint(0, 1 << 62, (1,))) if dropout else 0
+    meta = (float(scale), nq, len(form.key_terms), float(dropout), seed, bool(causal))
     return _RelativeAttention.apply(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, *ops, *tabs, *idxs)
 
 

@@ -29,7 +29,7 @@ PORTABLE_KERNELS = ("sdpa", "materialised")
 #: the CPU kernels ``torch.compile`` keeps: each is one ``torch.library`` custom op (``posenc::...``, with its fake
 #: implementation and its backward a second op), which Dynamo records as it is instead of tracing its row loops. The
 #: other CPU kernels (Python callables of the encoding, the C decode kernel) are left out while compiling.
-COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa")
+COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa", "blocked")
 
 
 @dataclass(frozen=True)

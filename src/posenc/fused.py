@@ -33,7 +33,9 @@ of flash attention plus ``O(L·d)``. Either way the backward forms every gradien
 
 The same numbers as the materialised formula (float64: 1e-12; tests/test_fused.py) for every mask,
 offset and shape; :class:`~posenc.attention.MultiHeadAttention` uses it on CPU when an encoding returns
-a form (fast path, no dropout, not while ``torch.compile`` traces) and keeps its other paths otherwise.
+a form (the fast path) and keeps its other paths otherwise. While ``torch.compile`` traces, the kernel is one custom
+op, ``posenc::relative_attention`` (its backward ``posenc::relative_attention_backward``), which the compiled graph
+keeps for every length; that forward keeps no probabilities, and its backward recomputes them.
 """
 
 from __future__ import annotations

@@ -34,12 +34,17 @@ one: every call takes :func:`~torch.nn.functional.scaled_dot_product_attention` 
 additive mask) or the materialised formula, which exist wherever torch runs; see :func:`choose_kernel`. The
 portable plan can be forced on CPU (``with posenc.attention.portable():`` or ``POSENC_PORTABLE=1``) to test
 what another device would compute.
+While ``torch.compile`` traces, the CPU kernels that are ``torch.library`` custom ops (``offset-bias``,
+``biased-sdpa``, ``blocked``: one node of the graph each, forward and backward, for every length) still run; the
+others give way as they do on another device.
 
 The package, one idea a file (each imports only from the files above it in this list, and from below the
 attention layer: :mod:`posenc.base`, :mod:`posenc.errors` and the kernels :mod:`posenc.native`, :mod:`posenc.fused`,
-:mod:`posenc.block_bias`, :mod:`posenc.offset_bias`):
+:mod:`posenc.block_bias`, :mod:`posenc.offset_bias`, and :mod:`posenc.ops`, which registers a kernel as a
+``torch.library`` custom op):
 
-* ``kernels``: the kernels' names (:data:`KERNELS`, :data:`PORTABLE_KERNELS`) and the :class:`Plan` record;
+* ``kernels``: the kernels' names (:data:`KERNELS`, :data:`PORTABLE_KERNELS`, and ``COMPILABLE_KERNELS``: those
+  ``torch.compile`` keeps, each a custom op) and the :class:`Plan` record;
   ``portability``: :func:`portable`; ``checks``: the argument checks; ``masks``: :func:`build_mask`;
   ``cache``: :class:`KVCache`; ``call``: the record one call's steps hand each other, and :func:`repeat_kv`;
 * one file per kernel family: ``sdpa`` (sdpa, biased-sdpa), ``blocked`` (blocked, decode), ``own`` (offset-bias,

@@ -189,7 +189,9 @@ def _run(layer, x: Tensor, causal: bool) -> tuple[Tensor, ...]:
     xx = x.clone().requires_grad_()
     out = layer(xx, causal=causal)
     params = [p for p in layer.parameters() if p.requires_grad]
-    return (out, *torch.autograd.grad((out * out.detach().cos()).sum(), [xx, *params]))
+    grads = torch.autograd.grad((out * out.detach().cos()).sum(), [xx, *params], allow_unused=True)
+    # a parameter this call does not use (XLNet's segment terms without segment ids) has no gradient: 0 stands in
+    return (out, *(g if g is not None else torch.zeros((), dtype=out.dtype) for g in grads))
 
 
 def _compiled_keeps(enc: PositionalEncoding, kernel: str, causal: bool) -> None:
@@ -216,10 +218,51 @@ def test_compiled_offset_bias_keeps_its_kernel(causal: bool) -> None:
     _compiled_keeps(OffsetTable(4), "offset-bias", causal)
 
 
+def _offset_kernel_encodings() -> list[str]:
+    """The registered encodings whose eager plan at L = 300 (causal, with gradients) is one of the ops that read a
+    call's terms per offset: offset-bias (``bias_offsets``) or blocked (``relative_form``)."""
+    from posenc.registry import available, example
+
+    out = []
+    for name in available():
+        try:
+            enc = example(name, dict(d_model=32, n_heads=4, head_dim=8, max_len=1024, causal=True))
+        except Exception:  # an encoding that cannot be built at these sizes (a table shorter than 300 ...)
+            continue
+        fast, _ = _layers(enc)
+        x = torch.randn(2, 300, 32, dtype=torch.float64)
+        try:
+            kernel = fast.plan(x, causal=True).kernel
+        except Exception:
+            continue
+        if kernel in ("offset-bias", "blocked"):
+            out.append(name)
+    return out
+
+
+OFFSET_KERNEL_ENCODINGS = _offset_kernel_encodings()
+
+
+def test_some_encodings_take_the_offset_kernels() -> None:
+    assert len(OFFSET_KERNEL_ENCODINGS) >= 8, OFFSET_KERNEL_ENCODINGS
+
+
+@pytest.mark.parametrize("name", OFFSET_KERNEL_ENCODINGS)
+def test_compiled_encoding_keeps_its_offset_kernel(name: str) -> None:
+    """Every encoding whose eager plan reads its terms per offset keeps that kernel compiled (its ``bias_offsets`` /
+    ``relative_form`` hold while tracing: ``relative._skew.offset_rows``), one graph for every length."""
+    from posenc.registry import example
+
+    enc = example(name, dict(d_model=32, n_heads=4, head_dim=8, max_len=1024, causal=True))
+    fast, _ = _layers(enc)
+    kernel = fast.plan(torch.randn(2, 300, 32, dtype=torch.float64), causal=True).kernel
+    _compiled_keeps(enc, kernel, causal=True)
+
+
 @pytest.mark.parametrize("name", ["t5", "kerple-log"])
 def test_compiled_learned_bias_takes_biased_sdpa(name: str) -> None:
-    """While compiling, T5's and KERPLE's bias is a tensor (their ``bias_offsets`` is off under compile), and its
-    gradient comes from the ``biased-sdpa`` op, not from SDPA's math path with the ``[B, H, L, L]`` tensors."""
+    """A learned bias compiled keeps a custom-op kernel (offset-bias, or biased-sdpa where the bias is a tensor),
+    never SDPA's math path with the ``[B, H, L, L]`` tensors of its gradient."""
     enc = posenc.get(name, n_heads=4)
     fast, _ = _layers(enc)
     x = torch.randn(2, 300, 32, dtype=torch.float64)

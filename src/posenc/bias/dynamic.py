@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
-from ..relative._skew import arange_rows, offsets, toeplitz
+from ..relative._skew import offset_rows, offsets, toeplitz
 
 
 @register
@@ -139,7 +139,7 @@ class DynamicPositionBias(PositionalEncoding):
 
     def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
         """The MLP at the ``Lq + Lk - 1`` distances of contiguous positions: ``[H, P]`` (else ``None``)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         self._check_heads(ctx)
         p = ctx.q_pos.shape[-1] + ctx.k_pos.shape[-1] - 1

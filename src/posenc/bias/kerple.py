@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
-from ..relative._skew import arange_rows, offsets, toeplitz
+from ..relative._skew import offset_rows, offsets, toeplitz
 
 CONSTRAINTS = ("clamp", "softplus")
 
@@ -144,7 +144,7 @@ class _Kerple(PositionalEncoding):
 
     def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
         """The kernel at the ``Lq + Lk - 1`` distances of contiguous positions: ``[H, P]`` (else ``None``)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         self._check_heads(ctx)
         r1, r2 = self.parameters_in_range()

@@ -202,6 +202,13 @@ def arange_rows(ctx: AttentionContext) -> bool:
     return ctx.contiguous and not torch.compiler.is_compiling()
 
 
+def offset_rows(ctx: AttentionContext) -> bool:
+    """Whether an encoding may hand its terms to the kernels per offset (``bias_offsets``, ``relative_form``):
+    ``ctx.contiguous``. Unlike :func:`arange_rows` it holds while ``torch.compile`` traces, because the kernels
+    that read the offsets (offset-bias, blocked) are custom ops the compiler keeps whole (:mod:`posenc.ops`)."""
+    return ctx.contiguous
+
+
 def offsets(ctx: AttentionContext) -> Tensor:
     """The ``Lq + Lk - 1`` offsets ``j - i`` of :func:`arange_rows` positions (row 0), ascending: ``[P]``."""
     lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]

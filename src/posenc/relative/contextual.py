@@ -35,7 +35,7 @@ from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
-from ._skew import arange_rows, cached_index, key_table_term, offsets, query_table_term, toeplitz
+from ._skew import cached_index, key_table_term, offset_rows, offsets, query_table_term, toeplitz
 
 #: the article these encodings come from (docs/background.md)
 _ARTICLE = 'anon., "Positional encoding of the Transformer"'
@@ -134,7 +134,7 @@ class RelativeBias(_Bucketed):
 
     def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
         """The bucket embeddings of the ``Lq + Lk - 1`` offsets of contiguous positions: ``[H, P]`` (else ``None``)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"{self.info.name} was built for n_heads={self.n_heads}, got {ctx.n_heads}")
@@ -213,7 +213,7 @@ class Contextual1(_Bucketed):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """The query term over the offsets' buckets (:class:`~posenc.fused.Rows` of the projected table)."""
-        if ctx.reference or not arange_rows(ctx) or (q.shape[1], q.shape[-1]) != (self.n_heads, self.head_dim):
+        if ctx.reference or not offset_rows(ctx) or (q.shape[1], q.shape[-1]) != (self.n_heads, self.head_dim):
             return None
         table = self.to_r(self.embeddings.weight).unflatten(-1, (self.n_heads, self.head_dim)).to(q.dtype)
         return RelativeForm(q=q, k=k, query_terms=[(q, offset_table(table, self.offset_rows(ctx)))])
@@ -304,7 +304,7 @@ class Contextual2(_Bucketed):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """A query term and a key term over the offsets' buckets (:class:`~posenc.fused.Rows`)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         q_proj, k_proj = self._projections(ctx)
         h, d = q.shape[1], q.shape[-1]

@@ -66,7 +66,7 @@ from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._sizes import head_dim_of
-from ._skew import DIRECT_KEY_TERM_ELEMENTS, arange_rows, key_rows_dot, offsets
+from ._skew import DIRECT_KEY_TERM_ELEMENTS, key_rows_dot, offset_rows, offsets
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
 P2C_OFFSETS = ("hf", "paper")
@@ -348,7 +348,7 @@ class DeBERTa(PositionalEncoding):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """c2p as a query term and p2c as a key term, the tables at the ``Lq + Lk - 1`` offsets (no p2p)."""
-        if ctx.reference or "p2p" in self.terms or not arange_rows(ctx):
+        if ctx.reference or "p2p" in self.terms or not offset_rows(ctx):
             return None
         self._check_sizes(ctx)
         off = offsets(ctx)[None, None, :]  # j - i as a [1, 1, P] "position grid" for indices()

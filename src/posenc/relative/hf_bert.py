@@ -40,7 +40,7 @@ from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
-from ._skew import arange_rows, cached_index, key_table_term, materialise, offsets, query_table_term
+from ._skew import cached_index, key_table_term, materialise, offset_rows, offsets, query_table_term
 
 
 @register
@@ -117,7 +117,7 @@ class RelativeKey(PositionalEncoding):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """The table at the ``Lq + Lk - 1`` distances (see :mod:`posenc.fused`)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         if q.shape[-1] != self.head_dim:
             raise ConfigError(f"{self.info.name} was built for head_dim={self.head_dim}, got {q.shape[-1]}")

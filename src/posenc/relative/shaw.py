@@ -36,7 +36,7 @@ from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
-from ._skew import arange_rows, cached_index, materialise, offsets, query_table_term, value_table_term
+from ._skew import cached_index, materialise, offset_rows, offsets, query_table_term, value_table_term
 
 
 def clipped_rows(offset: Tensor, k: int) -> Tensor:
@@ -118,7 +118,7 @@ class _ClippedRelative(PositionalEncoding):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """Both tables expanded to the ``Lq + Lk - 1`` offsets ``clip(j - i, k)`` (see :mod:`posenc.fused`)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         self._check_dim(q)
         rows = clipped_rows(offsets(ctx), self.max_relative_position)

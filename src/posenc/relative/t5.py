@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError, PositionError
 from ..registry import register
-from ._skew import arange_rows, offsets, toeplitz
+from ._skew import offset_rows, offsets, toeplitz
 
 SCALINGS = ("default", "t5")
 
@@ -193,7 +193,7 @@ class T5Bias(PositionalEncoding):
 
         Positions made by the attention: the bias depends on ``j - i`` only, so ``P`` lookups (no ``Lq·Lk`` bucket
         arithmetic, no ``Lq·Lk``-row embedding backward); once per forward, shared by the layers."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         self._check_heads(ctx)
         key = ("t5-offsets", id(self))

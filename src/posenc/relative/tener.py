@@ -62,7 +62,7 @@ from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm
 from ..registry import register
-from ._skew import arange_rows, offsets
+from ._skew import offset_rows, offsets
 from .transformer_xl import RelativeTerms, check_heads, relative_sinusoid, sinusoid_rows
 
 
@@ -148,7 +148,7 @@ class TENER(PositionalEncoding):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """``(Q + u) K`` and ``(Q + v) R`` over the offsets (see :mod:`posenc.fused`)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
         R = self.R_rows(-offsets(ctx), q.dtype)[:, None]  # [P, 1, d_k] at distances t - j, shared by the heads

@@ -41,7 +41,7 @@ from ..errors import ConfigError
 from ..fused import RelativeForm, Rows
 from ..registry import register
 from ._sizes import head_dim_of
-from ._skew import arange_rows, offsets
+from ._skew import offset_rows, offsets
 
 # ------------------------------------------------------------------ helpers
 
@@ -430,7 +430,7 @@ class TransformerXL(PositionalEncoding):
 
     def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> RelativeForm | None:
         """(a) + (c) as ``(q + u) · k``, (b) + (d) as ``(q + v) · W_{k,R} R`` over the offsets (:mod:`posenc.fused`)."""
-        if ctx.reference or not arange_rows(ctx):
+        if ctx.reference or not offset_rows(ctx):
             return None
         check_heads(self.info.name, q, self.n_heads, self.head_dim)
         qu = q + self.u[:, None, :].to(q.dtype)

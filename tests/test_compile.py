@@ -91,3 +91,20 @@ def test_fullgraph_inductor(name: str) -> None:
     (gx_got,) = torch.autograd.grad(got.sum(), x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(gx_got, gx_want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["none", "rope", "alibi", "t5", "shaw"])
+def test_a_compiled_language_model_takes_every_length_in_one_graph(name: str) -> None:
+    """``torch.compile(model, fullgraph=True, dynamic=True)`` on the causal LanguageModel users train: the same
+    numbers as eager at two lengths, and no second compile for the second (a comparison of symbolic lengths once
+    reached SDPA's ``is_causal`` as a SymBool, which it refuses: a graph break, an error under fullgraph)."""
+    torch.manual_seed(0)
+    model = posenc.LanguageModel(vocab_size=50, d_model=D_MODEL, n_heads=N_HEADS, n_layers=1, encoding=name, max_len=64)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")
+    for i, n in enumerate((9, 13)):
+        tokens = torch.randint(0, 50, (2, n), generator=torch.Generator().manual_seed(n))
+        want = model(tokens)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            got = compiled(tokens)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -177,5 +177,7 @@ def sdpa(call: _Call, plan: Plan, q: Tensor, add: Tensor | None, scale: float) -
         assert attn_mask is not None
         return _BiasedSDPA.apply(q, k, v, attn_mask, scale)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=plan.dropout, is_causal=is_causal, scale=scale
+        # `True if ... else False`: with dynamic shapes under torch.compile a comparison of lengths is a SymBool,
+        # which SDPA refuses; the branch makes Dynamo guard on it and pass a constant
+        q, k, v, attn_mask=attn_mask, dropout_p=plan.dropout, is_causal=True if is_causal else False, scale=scale
     )

@@ -200,6 +200,9 @@ def main(argv=None) -> int:
     path = harness.RESULTS / f"real-model-{out['tag']}.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
+    if not rows:  # --memory-only: the peaks were printed as they were measured
+        print(f"\nload average during the run: {min(load_avg):.1f}-{max(load_avg):.1f}; wrote {path}")
+        return 0
     print(f"\n| case | measure | seconds per round | × unpatched per round | peak MiB (prefill {min(args.lengths)}) |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -28,14 +28,14 @@ def blocked(call: _Call, plan: Plan, form: RelativeForm | None, add: Tensor | No
 
 def decode(call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:
     """One query: :func:`posenc.native.decode_attention` with the form's terms (:func:`blocked` if it declines)."""
-    query_term = key_table = add = None
+    query_term = key_table = value_table = add = None
     if form.query_terms:
         a, table = form.query_terms[0]
-        t, idx = (table.table, table.index) if isinstance(table, Rows) else (table, None)
-        query_term = (a[:, :, 0], t, idx)  # offset t(0, j) = j: row j of the table, or index[j]
+        query_term = (a[:, :, 0], *_rows(table))  # offset t(0, j) = j: row j of the table, or index[j]
     if form.key_terms:
-        table = form.key_terms[0][1]
-        key_table = (table.table, table.index) if isinstance(table, Rows) else (table, None)
+        key_table = _rows(form.key_terms[0][1])
+    if form.value_table is not None:  # Shaw's and NEZHA's a^V: the probabilities summed per table row
+        value_table = _rows(form.value_table)
     if form.segment is not None:  # XLNet: e[same] (a logit: scaled)
         e, same = form.segment
         e0, e1 = e[:, :, 0, 0:1], e[:, :, 0, 1:2]  # [B, H, 1]: the same segment or not
@@ -46,19 +46,26 @@ def decode(call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:
         mask = mask[:, :, 0]
         add = mask if add is None else add + mask
     out = native.decode_attention(
-        form.q[:, :, 0], form.k, call.v, scale, query_term=query_term, key_table=key_table, add=add
+        form.q[:, :, 0],
+        form.k,
+        call.v,
+        scale,
+        query_term=query_term,
+        key_table=key_table,
+        value_table=value_table,
+        add=add,
     )
     if out is None:
         return blocked(call, plan, form, None, scale)
     return out[:, :, None]
 
 
+def _rows(table: Tensor | Rows) -> tuple[Tensor, Tensor | None]:
+    """A table of the form as the decode kernel takes it: ``(table, index)`` (``index`` ``None``: row ``j``)."""
+    return (table.table, table.index) if isinstance(table, Rows) else (table, None)
+
+
 def decodable(form: RelativeForm) -> bool:
     """Whether :func:`posenc.native.decode_attention` computes this form: at most one query term, at most one key term
-    whose operand is the keys, no value table (Shaw's and NEZHA's a^V)."""
-    return (
-        len(form.query_terms) <= 1
-        and len(form.key_terms) <= 1
-        and all(c is form.k for c, _ in form.key_terms)
-        and form.value_table is None
-    )
+    whose operand is the keys, and a value table (Shaw's and NEZHA's a^V) or none."""
+    return len(form.query_terms) <= 1 and len(form.key_terms) <= 1 and all(c is form.k for c, _ in form.key_terms)

@@ -82,22 +82,28 @@ def decode_attention(
     *,
     query_term: tuple[Tensor, Tensor, Tensor | None] | None = None,
     key_table: tuple[Tensor, Tensor | None] | None = None,
+    value_table: tuple[Tensor, Tensor | None] | None = None,
     add: Tensor | None = None,
 ) -> Tensor | None:
     r"""One query per sequence and head against its keys, in one pass with an online softmax: ``[B, H, d]``.
 
     .. math::
         s_j = \text{scale}\,(q \cdot k_j + a \cdot T_{t_j} + k_j \cdot U_{u_j}) + \text{add}_j, \qquad
-        o = \sum_j \operatorname{softmax}(s)_j\, v_j
+        o = \sum_j \operatorname{softmax}(s)_j\, (v_j + W_{w_j})
 
     A decoding step of a relative encoding (:class:`~posenc.fused.RelativeForm` with one query): its query and key
     terms are read beside the keys, so the step reads the keys, the values and the looked-up rows once, where the
-    SDPA kernel plus the terms as a mask read the keys two or three times.
+    SDPA kernel plus the terms as a mask read the keys two or three times. A table looked up by index with fewer
+    rows than keys (Shaw's and NEZHA's ``2k + 1``, DeBERTa's buckets) costs less than a term per key: the query term
+    ``a · T_r`` is taken once per row and looked up per key, and the value table (Shaw's and NEZHA's ``a^V``) is
+    ``Σ_r (Σ_{w_j = r} p_j) W_r``: the probabilities summed per row in the pass, one ``[R, d]`` product after it.
 
     Args:
         q: ``[B, H, d]``; k, v: ``[B, H, Lk, d]`` (any strides, last dimension contiguous: a KV cache's views).
         query_term: ``(a [B, H, d], T [R, H|1, d], t [Lk] long or None)``: adds ``a · T[t_j]`` (``T[j]`` without t).
         key_table: ``(U [R, H|1, d], u [Lk] long or None)``: adds ``k_j · U[u_j]``.
+        value_table: ``(W [R, H|1, d], w [Lk] long or None)``: adds ``Σ_j p_j W[w_j]`` to the output (``W[j]``
+            without w).
         add: ``[B|1, H|1, Lk]`` added after the scale (a mask: ``-inf`` drops the key).
     Returns ``None`` where the kernel does not apply (no compiled kernel, not CPU, not float32/float64, mixed
     dtypes, a gradient to record, ``d > 256``, ``torch.compile``).
@@ -109,7 +115,7 @@ def decode_attention(
     b, h, lk, d = k.shape
     if q.shape != (b, h, d) or d > DECODE_MAX_HEAD_DIM:
         return None
-    ts = [q, k, v, add] + ([query_term[0], query_term[1]] if query_term else []) + ([key_table[0]] if key_table else [])
+    ts = [q, k, v, add] + [t[i] for t, i in ((query_term, 0), (query_term, 1), (key_table, 0), (value_table, 0)) if t]
     if any(t is not None and (t.dtype != q.dtype or t.device != q.device) for t in ts):
         return None
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts):
@@ -117,7 +123,7 @@ def decode_attention(
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         return None
     none = (None, 0, 0)
-    qa, tt, ti = none, (None, 0, 0), None
+    qa, tt, ti, tp = none, none, None, 0
     if query_term is not None:
         a, table, index = query_term
         if a.shape != (b, h, d) or a.stride(-1) != 1:
@@ -127,12 +133,20 @@ def decode_attention(
             return None
         qa = (a.data_ptr(), a.stride(0), a.stride(1))
         tt, ti = (got[0].data_ptr(), got[1], got[2]), got[3]
-    uu, ui = (None, 0, 0), None
+        tp = table.shape[0] if ti is not None and table.shape[0] < lk else 0  # a . T[r] once per row
+    uu, ui = none, None
     if key_table is not None:
         got = _rows_of(key_table[0], key_table[1], h, d, lk)
         if got is None:
             return None
         uu, ui = (got[0].data_ptr(), got[1], got[2]), got[3]
+    ww, wi, wn = none, None, 0
+    if value_table is not None:
+        got = _rows_of(value_table[0], value_table[1], h, d, lk)
+        if got is None:
+            return None
+        ww, wi = (got[0].data_ptr(), got[1], got[2]), got[3]
+        wn = value_table[0].shape[0] if wi is not None else 0  # the probabilities summed per row
     dd = none
     if add is not None:
         if add.dim() != 3 or add.shape[0] not in (1, b) or add.shape[1] not in (1, h) or add.shape[2] != lk:
@@ -143,9 +157,15 @@ def decode_attention(
     lib = loader._lib()
     assert lib is not None
     out = torch.empty(b, h, d, dtype=q.dtype)
+    scratch = torch.empty(b * h * (tp + wn), dtype=q.dtype) if tp + wn else None
     fn = getattr(lib, f"posenc_decode_{_CTYPE[q.dtype]}")
     head = (q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3])
-    terms = (*qa, *tt, ti.data_ptr() if ti is not None else None, *uu, ui.data_ptr() if ui is not None else None)
+    terms = (*qa, *tt, _ptr(ti), tp, *uu, _ptr(ui), *ww, _ptr(wi), wn, _ptr(scratch))
     tail = (*dd, out.data_ptr(), float(scale), h, lk, d)
     _run([(fn, *head, *terms, *tail, n0, n1) for n0, n1 in _split(b * h, b * h * lk * d)])
     return out
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    """The address of ``t`` for the C kernel, ``None`` (NULL) for no tensor."""
+    return t.data_ptr() if t is not None else None

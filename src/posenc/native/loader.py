@@ -75,7 +75,8 @@ def _load(lib_path: Path) -> ctypes.CDLL:
         fn = getattr(lib, f"posenc_decode_{t}")
         fn.restype = None
         real = ctypes.c_float if t == "float" else ctypes.c_double
-        fn.argtypes = [ptr, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64] + [ptr, i64, i64, ptr] * 2
+        fn.argtypes = [ptr, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64] + [ptr, i64, i64, ptr, i64]
+        fn.argtypes += [ptr, i64, i64, ptr] + [ptr, i64, i64, ptr, i64, ptr]  # the key term; the value table, scratch
         fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64]
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]

@@ -250,49 +250,80 @@ ROWS_DOT(double)
 
 /* One query per row n = b * H + h of [n0, n1) attending over lk keys in one pass, with an online softmax: a
    decoding step of a relative encoding, whose terms are read beside the keys instead of in passes of their own.
-     s_j = scale * (q . k_j + a . T[ti_j] + k_j . U[ui_j]) + add_j,    out = sum_j softmax(s)_j v_j
+     s_j = scale * (q . k_j + a . T[ti_j] + k_j . U[ui_j]) + add_j,    out = sum_j p_j (v_j + W[wi_j]),
+     p = softmax(s)
    q, a: rows with strides (qs0, qs1), (as0, as1); k, v: strides (ks0, ks1, ks2), (vs0, vs1, vs2); every last dim
    contiguous. T (NULL: no query term): row stride tr, head stride th (0: shared by the heads), ti the row of each
-   key (NULL: row j); U, ui likewise for the key term; add (NULL: none): strides (ds0, ds1), a -inf entry masks its
-   key. out: [n, d] contiguous. d <= 256. */
+   key (NULL: row j); tp > 0 (with ti): a . T[r] is taken once for the tp rows r < tp (the table is smaller than
+   the keys: a clipped or bucketed one), then looked up per key. U, ui likewise for the key term (no lookup: k_j
+   differs per key). W (NULL: no value table, Shaw's a^V): row stride wr, head stride wh, wi the row of each key
+   (NULL: row j, added to the key's value); with wi, the probabilities are summed per row (wn rows) and the rows
+   multiplied once at the end: sum_j p_j W[wi_j] = sum_r (sum_{wi_j = r} p_j) W[r]. ws: tp + wn scratch values per
+   row n (at ws + n * (tp + wn)). add (NULL: none): strides (ds0, ds1), a -inf entry masks its key. out: [n, d]
+   contiguous. d <= 256. */
 #define DECODE(T, EXP)                                                                                       \
     void posenc_decode_##T(const T *q, int64_t qs0, int64_t qs1, const T *k, int64_t ks0, int64_t ks1,       \
                            int64_t ks2, const T *v, int64_t vs0, int64_t vs1, int64_t vs2, const T *a,       \
                            int64_t as0, int64_t as1, const T *tt, int64_t tr, int64_t th, const int64_t *ti, \
-                           const T *uu, int64_t ur, int64_t uh, const int64_t *ui, const T *add, int64_t ds0, \
-                           int64_t ds1, T *out, T scale, int64_t H, int64_t lk, int64_t d, int64_t n0,       \
-                           int64_t n1) {                                                                     \
-        T acc[256];                                                                                          \
+                           int64_t tp, const T *uu, int64_t ur, int64_t uh, const int64_t *ui, const T *ww,  \
+                           int64_t wr, int64_t wh, const int64_t *wi, int64_t wn, T *ws, const T *add,       \
+                           int64_t ds0, int64_t ds1, T *out, T scale, int64_t H, int64_t lk, int64_t d,      \
+                           int64_t n0, int64_t n1) {                                                         \
+        T acc[256], accw[256];                                                                               \
         for (int64_t n = n0; n < n1; n++) {                                                                  \
             const int64_t b = n / H, h = n % H;                                                              \
             const T *qr = q + b * qs0 + h * qs1, *kr = k + b * ks0 + h * ks1, *vr = v + b * vs0 + h * vs1;   \
             const T *ar = a ? a + b * as0 + h * as1 : 0, *tb = tt ? tt + h * th : 0;                         \
             const T *ub = uu ? uu + h * uh : 0, *dr = add ? add + b * ds0 + h * ds1 : 0;                     \
+            const T *wb = ww ? ww + h * wh : 0;                                                              \
+            T *qt = ws ? ws + n * (tp + wn) : 0, *pr = ws ? ws + n * (tp + wn) + tp : 0;                     \
+            const int look = tb && ti && tp > 0, rows = wb && wi;                                            \
+            if (look)                                                                                        \
+                for (int64_t r = 0; r < tp; r++) qt[r] = dot_##T(ar, tb + r * tr, d);                        \
+            if (rows)                                                                                        \
+                for (int64_t r = 0; r < wn; r++) pr[r] = 0;                                                  \
             T m = -INFINITY, l = 0;                                                                          \
-            for (int64_t e = 0; e < d; e++) acc[e] = 0;                                                      \
+            for (int64_t e = 0; e < d; e++) acc[e] = accw[e] = 0;                                            \
             for (int64_t j = 0; j < lk; j++) {                                                               \
+                if (dr && dr[j] == -INFINITY) continue;                                                      \
                 const T *x = kr + j * ks2;                                                                   \
                 T s = dot_##T(qr, x, d);                                                                     \
-                if (tb) s += dot_##T(ar, tb + (ti ? ti[j] : j) * tr, d);                                     \
+                if (look)                                                                                    \
+                    s += qt[ti[j]];                                                                          \
+                else if (tb)                                                                                 \
+                    s += dot_##T(ar, tb + (ti ? ti[j] : j) * tr, d);                                         \
                 if (ub) s += dot_##T(x, ub + (ui ? ui[j] : j) * ur, d);                                      \
                 s *= scale;                                                                                  \
-                if (dr) {                                                                                    \
-                    if (dr[j] == -INFINITY) continue;                                                        \
-                    s += dr[j];                                                                              \
-                }                                                                                            \
+                if (dr) s += dr[j];                                                                          \
                 if (s > m) {                                                                                 \
                     const T c = EXP(m - s);                                                                  \
                     l *= c;                                                                                  \
                     for (int64_t e = 0; e < d; e++) acc[e] *= c;                                             \
+                    if (wb && !wi)                                                                           \
+                        for (int64_t e = 0; e < d; e++) accw[e] *= c;                                        \
+                    if (rows)                                                                                \
+                        for (int64_t r = 0; r < wn; r++) pr[r] *= c;                                         \
                     m = s;                                                                                   \
                 }                                                                                            \
                 const T p = EXP(s - m);                                                                      \
                 const T *restrict y = vr + j * vs2;                                                          \
                 l += p;                                                                                      \
                 for (int64_t e = 0; e < d; e++) acc[e] += p * y[e];                                          \
+                if (rows) {                                                                                  \
+                    pr[wi[j]] += p;                                                                          \
+                } else if (wb) {                                                                             \
+                    const T *restrict w = wb + j * wr;                                                       \
+                    for (int64_t e = 0; e < d; e++) accw[e] += p * w[e];                                     \
+                }                                                                                            \
             }                                                                                                \
+            if (rows)                                                                                        \
+                for (int64_t r = 0; r < wn; r++) {                                                           \
+                    const T pw = pr[r], *restrict w = wb + r * wr;                                           \
+                    if (pw != 0)                                                                             \
+                        for (int64_t e = 0; e < d; e++) accw[e] += pw * w[e];                                \
+                }                                                                                            \
             T *o = out + n * d;                                                                              \
-            for (int64_t e = 0; e < d; e++) o[e] = l > 0 ? acc[e] / l : 0;                                   \
+            for (int64_t e = 0; e < d; e++) o[e] = l > 0 ? (acc[e] + accw[e]) / l : 0;                      \
         }                                                                                                    \
     }
 DECODE(float, expf)

@@ -1,0 +1,130 @@
+"""The decode kernel with a value table (Shaw's and NEZHA's a^V) and a query term looked up per table row.
+
+:func:`posenc.native.decode_attention` sums the probabilities per row of a value table in its one pass over the keys
+and multiplies the rows once after it; a query term whose table has fewer rows than there are keys is taken once
+per row and looked up per key. These tests hold the kernel to the softmax written out, and a KV-cache decoding step
+of Shaw and NEZHA (which now takes the ``decode`` kernel) to the reference path, with left padding and a mask, the
+compiled kernels on and off (``posenc.native.enabled``: the PyTorch path gives the same numbers).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc import native
+
+needs_kernel = pytest.mark.skipif(not native.available(), reason="no compiled kernel on this machine")
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 40), st.sampled_from([1, 7, 16, 64])),
+    rows=st.integers(1, 9),
+    flags=st.fixed_dictionaries({f: st.booleans() for f in ("indexed", "shared", "query_term", "masked")}),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_with_a_value_table_equals_the_softmax_formula(shape, rows, flags, dtype, seed):
+    """``o = Σ_j p_j (v_j + W[w_j])`` with ``s_j = scale (q·k_j + a·T[t_j]) + add_j``: tables of fewer rows than keys
+    (looked up per key) or one row per key, shared by the heads or per head, keys masked (all of a row's, too)."""
+    b, h, lk, d = shape
+    indexed, with_query_term = flags["indexed"], flags["query_term"]
+    g = torch.Generator().manual_seed(seed)
+    q, a, k, v = (
+        torch.randn(*s, generator=g, dtype=dtype) for s in ((b, h, d), (b, h, d), (b, lk, h, d), (b, lk, h, d))
+    )
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # a projection's strided views
+    r, heads = (rows if indexed else lk), (1 if flags["shared"] else h)
+    table_t, table_w = torch.randn(2, r, heads, d, generator=g, dtype=dtype).unbind(0)
+    index = torch.randint(0, r, (lk,), generator=g) if indexed else None
+    add = torch.randn(b, 1, lk, generator=g, dtype=dtype)
+    if flags["masked"]:
+        add[0, 0, : max(1, lk // 2)] = float("-inf")
+        if b > 1:
+            add[1] = float("-inf")  # a row that may see no key: zeros
+    rows_t = (table_t[index] if indexed else table_t).expand(lk, h, d)  # [Lk, H, d]
+    rows_w = (table_w[index] if indexed else table_w).expand(lk, h, d)
+    s = (k @ q[..., None])[..., 0]
+    if with_query_term:
+        s = s + torch.einsum("bhd,jhd->bhj", a, rows_t)
+    p = torch.softmax(0.7 * s + add, -1).nan_to_num(0.0)  # no key at all: zeros, as every kernel gives
+    want = torch.einsum("bhj,bhjd->bhd", p, v) + torch.einsum("bhj,jhd->bhd", p, rows_w)
+    got = native.decode_attention(
+        q,
+        k,
+        v,
+        0.7,
+        query_term=(a, table_t, index) if with_query_term else None,
+        value_table=(table_w, index),
+        add=add,
+    )
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@needs_kernel
+def test_decode_attention_checks_the_value_table():
+    q, k = torch.randn(1, 2, 4), torch.randn(1, 2, 5, 4)
+    with pytest.raises(IndexError, match="out of range for a table of 3 rows"):
+        native.decode_attention(q, k, k, 1.0, value_table=(torch.randn(3, 1, 4), torch.tensor([0, 1, 2, 3, 0])))
+    assert native.decode_attention(q, k, k, 1.0, value_table=(torch.randn(3, 2, 5), None)) is None  # wrong width
+    assert native.decode_attention(q, k, k, 1.0, value_table=(torch.randn(4, 2, 4), None)) is None  # a row per key
+
+
+def _attention(name: str, clip: int, heads: int, path: str) -> posenc.MultiHeadAttention:
+    torch.manual_seed(0)
+    enc = posenc.get(name, head_dim=8, max_relative_position=clip)
+    attn = posenc.MultiHeadAttention(8 * heads, heads, encoding=enc, path=path).double().eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # Shaw's tables off their initial values, so a dropped term shows
+        for p in attn.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return attn
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    name=st.sampled_from(["shaw", "nezha"]),
+    context=st.integers(1, 40),
+    clip=st.integers(0, 12),
+    heads=st.integers(1, 3),
+    batch=st.integers(1, 2),
+    padded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_shaw_and_nezha_decoding_steps_equal_the_reference_path(name, context, clip, heads, batch, padded, seed):
+    """Three KV-cache decoding steps after a prefill of ``context`` tokens equal the reference path's (the a^K and
+    a^V tables materialised as the paper writes them), the compiled kernels on (the ``decode`` kernel) and off."""
+    fast, ref = _attention(name, clip, heads, "auto"), _attention(name, clip, heads, "reference")
+    g = torch.Generator().manual_seed(seed)
+    n = context + 3
+    x = torch.randn(batch, n, 8 * heads, generator=g, dtype=torch.float64)
+    mask = torch.ones(batch, n, dtype=torch.bool)
+    if padded and batch > 1:
+        mask[1, : min(3, context)] = False  # left padding in the second row
+
+    def run(attn: posenc.MultiHeadAttention) -> tuple[torch.Tensor, set[str]]:
+        cache, kernels = posenc.KVCache(), set()
+        outs = [attn(x[:, :context], causal=True, kv_cache=cache, attention_mask=mask[:, :context])]
+        for t in range(context, n):
+            outs.append(attn(x[:, t : t + 1], causal=True, kv_cache=cache, attention_mask=mask[:, : t + 1]))
+            kernels.add(attn.last_plan.kernel)
+        return torch.cat(outs, dim=1), kernels
+
+    with torch.no_grad():
+        want, _ = run(ref)
+        for on in (True, False):
+            native.enabled = on
+            try:
+                got, kernels = run(fast)
+            finally:
+                native.enabled = True
+            if on and native.available():
+                assert kernels == {"decode"}, kernels
+            rows = mask[:, :, None]  # a padded query's row is left out (it sees no key in the reference)
+            torch.testing.assert_close(got * rows, want * rows, rtol=1e-10, atol=1e-11)

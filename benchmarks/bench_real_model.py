@@ -8,7 +8,9 @@ Cases, all on the same weights in one process:
   and a new ``LlamaRotaryEmbedding`` built from it (HF's code path for the same scaling);
 * ``posenc-yarn`` -- ``posenc.hf.patch(model, "rope-yarn", factor=s)`` (the rotary module's cos/sin replaced;
   the attention stays transformers' own);
-* ``posenc-alibi`` -- ``posenc.hf.patch(model, "alibi")``: an encoding inside posenc's attention function.
+* ``posenc-alibi`` -- ``posenc.hf.patch(model, "alibi")``: an encoding inside posenc's attention function;
+* ``posenc-<name>`` -- ``posenc.hf.patch(model, "<name>")`` for any registered encoding (``--encodings xpos t5``
+  adds ``posenc-xpos`` and ``posenc-t5`` to ``--cases``); one that takes a ``factor`` gets ``--factor``.
 
 Measured: **prefill** (one forward of N tokens with the cache on and ``logits_to_keep=1``, as ``generate``
 does), and **decoding** per token with a cache of ``--decode-context`` tokens (the cache is filled once; each
@@ -18,6 +20,13 @@ Peak memory: the allocator peak of one prefill at the shortest length (``torch.p
 
     python benchmarks/bench_real_model.py --lengths 8192 16384 --decode-context 16384 --rounds 2
     python benchmarks/bench_real_model.py --quick        # 1k / 2k tokens, a smoke test of about a minute
+    # decoding only, several encodings against unpatched in one interleaved run:
+    python benchmarks/bench_real_model.py --lengths --decode-context 4096 --no-memory --cases unpatched \
+        --encodings rope-yarn rope-interleaved xpos alibi t5
+
+A case whose patch rotates the keys in posenc's attention (xPos, interleaved RoPE: rotary encodings that
+transformers' rotate-half cos/sin cannot express) stores its keys rotated in the cache it decodes from, so it
+decodes from its own copy of the filled cache (one more cache's memory per such case).
 
 Writes ``benchmarks/results/real-model-<tag>.json`` and prints a Markdown table. Unlike the two other
 benchmarks, every case runs in this one process (switching the cases costs no reload of the weights); from
@@ -44,6 +53,7 @@ import harness  # noqa: E402
 
 import posenc.hf  # noqa: E402
 from posenc.pretrained import identity  # noqa: E402
+from posenc.registry import accepted_arguments, resolve  # noqa: E402
 from posenc.runenv import run_environment  # noqa: E402
 
 
@@ -83,10 +93,21 @@ class Cases:
             self.model.model.rotary_emb = self.hf_rotary
         elif name == "posenc-yarn":
             posenc.hf.patch(self.model, "rope-yarn", factor=self.factor)
-        elif name == "posenc-alibi":
-            posenc.hf.patch(self.model, "alibi")
+        elif name.startswith("posenc-"):
+            encoding = "alibi" if name == "posenc-alibi" else name[len("posenc-") :]
+            try:
+                cls = resolve(encoding)
+            except Exception as err:
+                raise SystemExit(f"unknown case {name}: {err}") from err
+            factor = {"factor": self.factor} if "factor" in accepted_arguments(cls) else {}
+            posenc.hf.patch(self.model, encoding, **factor)
         elif name != "unpatched":
             raise SystemExit(f"unknown case {name}")
+
+    def own_cache(self) -> bool:
+        """Whether the current case writes its keys rotated into the cache (so decodes from a copy of its own)."""
+        state = posenc.hf.patched(self.model)
+        return state is not None and state.rotary_mode == "identity" and bool(state.cores)
 
 
 @torch.no_grad()
@@ -125,12 +146,25 @@ def peak_memory(model, ids) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--lengths", type=int, nargs="*", default=[8192, 16384], help="prefill lengths (none: decode only)")
     p.add_argument("--decode-context", type=int, default=16384)
     p.add_argument("--decode-steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--factor", type=float, default=2.0)
-    p.add_argument("--cases", nargs="+", default=["unpatched", "hf-yarn", "posenc-yarn", "posenc-alibi"])
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        default=["unpatched", "hf-yarn", "posenc-yarn", "posenc-alibi"],
+        help="unpatched, hf-yarn, posenc-yarn, posenc-alibi or posenc-<encoding name> (ratios are to unpatched, "
+        "which is added where missing)",
+    )
+    p.add_argument(
+        "--encodings",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="registered encodings to add as cases posenc-<NAME> (after --cases)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measure")
     p.add_argument("--memory-only", action="store_true", help="only the peak memory of one prefill per case")
@@ -141,11 +175,18 @@ def main(argv=None) -> int:
         args.lengths, args.decode_context, args.decode_steps, args.rounds = [1024, 2048], 2048, 4, 1
     if args.memory_only:
         args.rounds = 0
+    args.cases = list(dict.fromkeys(["unpatched", *args.cases, *(f"posenc-{e}" for e in args.encodings)]))
+    if not args.lengths:
+        if args.memory_only:
+            raise SystemExit("--memory-only measures one prefill: give --lengths")
+        args.no_memory = True  # the peak memory is one prefill's
     torch.set_num_threads(args.threads)
     model, tok = load()
     cases = Cases(model, args.factor)
     gen = torch.Generator().manual_seed(0)
     longest = max([*args.lengths, args.decode_context])
+    for c in args.cases:  # an unknown case fails now, not after the prefill
+        cases.enter(c)
     ids = torch.randint(100, 40000, (1, longest), generator=gen)
     # the same text for every case: random token ids are as costly as real ones
     times: dict[str, dict[str, list[float]]] = {c: {} for c in args.cases}
@@ -154,6 +195,7 @@ def main(argv=None) -> int:
     # back to its length after each case's steps
     cases.enter("unpatched")
     cache = None
+    own: dict[str, object] = {}  # the cases that decode from their own copy of the cache
     if args.rounds:
         fill, cache = prefill(model, ids[:, : args.decode_context])
         print(f"filled a cache of {args.decode_context} tokens in {fill:.0f} s", flush=True)
@@ -168,10 +210,13 @@ def main(argv=None) -> int:
                 print(f"round {rnd + 1} prefill {n:>6} {c:>13}: {t:7.2f} s (load {load_avg[-1]:.1f})", flush=True)
         for c in order:
             cases.enter(c)
-            t = decode(model, cache, args.decode_context, args.decode_steps, 1000)
+            load_avg.append(os.getloadavg()[0])
+            if cases.own_cache() and c not in own:
+                own[c] = copy.deepcopy(cache)  # its keys are stored rotated: not to be shared with other cases
+            t = decode(model, own.get(c, cache), args.decode_context, args.decode_steps, 1000)
             times[c].setdefault(f"decode-{args.decode_context}", []).append(t)
             print(f"round {rnd + 1} decode @{args.decode_context} {c:>13}: {t * 1e3:7.1f} ms/token", flush=True)
-    del cache
+    del cache, own
     memory = {}
     if not args.no_memory:
         for c in args.cases:
@@ -185,8 +230,9 @@ def main(argv=None) -> int:
     for c in args.cases:
         for k, v in times[c].items():
             ratios = [a / b for a, b in zip(v, base[k])]
-            rows.append({"case": c, "measure": k, "seconds": v, "ratios": ratios,
-                         "median_ratio": statistics.median(ratios)})
+            rows.append(
+                {"case": c, "measure": k, "seconds": v, "ratios": ratios, "median_ratio": statistics.median(ratios)}
+            )
     out = {
         "tag": args.tag or time.strftime("%Y%m%d-%H%M"),
         "args": vars(args),
@@ -203,7 +249,8 @@ def main(argv=None) -> int:
     if not rows:  # --memory-only: the peaks were printed as they were measured
         print(f"\nload average during the run: {min(load_avg):.1f}-{max(load_avg):.1f}; wrote {path}")
         return 0
-    print(f"\n| case | measure | seconds per round | × unpatched per round | peak MiB (prefill {min(args.lengths)}) |")
+    peak = f"peak MiB (prefill {min(args.lengths)})" if memory else "peak MiB"
+    print(f"\n| case | measure | seconds per round | × unpatched per round | {peak} |")
     print("|---|---|---|---|---|")
     for r in rows:
         secs = " / ".join(f"{s:.3f}" for s in r["seconds"])

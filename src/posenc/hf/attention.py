@@ -6,8 +6,8 @@ patch, works out the queries' and keys' positions (the forward's, or the ones th
 transformers' mask into posenc's, and runs the encoding's hooks with posenc's kernels -- or, for what those do not
 take (logit soft-capping, attention sinks), the formula as transformers' eager attention writes it.
 
-Imports :mod:`posenc.hf.state` and, from below :mod:`posenc.hf`, :mod:`posenc.attention`, the base types and the
-errors (transformers only inside functions).
+Imports :mod:`posenc.hf.state`, :mod:`posenc.hf.rotary` and, from below :mod:`posenc.hf`, :mod:`posenc.attention`,
+the base types and the errors (transformers only inside functions).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..attention import AttentionCore, _Call, build_mask, check_groups, repeat_k
 from ..attention.materialised import materialised
 from ..base import AttentionContext, contiguous_positions, mark_arange
 from ..errors import ConfigError
+from .rotary import rotate_in_cache
 from .state import _HALF, PosencPatch
 
 #: the name of posenc's attention function (and mask) in transformers' registries
@@ -200,7 +201,7 @@ def posenc_attention(
         )
     _check_kwargs(module, kwargs)
     state: PosencPatch = module.__dict__["_posenc_patch"]
-    out_dtype = query.dtype
+    out_dtype, stored = query.dtype, key  # stored: the keys as the KV cache returned them
     if query.dtype in _HALF:  # posenc's kernels and encodings compute in float32 (as HF upcasts its softmax)
         query, key, value = query.float(), key.float(), value.float()
     b, h, lq, d = query.shape
@@ -224,7 +225,9 @@ def posenc_attention(
         attention=_projections(module),
     )
     if core._has["rotate"] and state.rotary_mode != "cos-sin":
-        query, key = enc.rotate(query, key, ctx)
+        # each cached key rotated once where the encoding allows it (rotate_in_cache), else every key at each call
+        rotated = rotate_in_cache(state, enc, query, key, stored, ctx, by_position) if state.key_rotation else None
+        query, key = rotated if rotated is not None else enc.rotate(query, key, ctx)
     ctx.contiguous = contiguous_positions(q_pos, k_pos, cache)
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal) and lk >= lq

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -182,8 +183,11 @@ def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, token
             raise ConfigError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
         length = x.shape[1]
         past = bound.get("past_key_values")
+        state.past = None
         if past is not None and state.cores and hasattr(past, "get_mask_sizes"):
             state.cache_sizes = _cache_sizes(past, state.layer_ids, length)
+            if state.key_rotation:
+                state.past = weakref.ref(past)  # where rotary.rotate_in_cache stores keys rotated
         pos = bound.get("position_ids")
         if pos is None:
             start = int(past.get_seq_length()) if past is not None and hasattr(past, "get_seq_length") else 0

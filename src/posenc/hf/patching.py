@@ -27,7 +27,14 @@ from ..registry import MODEL_DIMENSIONS, build, resolve
 from .attention import posenc_attention
 from .families import Family, _base_and_family, _model_dims, _model_dtype_device, _unwrap
 from .hooks import _add_codes, _install, _uninstall
-from .rotary import _cos_sin_ok, _rope_parameters_by_type, _rotary_defaults, _rotary_dim_of
+from .rotary import (
+    _cos_sin_ok,
+    _rope_parameters_by_type,
+    _rotary_defaults,
+    _rotary_dim_of,
+    rotates_per_key,
+    rotation_tag,
+)
 from .state import PosencPatch, _check_dtype, _patch_of, _settle_dtype
 
 #: the attribute of ``model.config`` that records the patch (saved in ``config.json``)
@@ -96,6 +103,8 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
     _settle_dtype(state, dtype, device)
     if in_attention:
         _add_cores(hf_model, family, state, attns, layer_encs, path)
+        if rotary_mode == "identity":  # keys rotated once, in the KV cache (rotary.rotate_in_cache)
+            state.key_rotation = {c.layer: rotation_tag(c.encoding) for c in state.cores if rotates_per_key(c.encoding)}
     base.add_module("posenc", state)
     try:
         _check_dtype(hf_model, dtype)

@@ -6,7 +6,9 @@ length and the fields of the scaling its ``rope_parameters`` names, per layer ty
 their own). Where HF's own rotate-half rotation can apply the encoding (:func:`_cos_sin_ok`), the hook on the
 model's rotary module (:func:`_rotary_output`) hands the attention layers the encoding's cos/sin, and the
 attention stays transformers' own; otherwise it hands the identity and the rotation moves into posenc's
-attention.
+attention. There, a rotation that depends on each key and its position alone (:func:`rotates_per_key`: RoPE in
+the interleaved layout, xPos) rotates each key once, in the KV cache (:func:`rotate_in_cache`), rather than every
+cached key at every decoding step.
 
 Imports :mod:`posenc.hf.state` and, from below :mod:`posenc.hf`, the registry, the base class, the RoPE classes
 and the errors.
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import PositionalEncoding, as_position_rows
+from ..base import AttentionContext, PositionalEncoding, as_position_rows, is_arange_rows, mark_arange
 from ..errors import ConfigError
 from ..registry import accepted_arguments
 from .state import PosencPatch
@@ -157,3 +159,137 @@ def _rotary_output(state: PosencPatch):
         return c.to(cos.dtype).expand_as(cos), s.to(sin.dtype).expand_as(sin)
 
     return hook
+
+
+# ------------------------------------------------------------------------------------------ keys rotated once
+#: the attribute of a transformers cache layer that records its keys posenc.hf stored rotated: (tag, n), the
+#: first ``n`` keys rotated by the encoding ``tag`` names (:func:`rotation_tag`); the keys after them are as the
+#: model projected them
+ROTATED_ATTR = "_posenc_rotated"
+
+
+def rotates_per_key(enc: PositionalEncoding) -> bool:
+    """Whether ``enc`` rotates each key by the key and its position alone, with nothing else in the attention: RoPE
+    (any layout), a RoPE scaling whose frequencies do not change with the length, xPos (whose keys keep the centre
+    0 in a cache). Such a key may be rotated once, when it enters the KV cache; a length-dependent scaling, a
+    randomized one, or a rotation with parameters to train may not."""
+    from ..rotary.rope import RoPE
+    from ..rotary.scaling import ScaledRoPE
+    from ..rotary.xpos import XPos
+
+    return (
+        isinstance(enc, RoPE)
+        and type(enc).rotate in (RoPE.rotate, ScaledRoPE.rotate, XPos.rotate)
+        and not getattr(enc, "length_dependent", False)
+        and enc.hooks() == {"rotate"}
+        and not any(True for _ in enc.parameters())
+    )
+
+
+def rotation_tag(enc: PositionalEncoding) -> str:
+    """The encoding and options whose rotation a cache's stored keys carry (equal tags rotate alike)."""
+    opts = ", ".join(f"{k}={v!r}" for k, v in sorted(enc.params.items()))
+    return f"{enc.info.name}({opts})"
+
+
+def _cache_layer(past: Any, layer: int) -> Any:
+    """Layer ``layer`` of the transformers cache ``past`` where posenc.hf can follow which of its keys are rotated
+    (a dynamic or static full-attention layer: its keys are its positions 0, 1, ...), else None."""
+    from transformers.cache_utils import DynamicLayer, StaticLayer
+
+    layers = getattr(past, "layers", None)
+    if not isinstance(layers, list) or not 0 <= layer < len(layers):
+        return None
+    entry = layers[layer]
+    return entry if type(entry) in (DynamicLayer, StaticLayer) else None
+
+
+def _slot_positions(pos: Tensor, start: int, cache: dict) -> bool:
+    """Whether the forward's positions ``pos`` ``[B, L]`` are the cache slots ``start + arange(L)`` in every row."""
+    key = ("hf-slot-positions", id(pos), start)
+    got = cache.get(key)
+    if got is None or got[0] is not pos:
+        ok = is_arange_rows(pos, cache) and bool((pos[:, 0] == start).all())
+        cache[key] = got = (pos, ok)
+    return got[1]
+
+
+def _rows(cache: dict, start: int, end: int, device: torch.device) -> Tensor:
+    """``arange(start, end)[None]``, one tensor per forward (the encodings memoise their cos/sin by identity)."""
+    key = ("hf-rotated-rows", start, end, device)
+    got = cache.get(key)
+    if got is None:
+        cache[key] = got = mark_arange(cache, torch.arange(start, end, device=device)[None, :])
+    return got
+
+
+def rotate_in_cache(
+    state: PosencPatch,
+    enc: PositionalEncoding,
+    query: Tensor,
+    key: Tensor,
+    stored: Tensor,
+    ctx: AttentionContext,
+    by_position: bool,
+) -> tuple[Tensor, Tensor] | None:
+    """The query and keys rotated, each cached key rotated once: the query and the keys not rotated yet, written
+    back into the cache's own tensor (``stored``, what ``update`` returned) with a record on the cache layer of how
+    many leading keys are rotated; or None where this does not apply (the caller rotates every key).
+
+    Applies to an encoding that :func:`rotates_per_key`, with a dynamic or static full-attention cache layer
+    (``past_key_values`` of the forward; its keys are its positions ``0 .. n-1``, the positions posenc.hf gives
+    cached keys) and the forward's positions those slots. The record follows the cache: a key past the cache's
+    length before this forward (its ``get_seq_length``) counts as not rotated, so a reset, a cropped (assisted
+    decoding) or a newly made cache is right; a beam reordering moves whole rows; a copy of the cache carries its
+    record. Where the keys may not be written (gradients on, ``torch.compile`` tracing, a half-precision model whose
+    keys posenc computes on in float32), the keys already rotated are taken as they are and the rest rotated
+    here. A cache whose keys another encoding rotated is refused: its keys cannot be turned back."""
+    tag = state.key_rotation.get(ctx.layer)
+    past = state.past() if state.past is not None else None
+    sizes = state.cache_sizes.get(ctx.layer) if state.cache_sizes else None
+    if tag is None or past is None or sizes is None:
+        return None
+    entry = _cache_layer(past, ctx.layer)
+    q_start, k_start, _ = sizes
+    lq, lk = query.shape[-2], key.shape[-2]
+    end = q_start + lq
+    if entry is None or k_start != 0 or end > lk:
+        return None
+    record = entry.__dict__.get(ROTATED_ATTR)
+    done = 0
+    if record is not None:
+        if record[0] != tag:
+            raise ConfigError(
+                f"this KV cache holds keys that posenc.hf stored rotated by {record[0]}, but this model is patched "
+                f"with {tag}: those keys cannot be turned back to be rotated again. Start a new cache "
+                "(past_key_values=None, or a new DynamicCache) for this patch"
+            )
+        done = min(int(record[1]), q_start)
+        entry.__dict__[ROTATED_ATTR] = (tag, done)  # keys past the cache's length were dropped or are overwritten
+    if not by_position and not _slot_positions(ctx.q_pos, q_start, ctx.cache):
+        return None  # the forward's own positions (a padded batch's): the keys are rotated at each step
+    write = (
+        stored is key
+        and getattr(entry, "keys", None) is stored
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
+    if record is None and not write:
+        return None
+    rows = _rows(ctx.cache, done, end, key.device)
+    sub = AttentionContext(
+        q_pos=_rows(ctx.cache, q_start, end, key.device) if done != q_start else rows,
+        k_pos=rows,
+        n_heads=ctx.n_heads,
+        head_dim=ctx.head_dim,
+        layer=ctx.layer,
+        reference=ctx.reference,
+        cache=ctx.cache,
+        caching=True,
+    )
+    query, fresh = enc.rotate(query, key[:, :, done:end], sub)
+    if write:
+        key[:, :, done:end] = fresh
+        entry.__dict__[ROTATED_ATTR] = (tag, end)
+        return query, key
+    return query, torch.cat((key[:, :, :done], fresh, key[:, :, end:]), dim=-2)

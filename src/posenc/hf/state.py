@@ -10,6 +10,7 @@ and the errors.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -51,6 +52,9 @@ class PosencPatch(nn.Module):
         self.handles: list[Any] = []
         self.positions: Tensor | None = None  # of the forward in progress (after the `positions` hook)
         self.cache_sizes: dict[int, tuple[int, int, int]] | None = None  # layer -> (q start, k start, k count)
+        self.past: weakref.ref | None = None  # the transformers cache of the forward in progress
+        # layer -> the rotation (rotary.rotation_tag) whose keys it stores rotated in the cache (rotary.rotate_in_cache)
+        self.key_rotation: dict[int, str] = {}
         self.forward_cache: dict = {}
         self.checkpointing = False  # gradient checkpointing while training: each layer its own memo
         self.first_cache: dict | None = None  # the memo as the forward's positions left it (checkpointing)
@@ -61,7 +65,7 @@ class PosencPatch(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         """A copy (``copy.deepcopy`` of the model, pickling) leaves out what belongs to the forward in progress."""
         out = dict(self.__dict__)
-        out.update(positions=None, forward_cache={}, first_cache=None, cache_sizes=None, handles=[])
+        out.update(positions=None, forward_cache={}, first_cache=None, cache_sizes=None, past=None, handles=[])
         return out
 
     @property

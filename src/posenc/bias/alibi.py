@@ -8,8 +8,10 @@ score between query ``i`` and key ``j`` linearly in their distance,
     \quad\Longleftrightarrow\quad A_{ij} = \frac{q_i \cdot k_j}{\sqrt{d}} - m_h (i - j), \; j \le i
 
 with a fixed, head-specific slope ``m_h``. The bias is *not* multiplied by the
-softmax temperature (it goes through the ``bias`` hook, so the fast path hands
-it to SDPA as an additive mask).
+softmax temperature (it goes through the ``bias`` hook). It depends on ``i - j`` only, so at
+contiguous positions it is ``Lq + Lk - 1`` numbers per head (``bias_offsets``), which the
+``offset-bias`` kernel reads without ever making the ``[H, Lq, Lk]`` matrix; elsewhere (a padding
+mask, a GPU, short calls) the matrix goes to SDPA as an additive mask.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import Tensor
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
-from ..relative._skew import arange_rows, offsets, toeplitz
+from ..relative._skew import arange_rows, offset_rows, offsets, toeplitz
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -102,45 +104,57 @@ class ALiBi(PositionalEncoding):
             dist = dist.abs()
         return -self.slopes[None, :, None, None] * dist[:, None]
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def _check_heads(self, ctx: AttentionContext) -> None:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"ALiBi was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
-        # the attention's dtype (float64 in a .double() model), float32 standalone
+
+    @staticmethod
+    def _dtype(ctx: AttentionContext) -> torch.dtype:
+        """The attention's dtype (float64 in a ``.double()`` model), float32 standalone."""
         weight = getattr(ctx.attention, "q_proj", None)
-        dtype = weight.weight.dtype if isinstance(weight, torch.nn.Linear) else torch.float32
+        return weight.weight.dtype if isinstance(weight, torch.nn.Linear) else torch.float32
+
+    def bias_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        r"""``-m_h (i - j)`` (or ``-m_h |i - j|``) at the ``Lq + Lk - 1`` offsets of contiguous positions: ``[H, P]``.
+
+        ``None`` on the reference path or for positions that are not ``start + arange`` per row. The
+        ``offset-bias`` kernel reads these ``H·P`` numbers and never makes the ``[H, Lq, Lk]`` bias (2.4 GB at
+        ``L = 8192`` and 9 heads); computed in float64 like :meth:`matrix`, then cast to the attention's dtype.
+        """
+        if ctx.reference or not offset_rows(ctx):
+            return None
+        self._check_heads(ctx)
+        d = offsets(ctx).double()  # j - i, ascending
+        dist = d.abs() if self.bidirectional else -d  # i - j, or |i - j|
+        return (-self.slopes.to(d.device)[:, None] * dist[None, :]).to(self._dtype(ctx))
+
+    def bias(self, ctx: AttentionContext) -> Tensor:
+        self._check_heads(ctx)
+        dtype = self._dtype(ctx)
         if ctx.reference:  # the paper's matrix, computed afresh from i and j
             return self._matrix(ctx.q_pos, ctx.k_pos).to(dtype)
         key = ("alibi", id(self), id(ctx.q_pos), id(ctx.k_pos), dtype)
         got = ctx.cache.get(key)
-        if got is None:  # once per forward, shared by every layer: -m (i - j) from j - i
-            if arange_rows(ctx):  # offset-only: Lq + Lk - 1 values laid out as a Toeplitz matrix
-                d = offsets(ctx)
-                # fixed slopes: the matrix of one (Lq, Lk, first offset) is reused by later forwards, as
-                # x-transformers keeps its bias buffer (a changed slope buffer bumps its version)
-                memo = (
-                    ctx.q_pos.shape[-1],
-                    ctx.k_pos.shape[-1],
-                    int(d[0]),
-                    dtype,
-                    d.device,
-                    id(self.slopes),
-                    self.slopes._version,
-                    torch.is_inference_mode_enabled(),
-                )
-                if self._memo is not None and self._memo[0] == memo:
-                    out = self._memo[1]
-                else:
-                    dist = d.abs() if self.bidirectional else -d
-                    vals = -self.slopes.to(dtype)[:, None] * dist[None, :].to(dtype)
-                    out = toeplitz(vals, ctx.q_pos.shape[-1], ctx.k_pos.shape[-1])
-                    self._memo = (memo, out)
-            else:
-                rel = ctx.relative()
-                dist = rel.abs() if self.bidirectional else -rel
-                out = -self.slopes.to(dtype)[None, :, None, None] * dist[:, None].to(dtype)
-            ctx.cache[key] = (ctx.q_pos, ctx.k_pos, out)  # keeps the position tensors (and their ids) alive
-            return out
-        return got[2]
+        if got is not None:  # once per forward, shared by every layer
+            return got[2]
+        lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
+        if arange_rows(ctx) and lq * lk < self.fused_min_pairs:
+            # short calls (the plan's offset-bias kernel starts at fused_min_pairs pairs): the matrix of one
+            # (Lq, Lk, first offset) is reused by later forwards, as x-transformers keeps its bias buffer; at most
+            # H * fused_min_pairs numbers (a changed slope buffer bumps its version)
+            memo = (lq, lk, int(offsets(ctx)[0]), dtype, ctx.q_pos.device, id(self.slopes), self.slopes._version)
+            memo += (torch.is_inference_mode_enabled(),)
+            if self._memo is None or self._memo[0] != memo:
+                self._memo = (memo, toeplitz(self.bias_offsets(ctx), lq, lk))
+            out = self._memo[1]
+        elif ctx.contiguous:  # offset-only: Lq + Lk - 1 values laid out as a Toeplitz matrix (built per forward)
+            out = toeplitz(self.bias_offsets(ctx), lq, lk)
+        else:
+            rel = ctx.relative()
+            dist = rel.abs() if self.bidirectional else -rel
+            out = -self.slopes.to(dtype)[None, :, None, None] * dist[:, None].to(dtype)
+        ctx.cache[key] = (ctx.q_pos, ctx.k_pos, out)  # keeps the position tensors (and their ids) alive
+        return out
 
     def matrix(self, length: int) -> Tensor:
         """The ``[H, L, L]`` bias for positions ``0 .. length-1`` (float64), e.g. to plot it."""

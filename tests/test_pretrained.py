@@ -190,3 +190,26 @@ def test_identity_of_a_model_not_loaded_here():
 def test_cache_root_follows_posenc_data(monkeypatch, tmp_path):
     monkeypatch.setenv("POSENC_DATA", str(tmp_path))
     assert pretrained.cache_root() == Path(tmp_path) / "models"
+
+
+def _conversion(folder: Path, ident: dict, weights: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / pretrained.IDENTITY_FILE).write_text(json.dumps(ident))
+    (folder / "weights").write_text(weights)
+    return folder
+
+
+def test_a_conversion_published_meanwhile_is_kept_and_an_older_one_replaced(tmp_path):
+    """Two processes converting at once: the second finds the first's conversion, leaves it (a reader may be
+    loading it) and drops its own copy; a conversion of another file or version is replaced."""
+    target = tmp_path / "models" / "m"
+    ident = {"sha256": "ab", "converted_by": {"transformers": "5"}}
+    _conversion(target, ident, "first")
+    pretrained._publish(_conversion(tmp_path / "models" / ".m-tmp1", ident, "second"), target, ident)
+    assert (target / "weights").read_text() == "first"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m"]
+    newer = {"sha256": "ab", "converted_by": {"transformers": "6"}}
+    pretrained._publish(_conversion(tmp_path / "models" / ".m-tmp2", newer, "third"), target, newer)
+    assert (target / "weights").read_text() == "third"
+    assert json.loads((target / pretrained.IDENTITY_FILE).read_text()) == newer
+    assert sorted(p.name for p in target.parent.iterdir()) == ["m"]

@@ -174,13 +174,31 @@ def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool) -> No
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
         (tmp / IDENTITY_FILE).write_text(json.dumps(ident, indent=2, sort_keys=True) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        _publish(tmp, target, ident)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _say(f"converted in {time.perf_counter() - t0:.0f} s", quiet)
+
+
+def _publish(tmp: Path, target: Path, ident: dict[str, Any]) -> None:
+    """Move a finished conversion ``tmp`` to ``target`` so that a process reading ``target`` never sees half of it.
+
+    Two processes may convert at once (two test workers, two notebooks): where the other one has already published
+    the same conversion, this one's copy is dropped and the published one left alone (a reader may be loading it);
+    an older one (another GGUF, another transformers) is first renamed aside, atomically, then removed."""
+    try:
+        published = json.loads((target / IDENTITY_FILE).read_text())
+    except (OSError, ValueError):
+        published = None
+    if published == ident:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, target)
 
 
 def _from_folder(folder: Path, ident: dict[str, Any], dtype: Any, kwargs: dict[str, Any]) -> tuple[nn.Module, Any]:

@@ -128,3 +128,71 @@ def test_shaw_and_nezha_decoding_steps_equal_the_reference_path(name, context, c
                 assert kernels == {"decode"}, kernels
             rows = mask[:, :, None]  # a padded query's row is left out (it sees no key in the reference)
             torch.testing.assert_close(got * rows, want * rows, rtol=1e-10, atol=1e-11)
+
+
+def _fire(path: str, heads: int, threshold: float) -> posenc.MultiHeadAttention:
+    torch.manual_seed(0)
+    enc = posenc.get("fire", n_heads=heads, hidden=8, init_L=threshold)
+    return posenc.MultiHeadAttention(4 * heads, heads, encoding=enc, path=path).double().eval()
+
+
+def _decode(attn: posenc.MultiHeadAttention, x: torch.Tensor, context: int, mask: torch.Tensor) -> torch.Tensor:
+    """A prefill of ``context`` tokens, then one step per token left."""
+    cache = posenc.KVCache()
+    outs = [attn(x[:, :context], causal=True, kv_cache=cache, attention_mask=mask[:, :context])]
+    for t in range(context, x.shape[1]):
+        outs.append(attn(x[:, t : t + 1], causal=True, kv_cache=cache, attention_mask=mask[:, : t + 1]))
+    return torch.cat(outs, dim=1)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    context=st.integers(1, 30),
+    threshold=st.sampled_from([3.0, 12.5, 20.0, 512.0]),
+    heads=st.integers(1, 3),
+    batch=st.integers(1, 2),
+    padded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fire_decoding_steps_equal_the_reference_path(context, threshold, heads, batch, padded, seed):
+    """FIRE's decoding steps, from the tables it keeps between steps (the bias per offset while the query is at
+    ``i <= L``, ``ψ`` per distance past it), equal the MLP on every pair, across the threshold ``L``, native on and
+    off; then again after each parameter changed in place (the tables follow the version counters)."""
+    fast, ref = _fire("auto", heads, threshold), _fire("reference", heads, threshold)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, context + 8, 4 * heads, generator=g, dtype=torch.float64)
+    mask = torch.ones(batch, context + 8, dtype=torch.bool)
+    if padded and batch > 1:
+        mask[1, : min(3, context)] = False
+    rows = mask[:, :, None]
+    with torch.no_grad():
+        for change in (None, "mlp", "c", "L_multiplier"):
+            if change is not None:  # the same change in both models
+                for attn in (fast, ref):
+                    enc = attn.encoding
+                    param = enc.mlp[0].weight if change == "mlp" else getattr(enc, change)
+                    param.mul_(1.5)
+            want = _decode(ref, x, context, mask)
+            for on in (True, False):
+                native.enabled = on
+                try:
+                    got = _decode(fast, x, context, mask)
+                finally:
+                    native.enabled = True
+                torch.testing.assert_close(got * rows, want * rows, rtol=1e-10, atol=1e-11)
+    assert "_psi_memo" in fast.encoding.__dict__ or "_bias_memo" in fast.encoding.__dict__
+
+
+def test_fire_keeps_no_table_under_autograd_or_in_training():
+    """A step that records a gradient, or in training mode, evaluates the bias per pair (its gradient reaches the
+    parameters), and leaves no table behind."""
+    fast, ref = _fire("auto", 2, 6.0), _fire("reference", 2, 6.0)
+    x = torch.randn(1, 12, 8, dtype=torch.float64)
+    mask = torch.ones(1, 12, dtype=torch.bool)
+    got = _decode(fast, x, 4, mask)
+    torch.testing.assert_close(got, _decode(ref, x, 4, mask), rtol=1e-10, atol=1e-11)
+    got.sum().backward()
+    assert fast.encoding.c.grad is not None and fast.encoding.mlp[0].weight.grad is not None
+    with torch.no_grad():
+        _decode(fast.train(), x, 4, mask)
+    assert not any(k in fast.encoding.__dict__ for k in ("_psi_memo", "_bias_memo", "_pieces_memo"))

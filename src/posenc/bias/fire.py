@@ -37,6 +37,7 @@ from .. import native
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
+from ..relative._skew import offset_rows
 
 
 @register
@@ -134,16 +135,80 @@ class FIRE(PositionalEncoding):
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"fire was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
-        x = self.normalized_distance(ctx.q_pos, ctx.k_pos)  # [B, Lq, Lk]
         if ctx.reference or torch.compiler.is_compiling() or not self._is_relu_mlp():
+            x = self.normalized_distance(ctx.q_pos, ctx.k_pos)  # [B, Lq, Lk]
             return self.mlp(x[..., None]).permute(0, 3, 1, 2)  # [B, H, Lq, Lk]: the MLP on every pair
-        knots, slope, intercept = self.piecewise_linear()
-        fast = native.fire_bias(x, knots.to(x.dtype), slope.to(x.dtype), intercept.to(x.dtype))
-        if fast is not None:  # one pass in C: [H, B, Lq, Lk]
-            return fast.transpose(0, 1)
-        seg = torch.searchsorted(knots, x.detach().contiguous())  # the linear piece of every pair
+        kept = self._kept_bias(ctx)
+        if kept is not None:  # decoding: from the tables kept between calls
+            return kept.transpose(0, 1)
+        x = self.normalized_distance(ctx.q_pos, ctx.k_pos)  # [B, Lq, Lk]
         # [H, B, Lq, Lk] -> [B, H, Lq, Lk] (a free transpose for B = 1)
-        return (slope.t()[:, seg] * x + intercept.t()[:, seg]).transpose(0, 1)
+        return self._piecewise(x, *self.piecewise_linear()).transpose(0, 1)
+
+    @staticmethod
+    def _piecewise(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Tensor:
+        """``f(x)`` from its pieces (:meth:`piecewise_linear`): ``[H, *x.shape]``."""
+        fast = native.fire_bias(x, knots.to(x.dtype), slope.to(x.dtype), intercept.to(x.dtype))
+        if fast is not None:  # one pass in C
+            return fast
+        seg = torch.searchsorted(knots, x.detach().contiguous())  # the linear piece of every pair
+        return slope.t()[:, seg] * x + intercept.t()[:, seg]
+
+    def _kept_bias(self, ctx: AttentionContext) -> Tensor | None:
+        """The bias ``[H, B, 1, Lk]`` of a decoding step (one query, contiguous integer positions, no autograd, not
+        training) from tables this module keeps between calls, or ``None``.
+
+        The step's offsets ``j - i`` are one run (``ctx.contiguous``), so a table over offsets gives them as a slice.
+        ``ψ(|j - i|)`` depends on ``c`` alone: a table of it leaves a division per key, ``ψ(|i - j|) / (ψ(max{L, i})
+        + ε)``, and the MLP's pieces (kept too) per key and head: the work the maths sets once ``i > L``, where the
+        normaliser moves with ``i``. While the query is at ``i ≤ L`` the normaliser is the constant ``ψ(L)``, so the
+        bias depends on ``j - i`` alone and the bias itself is kept per offset: the step reads a slice of it. Each
+        table gains offsets as the cache grows (a half more at a time) and is rebuilt when a parameter changed
+        (version counters)."""
+        q_pos, k_pos = ctx.q_pos, ctx.k_pos
+        if torch.is_grad_enabled() or self.training or q_pos.shape[-1] != 1 or not offset_rows(ctx):
+            return None
+        if q_pos.is_floating_point() or k_pos.is_floating_point():
+            return None
+        b, lk = q_pos.shape[0], k_pos.shape[-1]
+        low = int(k_pos[0, 0]) - int(q_pos[0, 0])  # the offset j - i of the first key; the others follow one by one
+        n = max(abs(low), abs(low + lk - 1))  # the largest distance
+        if float(q_pos.max()) <= float(self.threshold()):  # every query at i <= L (exact: positions < 2^24)
+            table = self._kept_table("_bias_memo", n, self._bias_of_distance, list(self.parameters()))
+            mid = table.shape[-1] // 2  # offset 0
+            return table[:, None, None, mid + low : mid + low + lk].expand(-1, b, 1, lk)
+        table = self._kept_table("_psi_memo", n, self.psi, [self.c])
+        mid = table.shape[-1] // 2
+        norm = self.psi(torch.maximum(q_pos.to(self.c.dtype), self.threshold())) + self.eps  # [B, 1]
+        return self._piecewise(table[mid + low : mid + low + lk] / norm[:, :, None], *self._kept_pieces())
+
+    def _bias_of_distance(self, d: Tensor) -> Tensor:
+        """``f(ψ(d) / (ψ(L) + ε))`` at the distances ``d`` (float ``[N]``): ``[H, N]``, the bias of a query at i ≤ L."""
+        x = self.psi(d) / (self.psi(self.threshold()) + self.eps)
+        return self._piecewise(x, *self._kept_pieces())
+
+    def _kept_pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`piecewise_linear`, kept while the MLP's parameters do not change (calls without autograd)."""
+        params = list(self.mlp.parameters())
+        key = tuple((id(t), t._version, t.dtype, t.device) for t in params)
+        memo = self.__dict__.get("_pieces_memo")
+        if memo is None or memo[0] != key:
+            memo = (key, self.piecewise_linear(), params)  # params kept: their ids stay theirs
+            self.__dict__["_pieces_memo"] = memo
+        return memo[1]
+
+    def _kept_table(self, name: str, n: int, of_distance, params: list[Tensor]) -> Tensor:
+        """``of_distance(|o|)`` at the offsets ``o = -N .. N`` (``N >= n``; offset 0 in the middle of the last
+        dimension), kept under ``name`` while ``params`` do not change (version counters); rebuilt a half larger
+        when an offset falls outside."""
+        key = tuple((id(t), t._version, t.dtype, t.device) for t in params) + (self.L0._version,)
+        memo = self.__dict__.get(name)
+        if memo is None or memo[0] != key or memo[1].shape[-1] < 2 * n + 1:
+            size = max(64, n + n // 2, memo[1].shape[-1] // 2 if memo is not None and memo[0] == key else 0)
+            d = torch.arange(-size, size + 1, dtype=self.c.dtype, device=self.c.device).abs()
+            memo = (key, of_distance(d), params)  # params kept: their ids stay theirs
+            self.__dict__[name] = memo
+        return memo[1]
 
     def bias_blocks(self, ctx: AttentionContext):  # -> tuple[Callable[..., Tensor], tuple[Tensor, ...]] | None
         """The bias of a block of query rows from the piecewise-linear MLP: ``(fn, (c, ℓ, A, B))``, or ``None``.
@@ -168,11 +233,7 @@ class FIRE(PositionalEncoding):
             dist = (i[:, None] - k_pos[:ke].to(c.dtype)[None, :]).abs()
             norm = torch.log1p((c * torch.maximum(i, (mult * l0).abs())).abs()) + eps  # ψ(max{L, i}) + ε
             x = torch.log1p((c * dist).abs()) / norm[:, None]  # [b, ke]
-            fast = native.fire_bias(x, knots.to(x.dtype), a.to(x.dtype), b.to(x.dtype))
-            if fast is not None:
-                return fast  # [H, b, ke]
-            seg = torch.searchsorted(knots.to(x.dtype), x.detach().contiguous())
-            return a.t().to(x.dtype)[:, seg] * x + b.t().to(x.dtype)[:, seg]
+            return FIRE._piecewise(x, knots.to(x.dtype), a.to(x.dtype), b.to(x.dtype))  # [H, b, ke]
 
         return block, (self.c, self.L_multiplier, slope, intercept)
 

@@ -196,3 +196,26 @@ def test_fire_keeps_no_table_under_autograd_or_in_training():
     with torch.no_grad():
         _decode(fast.train(), x, 4, mask)
     assert not any(k in fast.encoding.__dict__ for k in ("_psi_memo", "_bias_memo", "_pieces_memo"))
+
+
+@pytest.mark.parametrize("name", ["contextual-1", "contextual-2"])
+def test_contextual_decoding_keeps_its_projected_tables_while_the_weights_hold(name):
+    """contextual-1/2 decoding steps project their bucket tables once and keep them (and the offsets' buckets)
+    between steps: equal to the reference path, then again after each weight changed in place."""
+    torch.manual_seed(0)
+    opts = {"n_heads": 2, "head_dim": 4} if name == "contextual-1" else {}
+    enc = posenc.get(name, d_model=8, num_buckets=8, max_distance=16, **opts)
+    fast = posenc.MultiHeadAttention(8, 2, encoding=enc).double().eval()
+    ref = posenc.MultiHeadAttention(8, 2, encoding=enc, path="reference").double().eval()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 30, 8, dtype=torch.float64)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    weights = [enc.embeddings.weight] + ([enc.to_r.weight] if name == "contextual-1" else [fast.k_proj.bias])
+    with torch.no_grad():
+        for change in [None, *weights]:
+            if change is not None:
+                change.mul_(1.5)
+                ref.load_state_dict(fast.state_dict())
+            torch.testing.assert_close(_decode(fast, x, 5, mask), _decode(ref, x, 5, mask), rtol=1e-10, atol=1e-11)
+            assert fast.last_plan.kernel == "decode"
+    assert enc.__dict__["_projected_memo"] and enc.__dict__["_bucket_memo"].shape[0] >= 2 * 29 + 1

@@ -26,6 +26,7 @@ the reference paths materialise ``r_{ij}`` ``[Lq, Lk, d_model]`` exactly as the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,8 +83,37 @@ class _Bucketed(PositionalEncoding):
     max_distance: int
 
     def offset_rows(self, ctx: AttentionContext) -> Tensor:
-        """The bucket of each of the ``Lq + Lk - 1`` offsets of contiguous positions (``[P]``, of ``i - j``)."""
-        return seed_relative_position_bucket(-offsets(ctx), self.num_buckets, self.max_distance)
+        """The bucket of each of the ``Lq + Lk - 1`` offsets of contiguous positions (``[P]``, of ``i - j``).
+
+        Outside ``torch.compile``, a slice of a table of the buckets of the offsets ``-N .. N`` this module keeps
+        (the buckets depend on no parameter), grown a half at a time: a decoding step then buckets no offset."""
+        if torch.compiler.is_compiling():
+            return seed_relative_position_bucket(-offsets(ctx), self.num_buckets, self.max_distance)
+        lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
+        low = int(ctx.k_pos[0, 0]) - int(ctx.q_pos[0, -1])  # the lowest offset j - i; P of them from there
+        n = max(abs(low), abs(low + lq + lk - 2))
+        memo = self.__dict__.get("_bucket_memo")
+        if memo is None or memo.shape[0] < 2 * n + 1 or memo.device != ctx.q_pos.device:
+            size = max(64, n + n // 2)
+            offs = torch.arange(-size, size + 1, device=ctx.q_pos.device)
+            memo = seed_relative_position_bucket(-offs, self.num_buckets, self.max_distance)
+            self.__dict__["_bucket_memo"] = memo
+        mid = memo.shape[0] // 2  # offset 0
+        return memo[mid + low : mid + low + lq + lk - 1]
+
+    def _kept(self, slot: object, params: tuple[Tensor | None, ...], build: Callable[[], Tensor]) -> Tensor:
+        """``build()`` (a projected bucket table), kept under ``slot`` between calls without autograd while
+        ``params`` do not change (version counters): a decoding step projects no table. With autograd (or while
+        ``torch.compile`` traces) it is built each call, so its gradient reaches the parameters."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return build()
+        key = tuple((id(t), t._version, t.dtype, t.device) for t in params if t is not None)
+        memo = self.__dict__.setdefault("_projected_memo", {})
+        got = memo.get(slot)
+        if got is None or got[0] != key:
+            got = (key, build(), params)  # params kept: their ids stay theirs
+            memo[slot] = got
+        return got[1]
 
     def index(self, ctx: AttentionContext) -> Tensor:
         nb, md = self.num_buckets, self.max_distance
@@ -215,7 +245,9 @@ class Contextual1(_Bucketed):
         """The query term over the offsets' buckets (:class:`~posenc.fused.Rows` of the projected table)."""
         if ctx.reference or not offset_rows(ctx) or (q.shape[1], q.shape[-1]) != (self.n_heads, self.head_dim):
             return None
-        table = self.to_r(self.embeddings.weight).unflatten(-1, (self.n_heads, self.head_dim)).to(q.dtype)
+        params = (self.embeddings.weight, self.to_r.weight)
+        dims, dtype = (self.n_heads, self.head_dim), q.dtype
+        table = self._kept(dtype, params, lambda: self.to_r(self.embeddings.weight).unflatten(-1, dims).to(dtype))
         return RelativeForm(q=q, k=k, query_terms=[(q, offset_table(table, self.offset_rows(ctx)))])
 
 
@@ -308,9 +340,14 @@ class Contextual2(_Bucketed):
             return None
         q_proj, k_proj = self._projections(ctx)
         h, d = q.shape[1], q.shape[-1]
-        e = self.embeddings.weight
-        kr = self._project(e, k_proj).unflatten(-1, (h, d)).to(q.dtype)
-        qr = self._project(e, q_proj).unflatten(-1, (h, d)).to(q.dtype)
+        e, dtype = self.embeddings.weight, q.dtype
+        kr, qr = (
+            # one table per projection (each layer's own), kept between decoding steps
+            self._kept(
+                (id(p), dtype), (e, p.weight, p.bias), lambda p=p: self._project(e, p).unflatten(-1, (h, d)).to(dtype)
+            )
+            for p in (k_proj, q_proj)
+        )
         rows = self.offset_rows(ctx)
         return RelativeForm(
             q=q, k=k, query_terms=[(q, offset_table(kr, rows))], key_terms=[(k, offset_table(qr, rows))]

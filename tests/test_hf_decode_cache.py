@@ -193,3 +193,29 @@ def test_a_cache_rotated_by_another_encoding_is_refused():
         again = llama("xpos")
         again(tokens(b=1, n=1), past_key_values=cache, use_cache=True)
     assert rotated(cache)[1] == 10
+
+
+@pytest.mark.parametrize("name", ["xpos", "alibi"])
+def test_a_decoding_step_on_a_dynamic_cache_needs_no_mask_and_a_static_one_keeps_it(name, monkeypatch):
+    """One query after every cached key sees them all: no mask (as transformers' own SDPA decodes); a static
+    cache's empty slots stay masked."""
+    from posenc.attention import AttentionCore
+
+    seen: list[tuple[int, bool]] = []
+    attend = AttentionCore.attend
+
+    def spy(self, call, *args, **kwargs):
+        seen.append((call.q.shape[2], call.allowed is None))
+        return attend(self, call, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionCore, "attend", spy)
+    model = llama(name)
+    prompt = tokens(b=1, n=6, seed=10)
+    seq, logits = generated(model, prompt, new=3, past_key_values=DynamicCache())
+    assert [unmasked for lq, unmasked in seen if lq == 1] == [True] * 4
+    seen.clear()
+    seq_static, logits_static = generated(model, prompt, new=3, cache_implementation="static")
+    assert [unmasked for lq, unmasked in seen if lq == 1] == [False] * 4
+    assert torch.equal(seq, seq_static)
+    check_against_no_cache(model, seq, logits, prompt.shape[1])
+    torch.testing.assert_close(logits_static, logits, atol=1e-4, rtol=1e-4)

@@ -153,16 +153,21 @@ def _mask(
     window: int | None,
     by_position: bool,
     device: torch.device,
+    sees_all: bool = False,
 ) -> tuple[Tensor | None, bool]:
     """posenc's mask for transformers' ``attention_mask`` (``shape``: batch, queries, keys) and whether it may hide
     keys beyond the causal pattern (padding, a window, cache positions). Every layer of a forward gets the same
-    mask (the same tensor from transformers), so it is made once per forward and kept in ``cache``."""
+    mask (the same tensor from transformers), so it is made once per forward and kept in ``cache``. ``sees_all``:
+    one query after every key of the cache (a decoding step on a dynamic cache), which needs no mask where
+    transformers passes none (as posenc's own decoding steps)."""
     b, lq, lk = shape
-    key = ("hf-mask", id(attention_mask), b, lq, lk, causal, window, by_position, device)
+    key = ("hf-mask", id(attention_mask), b, lq, lk, causal, window, by_position, sees_all, device)
     allowed = cache.get(key, False)
     if allowed is False:
         if attention_mask is not None:
             allowed = _allowed(attention_mask[..., :lk])
+        elif sees_all and window is None:
+            allowed = None
         elif by_position or window is not None:
             allowed = _positions_mask(q_pos, k_pos, causal, window)
         else:
@@ -231,9 +236,11 @@ def posenc_attention(
     ctx.contiguous = contiguous_positions(q_pos, k_pos, cache)
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal) and lk >= lq
+    sizes = state.cache_sizes.get(core.layer) if by_position and state.cache_sizes else None
+    sees_all = sizes is not None and lq == 1 and sizes[1] + lk - 1 <= sizes[0]  # keys k_start .. k_start+lk-1
     allowed, padding = _mask(
         cache, attention_mask, q_pos, k_pos, (b, lq, lk), causal, kwargs.get("sliding_window"), by_position,
-        query.device,
+        query.device, sees_all,
     )
     ctx.mask = allowed
     call = _Call(

@@ -219,3 +219,23 @@ def test_contextual_decoding_keeps_its_projected_tables_while_the_weights_hold(n
             torch.testing.assert_close(_decode(fast, x, 5, mask), _decode(ref, x, 5, mask), rtol=1e-10, atol=1e-11)
             assert fast.last_plan.kernel == "decode"
     assert enc.__dict__["_projected_memo"] and enc.__dict__["_bucket_memo"].shape[0] >= 2 * 29 + 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("order", ["descending", "ascending", "random", "on-knots"])
+def test_fire_kernel_by_runs_of_one_piece_equals_the_search_per_value(order):
+    """FIRE's C kernel takes a run of values in one piece at a time (a row of distances is monotone): the same
+    numbers as a search per value (torch.searchsorted), for values in order, in no order and on the knots, across
+    chunks of the kernel."""
+    torch.manual_seed(0)
+    knots = torch.sort(torch.randn(9)).values
+    slope, intercept = torch.randn(10, 3), torch.randn(10, 3)
+    x = {
+        "descending": torch.linspace(3, -3, 5000),
+        "ascending": torch.linspace(-3, 3, 5000),
+        "random": torch.randn(5000),
+        "on-knots": knots.repeat_interleave(556)[:5000],
+    }[order].reshape(2, 2500)
+    seg = torch.searchsorted(knots, x)
+    want = slope.t()[:, seg] * x + intercept.t()[:, seg]
+    assert torch.equal(native.fire_bias(x, knots, slope, intercept), want)

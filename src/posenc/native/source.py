@@ -141,7 +141,8 @@ int posenc_populate(void *p, int64_t bytes) {
 }
 
 /* FIRE's MLP as the piecewise-linear function it is: for each of the n values x[p], its piece
-   g = #{knots < x[p]} (as torch.searchsorted), and out[h * n + p] = A[g * H + h] * x[p] + B[g * H + h]. */
+   g = #{knots < x[p]} (as torch.searchsorted), and out[h * n + p] = A[g * H + h] * x[p] + B[g * H + h], a run of
+   values in one piece at a time (the distances of a row are monotone: few runs, each a vectorised loop). */
 #define PIECE(T)                                                                                             \
     static inline int64_t piece_##T(const T *knots, int64_t m, T v) {                                        \
         int64_t lo = 0, hi = m; /* first knot >= v */                                                        \
@@ -160,15 +161,30 @@ PIECE(double)
 #define FIRE_FORWARD(T)                                                                                      \
     void posenc_fire_forward_##T(const T *x, const T *knots, int64_t m, const T *A, const T *B, T *out,      \
                                  int64_t n, int64_t H, int64_t p0, int64_t p1) {                             \
-        int32_t g[FIRE_CHUNK];                                                                               \
+        int32_t g[FIRE_CHUNK], run[FIRE_CHUNK + 1];                                                          \
         for (int64_t c0 = p0; c0 < p1; c0 += FIRE_CHUNK) {                                                   \
             const int64_t c1 = c0 + FIRE_CHUNK < p1 ? c0 + FIRE_CHUNK : p1;                                  \
-            for (int64_t p = c0; p < c1; p++) g[p - c0] = (int32_t)piece_##T(knots, m, x[p]);                \
+            int64_t gp = -1, runs = 0;                                                                       \
+            for (int64_t p = c0; p < c1; p++) { /* the previous value's piece if it holds, else a search */  \
+                const T v = x[p];                                                                            \
+                const int64_t last = gp;                                                                     \
+                if (!(gp >= 0 && (gp == 0 || knots[gp - 1] < v) && (gp == m || !(knots[gp] < v))))          \
+                    gp = piece_##T(knots, m, v);                                                             \
+                g[p - c0] = (int32_t)gp;                                                                     \
+                if (gp != last) run[runs++] = (int32_t)(p - c0); /* a run of one piece starts here */        \
+            }                                                                                                \
+            run[runs] = (int32_t)(c1 - c0);                                                                  \
             for (int64_t h = 0; h < H; h++) {                                                                \
-                T *restrict o = out + h * n;                                                                 \
-                for (int64_t p = c0; p < c1; p++) {                                                          \
-                    const int64_t k = g[p - c0] * H + h;                                                     \
-                    o[p] = A[k] * x[p] + B[k];                                                               \
+                T *restrict o = out + h * n + c0;                                                            \
+                const T *restrict xc = x + c0;                                                               \
+                if (8 * runs > c1 - c0) { /* short runs (values in no order): per value */                   \
+                    for (int64_t p = 0; p < c1 - c0; p++) o[p] = A[g[p] * H + h] * xc[p] + B[g[p] * H + h];  \
+                    continue;                                                                                \
+                }                                                                                            \
+                for (int64_t r = 0; r < runs; r++) {                                                         \
+                    const int64_t k = g[run[r]] * H + h;                                                     \
+                    const T a = A[k], b = B[k];                                                              \
+                    for (int64_t p = run[r]; p < run[r + 1]; p++) o[p] = a * xc[p] + b;                      \
                 }                                                                                            \
             }                                                                                                \
         }                                                                                                    \

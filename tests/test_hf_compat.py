@@ -312,13 +312,14 @@ def test_every_cache_gives_the_tokens_of_no_cache(make, name, cache):
 
 @pytest.mark.parametrize(
     ("name", "grouped"),
-    [("alibi", True), ("t5", True), ("kerple-log", True), ("fire", True), ("dynamic-bias", True), ("shaw", False),
-     ("cope", False)],
+    [("alibi", True), ("t5", True), ("kerple-log", True), ("fire", True), ("dynamic-bias", True), ("xpos", True),
+     ("rope-interleaved", True), ("shaw", False), ("cope", False)],
 )
 def test_a_decoding_step_keeps_grouped_keys_and_equals_them_repeated(name, grouped, monkeypatch):
-    """One query on grouped keys (4 query heads, 2 key heads) with an encoding acting by a bias alone: the keys are
-    not repeated (the plan says so), and the logits equal those of the same step with the keys repeated first. An
-    encoding that reads the keys (Shaw's logits, CoPE's gates) gets them repeated."""
+    """One query on grouped keys (4 query heads, 2 key heads) with an encoding acting by a bias or a rotation alone
+    (rotated before the kernel, in posenc's attention function: xPos, interleaved RoPE): the keys are not repeated
+    (the plan says so), and the logits equal those of the same step with the keys repeated first. An encoding that
+    reads the keys (Shaw's logits, CoPE's gates) gets them repeated."""
     from transformers import DynamicCache
 
     from posenc.attention import AttentionCore

@@ -79,12 +79,13 @@ class AttentionCore(nn.Module):
     def _keeps_groups(self, call: _Call, return_weights: bool) -> bool:
         """Whether a call with grouped keys (``Hkv < H``) runs on them as they are: one query (a decoding step,
         where repeating the cache's keys per step would cost as much as the attention itself), an encoding that
-        acts by a ``bias`` alone (or not at all: it never reads the keys), no weights asked for, no dropout, not the
-        reference path. The kernel is then SDPA with the query heads of each group folded onto its key head."""
+        acts by a ``bias`` alone, or by a rotation alone (applied to q and k before the core: plain attention by
+        now), or not at all, no weights asked for, no dropout, not the reference path. The kernel is then SDPA with
+        the query heads of each group folded onto its key head."""
         enc = self.encoding
         return (
             call.q.shape[2] == 1
-            and not (self._has["rotate"] or self._has["logits"] or self._has["values"])
+            and not (self._has["logits"] or self._has["values"])
             and (enc is None or not enc.logits_read_scores)
             and not call.ctx.reference
             and not return_weights

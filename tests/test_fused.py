@@ -227,6 +227,32 @@ def test_kept_probabilities_spare_the_backward_every_score(monkeypatch):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)
 
 
+def test_probabilities_kept_up_to_the_budget(monkeypatch):
+    """A budget of two blocks' probabilities: the forward keeps the first two (of four heads, one block each), the
+    backward recomputes the scores of the other two only, with the gradients of keeping none."""
+    b, h, lq, lk, d = 2, 2, 24, 30, 4
+    form, v, allowed = random_case(4, b, h, lq, lk, d, 1, 1, True, False, False, "causal", True)
+    weight = torch.randn(b, h, lq, d, dtype=F64)
+    real_mm = torch.mm
+    grads, counts = [], []
+    for save in (0, 2 * lq * lk * 8 + 7):
+        monkeypatch.setattr(fused, "SAVE_BYTES", save)
+        out = relative_attention(form, v, 0.5, allowed)
+        shapes: list[tuple] = []
+
+        def mm(a, b_, shapes=shapes, **kw):
+            shapes.append((tuple(a.shape), tuple(b_.shape)))
+            return real_mm(a, b_, **kw)
+
+        monkeypatch.setattr(torch, "mm", mm)
+        grads.append(torch.autograd.grad((out * weight).sum(), leaves(form, v)))
+        monkeypatch.setattr(torch, "mm", real_mm)
+        counts.append(shapes.count(((lq, d), (d, lk))))
+    assert counts == [2 * b * h, b * h + 2]
+    for x, y in zip(*grads):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)
+
+
 def test_kernel_rejects_mismatched_tables():
     form, v, _ = random_case(0, 1, 2, 5, 5, 4, 1, 0, False, False, False, "none")
     bad = RelativeForm(q=form.q, k=form.k, query_terms=[(form.query_terms[0][0], torch.zeros(8, 2, 4, dtype=F64))])
@@ -361,6 +387,56 @@ def test_key_terms_in_tiles(compact, lk, monkeypatch):
     got, want = relative_attention(form, v, 0.6, allowed), literal(form, v, 0.6, allowed)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     weight = torch.randn(got.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+    for x, y in zip(
+        torch.autograd.grad((got * weight).sum(), leaves(form, v)),
+        torch.autograd.grad((want * weight).sum(), leaves(form, v)),
+    ):
+        torch.testing.assert_close(x, y, rtol=1e-9, atol=1e-11)
+
+
+def clipped_rows(p: int, lq: int, k: int, reverse: bool = False) -> torch.Tensor:
+    """A clip of the offsets (Shaw's ``clip(j - i, k) + k``; reversed: a decreasing index), long runs at both ends."""
+    rows = (torch.arange(p) - (lq - 1)).clamp(-k, k) + k
+    return 2 * k - rows if reverse else rows
+
+
+@pytest.mark.parametrize("min_run", [1, 5, None])  # None: the tables expanded to every offset
+@pytest.mark.parametrize(("lq", "lk"), [(40, 40), (24, 56), (56, 24)])
+@pytest.mark.parametrize("mask", ["none", "causal", "causal-flag", "padding"])
+@pytest.mark.parametrize("save", [0, 2**40])
+def test_runs_of_one_row_are_broadcast(min_run, lq, lk, mask, save, monkeypatch):
+    """Compact tables whose index starts and ends in long runs of one row (a clip): where a block's queries all sit
+    in a run, the term is added per query (query and value terms) or per key (key terms) instead of through the
+    skewed buffers; 16-row blocks and key chunks, every term compact, equal to the formula with its gradients. The
+    same tables expanded: with ``causal=True`` the products skip the offsets past the diagonal."""
+    if mask == "causal-flag" and lk < lq:
+        pytest.skip("causal needs Lk >= Lq")
+    monkeypatch.setattr(fused, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(fused, "CHUNK_RATIO", 1.0)
+    monkeypatch.setattr(fused, "SAVE_BYTES", save)
+    monkeypatch.setattr(fused, "MIN_RUN", min_run or 1)
+    b, h, d, p = 2, 2, 4, lq + lk - 1
+    form, v, allowed = random_case(11, b, h, lq, lk, d, 0, 0, False, False, False, mask.removesuffix("-flag"))
+    g = torch.Generator().manual_seed(5)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=F64).requires_grad_()
+
+    form.query_terms = [(r(b, h, lq, d), Rows(r(7, h, d), clipped_rows(p, lq, 3)))]
+    form.key_terms = [
+        (r(b, h, lk, d), Rows(r(9, 1, d), clipped_rows(p, lq, 4))),
+        (r(b, h, lk, d), Rows(r(7, h, d), clipped_rows(p, lq, 3, reverse=True))),
+    ]
+    form.value_table = Rows(r(5, 1, d), clipped_rows(p, lq, 2))
+    if min_run is None:
+        form.query_terms = [(a, expand(t)) for a, t in form.query_terms]
+        form.key_terms = [(c, expand(t)) for c, t in form.key_terms]
+        form.value_table = expand(form.value_table)
+    causal = mask == "causal-flag"
+    got = relative_attention(form, v, 0.45, None if causal else allowed, causal=causal)
+    want = literal(form, v, 0.45, allowed)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    weight = torch.randn(got.shape, generator=g, dtype=F64)
     for x, y in zip(
         torch.autograd.grad((got * weight).sum(), leaves(form, v)),
         torch.autograd.grad((want * weight).sum(), leaves(form, v)),

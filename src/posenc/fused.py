@@ -22,7 +22,10 @@ skewed into place through a strided *view*: the block needs only ``L_k + b - 1``
 ``2L - 1`` an unblocked skew multiplies), the softmax, and ``P v`` (plus ``P V`` for a value table,
 un-skewed into a ``[b, L_k + b - 1]`` buffer whose gaps stay zero). A key term (``c_j · U_{t(i,j)}``)
 is computed in ``[c, d] × [d, c + b - 1]`` tiles, each a band of the reversed table seen through a strided
-view. No ``L × L × d`` tensor is ever made.
+view. No ``L × L × d`` tensor is ever made. Causal, a block's products stop at the diagonal's offset (the
+``b - 1`` offsets past it reach only masked pairs). A compact table (:class:`Rows`) whose index starts or ends
+in a long run of one row (a clip, DeBERTa's last bucket) costs one number per query (or key) where a whole block
+sits in the run: added by broadcasting, not gathered into or summed out of the skewed buffers.
 
 What the backward gets (``SAVE_BYTES``, 1 GiB by default): where the probabilities of all heads fit in it,
 the forward keeps them, one ``[L_q, L_k]`` tensor per head, and the backward uses them instead of computing
@@ -54,6 +57,8 @@ CHUNK_RATIO = 0.25
 # the forward keeps the probabilities (B·H tensors of [Lq, Lk]) for the backward when they take at most this many
 # bytes (the backward then skips recomputing every score: ~20% of the work); larger ones are recomputed per block
 SAVE_BYTES = 1 << 30
+# a compact table's leading / trailing run of one row at least this long is added by broadcasting (see _Table)
+MIN_RUN = 16
 
 
 class Rows(NamedTuple):
@@ -102,7 +107,10 @@ def _block_rows(lq: int, lk: int, itemsize: int) -> int:
 class _Table:
     """One table of a term, per head, in its expanded (``[H|1, P, d]``) or compact (``[H|1, R, d]`` + index) form.
 
-    ``reverse`` stores it in reversed offset order (key terms read their bands backwards, see ``key_tile``).
+    ``reverse`` stores it in reversed offset order (key terms read their bands backwards, see ``key_tile``). A compact
+    table whose index starts or ends with a long run of one row (a clip: Shaw, NEZHA; DeBERTa's last bucket) keeps
+    those runs' ends: where every query of a block is in such a run, the term is one number per query (a query term)
+    or per key (a key term), added by broadcasting instead of gathered into (or summed out of) a skewed buffer.
     """
 
     def __init__(self, table: Tensor, index: Tensor | None, reverse: bool) -> None:
@@ -115,6 +123,10 @@ class _Table:
                 self.idx = index.flip(0)
         self.shared = self.t.shape[0] == 1
         self._grad: Tensor | None = None
+        # offsets [0, lead) use row lead_row, [trail, P) row trail_row (runs shorter than MIN_RUN left out)
+        self.lead, self.lead_row, self.trail, self.trail_row = 0, 0, 0, 0
+        if self.idx is not None:
+            self.lead, self.lead_row, self.trail, self.trail_row = _end_runs(self.idx)
 
     @property
     def grad(self) -> Tensor:
@@ -129,41 +141,114 @@ class _Table:
     def dhead(self, h: int) -> Tensor:
         return self.grad[0 if self.shared else h]
 
-    def scores(self, x: Tensor, h: int, lo: int, hi: int) -> Tensor:
-        """``x · table[offset]`` for the offsets ``lo .. hi - 1``: ``[n, hi - lo]`` (a new tensor)."""
+    def cols(self, plan: _Plan, r0: int, r1: int, ke: int) -> tuple[int, int]:
+        """A query term's key columns ``[jl, jr)`` of rows ``[r0, r1)`` that need the skewed product: every query of
+        the block has the offsets of keys ``[0, jl)`` in the leading run, and of keys ``[jr, ke)`` in the trailing
+        one (``t = j - i + Lq - 1``)."""
         if self.idx is None:
-            return torch.mm(x, self.head(h)[lo:hi].t())
-        return torch.mm(x, self.head(h).t()).index_select(1, self.idx[lo:hi])
+            return 0, ke
+        jl = min(max(self.lead + r0 - plan.lq + 1, 0), ke)
+        return jl, min(max(self.trail + r1 - plan.lq, jl), ke)
 
-    def reduce(self, g: Tensor, lo: int, hi: int) -> Tensor:
-        """Compact form: the ``[n, W]`` per-offset ``g`` summed over offsets sharing a row: ``[R, n]``."""
-        assert self.idx is not None
-        out = g.new_zeros(self.t.shape[1], g.shape[0])
-        return out.index_add_(0, self.idx[lo:hi], g.t().contiguous())
-
-    def backward(self, g: Tensor, x: Tensor, h: int, lo: int, hi: int, dx: Tensor) -> None:
-        """Given ``g = ∂L/∂scores(x, h, lo, hi)``: write ``∂L/∂x`` into ``dx`` and add to the table's gradient."""
+    def key_cols(self, plan: _Plan, r0: int, r1: int, ke: int) -> tuple[int, int]:
+        """A key term's (reversed table, ``t' = Lk - 1 - j + i``) keys ``[k0, k1)`` that need tiles: keys
+        ``[0, k0)`` are in the trailing run for every query of the block, keys ``[k1, ke)`` in the leading one."""
         if self.idx is None:
-            torch.mm(g, self.head(h)[lo:hi], out=dx)
-            self.dhead(h)[lo:hi].addmm_(g.t(), x)
+            return 0, ke
+        k0 = min(max(plan.lk + r0 - self.trail, 0), ke)
+        return k0, min(max(plan.lk + r1 - 1 - self.lead, k0), ke)
+
+    def add_scores(self, s: Tensor, x: Tensor, h: int, r0: int, r1: int, plan: _Plan) -> None:
+        """``s[u, j] += x_u · table[j - (r0 + u) + Lq - 1]`` for the block's ``[b, ke]`` scores ``s``."""
+        ke = s.shape[1]
+        jl, jr = self.cols(plan, r0, r1, ke)
+        lo, hi = jl - r1 + plan.lq, jr - r0 + plan.lq - 1
+        if self.idx is None:
+            end = plan.cut(lo, hi)
+            if end < hi:  # causal: the columns past ``end`` only reach pairs the mask drops, left zero
+                raw = plan.buffer(x.shape[0], hi - lo, "raw")
+                torch.mm(x, self.head(h)[lo:end].t(), out=raw[:, : end - lo])
+            else:
+                raw = torch.mm(x, self.head(h)[lo:hi].t())
         else:
-            gr = self.reduce(g, lo, hi)  # [R, n]
+            rows = torch.mm(x, self.head(h).t())  # [b, R]
+            if jl:
+                s[:, :jl].add_(rows[:, self.lead_row, None])
+            if jr < ke:
+                s[:, jr:].add_(rows[:, self.trail_row, None])
+            if jr == jl:
+                return
+            raw = rows.index_select(1, self.idx[lo:hi])
+        s[:, jl:jr].add_(plan.skew(raw, jr - jl))
+
+    def _skewed(self, g: Tensor, r0: int, r1: int, plan: _Plan, jl: int, jr: int) -> tuple[Tensor, int, int]:
+        """``g [b, ke]``'s columns ``[jl, jr)`` written per offset into a zero-gapped buffer: ``(buf, lo, hi)``, the
+        buffer's columns cut to the offsets ``[lo, hi)`` that pairs the causal mask keeps may use (``g`` is zero on
+        the others: a probability, or a gradient through one)."""
+        lo, hi = jl - r1 + plan.lq, jr - r0 + plan.lq - 1
+        buf = plan.buffer(g.shape[0], hi - lo)
+        plan.skew(buf, jr - jl).copy_(g[:, jl:jr])
+        end = plan.cut(lo, hi)
+        return buf[:, : end - lo], lo, end
+
+    def bucket(self, g: Tensor, r0: int, r1: int, plan: _Plan) -> Tensor:
+        """Compact form: the block's ``[b, ke]`` per-pair ``g`` summed per row of the table: ``[R, b]``."""
+        assert self.idx is not None
+        ke = g.shape[1]
+        jl, jr = self.cols(plan, r0, r1, ke)
+        out = g.new_zeros(self.t.shape[1], g.shape[0])
+        if jr > jl:
+            buf, lo, hi = self._skewed(g, r0, r1, plan, jl, jr)
+            out.index_add_(0, self.idx[lo:hi], buf.t().contiguous())
+        if jl:
+            out[self.lead_row].add_(g[:, :jl].sum(1))
+        if jr < ke:
+            out[self.trail_row].add_(g[:, jr:].sum(1))
+        return out
+
+    def query_grad(self, g: Tensor, x: Tensor, h: int, r0: int, r1: int, plan: _Plan, dx: Tensor) -> None:
+        """Given ``g = ∂L/∂s`` of :meth:`add_scores`: write ``∂L/∂x`` into ``dx`` and add to the table's gradient."""
+        if self.idx is None:
+            buf, lo, hi = self._skewed(g, r0, r1, plan, 0, g.shape[1])
+            torch.mm(buf, self.head(h)[lo:hi], out=dx)
+            self.dhead(h)[lo:hi].addmm_(buf.t(), x)
+        else:
+            gr = self.bucket(g, r0, r1, plan)  # [R, b]
             torch.mm(gr.t(), self.head(h), out=dx)
             self.dhead(h).addmm_(gr, x)
 
-    def values(self, p: Tensor, h: int, lo: int, hi: int) -> Tensor:
-        """``Σ_offsets p[:, offset] · table[offset]`` for a ``[n, W]`` ``p``: ``[n, d]``."""
+    def values(self, p: Tensor, h: int, r0: int, r1: int, plan: _Plan) -> Tensor:
+        """``Σ_j p[u, j] · table[j - (r0 + u) + Lq - 1]`` for the block's ``[b, ke]`` ``p``: ``[b, d]``."""
         if self.idx is None:
-            return torch.mm(p, self.head(h)[lo:hi])
-        return torch.mm(self.reduce(p, lo, hi).t(), self.head(h))
+            buf, lo, hi = self._skewed(p, r0, r1, plan, 0, p.shape[1])
+            return torch.mm(buf, self.head(h)[lo:hi])
+        return torch.mm(self.bucket(p, r0, r1, plan).t(), self.head(h))
 
-    def value_backward(self, p: Tensor, do: Tensor, h: int, lo: int, hi: int) -> Tensor:
-        """Add ``∂L/∂table`` of :meth:`values` and return its ``∂L/∂p``: ``[n, W]``."""
+    def value_grad(self, p: Tensor, do: Tensor, h: int, r0: int, r1: int, plan: _Plan, dp: Tensor) -> None:
+        """Add ``∂L/∂table`` of :meth:`values` to the table's gradient and its ``∂L/∂p`` to ``dp``."""
         if self.idx is None:
-            self.dhead(h)[lo:hi].addmm_(p.t(), do)
+            buf, lo, hi = self._skewed(p, r0, r1, plan, 0, p.shape[1])
+            self.dhead(h)[lo:hi].addmm_(buf.t(), do)
         else:
-            self.dhead(h).addmm_(self.reduce(p, lo, hi), do)
-        return self.scores(do, h, lo, hi)
+            self.dhead(h).addmm_(self.bucket(p, r0, r1, plan), do)
+        self.add_scores(dp, do, h, r0, r1, plan)
+
+
+def _end_runs(idx: Tensor) -> tuple[int, int, int, int]:
+    """``(a, first, z, last)``: ``idx[:a]`` all equal ``first``, ``idx[z:]`` all equal ``last`` (``a <= z``); a run
+    shorter than :data:`MIN_RUN` counts as none (``a = 0`` / ``z = P``)."""
+    p = idx.shape[0]
+    first, last = int(idx[0]), int(idx[-1])
+    a = _run_length(idx, first)
+    z = p - _run_length(idx.flip(0), last)
+    a = a if a >= MIN_RUN else 0
+    z = z if p - z >= MIN_RUN else p
+    return a, first, max(z, a), last
+
+
+def _run_length(idx: Tensor, value: int) -> int:
+    other = idx != value
+    return int(other.to(torch.uint8).argmax()) if bool(other.any()) else idx.shape[0]
 
 
 class _Plan:
@@ -186,10 +271,6 @@ class _Plan:
         """
         return min(self.lk, r1 + self.lk - self.lq) if self.causal else self.lk
 
-    def window(self, r0: int, r1: int) -> tuple[int, int]:
-        """Offsets rows ``[s0, s0 + W)`` that query rows ``[r0, r1)`` use, ``W = kend + b - 1``."""
-        return self.lq - r1, self.kend(r1) + (r1 - r0) - 1
-
     @staticmethod
     def skew(raw: Tensor, lk: int) -> Tensor:
         """``[b, W]`` per-offset scores -> the ``[b, Lk]`` view ``out[i, j] = raw[i, j - i + b - 1]``."""
@@ -204,17 +285,23 @@ class _Plan:
             self._bufs[("upper", n)] = m
         return m
 
-    def buffer(self, rows: int, w: int) -> Tensor:
-        """A zeroed ``[rows, W]`` buffer per shape, reused: every skewed write (query rows or a key tile) of one
-        shape touches the same positions, so the gaps stay zero."""
-        buf = self._bufs.get((rows, w))
+    def buffer(self, rows: int, w: int, tag: str = "") -> Tensor:
+        """A zeroed ``[rows, W]`` buffer per shape (and ``tag``), reused: every skewed write (query rows or a key
+        tile) of one shape touches the same positions, so the gaps stay zero."""
+        buf = self._bufs.get((rows, w, tag))
         if buf is None:
             buf = torch.zeros(rows, w, dtype=self.dtype, device=self.device)
-            self._bufs[(rows, w)] = buf
+            self._bufs[(rows, w, tag)] = buf
         return buf
 
-    def key_tiles(self, r0: int, r1: int) -> list[tuple[int, int, int, int]]:
-        """Key chunks ``[j0, j1)`` of a row block and the rows ``[lo, hi)`` of the *reversed* table they use.
+    def cut(self, lo: int, hi: int) -> int:
+        """The end of the offsets ``[lo, hi)`` some pair may use: causal, no offset past ``Lk - 1`` (a block's window
+        reaches ``b - 1`` further, for the pairs above the diagonal only)."""
+        return max(lo, min(hi, self.lk)) if self.causal else hi
+
+    def key_tiles(self, r0: int, r1: int, k0: int, k1: int) -> list[tuple[int, int, int, int]]:
+        """Key chunks ``[j0, j1)`` of the keys ``[k0, k1)`` of a row block and the rows ``[lo, hi)`` of the *reversed*
+        table they use.
 
         Chunk ``j0 .. j1`` against rows ``r0 .. r1`` needs the offsets ``t = j - i + Lq - 1`` in
         ``[j0 + s0, j0 + s0 + W')`` with ``W' = (j1 - j0) + b - 1``: a band, so a key term costs one
@@ -222,9 +309,8 @@ class _Plan:
         """
         s0 = self.lq - r1
         out = []
-        ke = self.kend(r1)
-        for j0 in range(0, ke, self.chunk):
-            j1 = min(ke, j0 + self.chunk)
+        for j0 in range(k0, k1, self.chunk):
+            j1 = min(k1, j0 + self.chunk)
             w = (j1 - j0) + (r1 - r0) - 1
             out.append((j0, j1, self.p - j0 - s0 - w, self.p - j0 - s0))
         return out
@@ -262,12 +348,16 @@ class _Work:
         plan = self.plan
         ke = plan.kend(r1)
         s = torch.mm(self.q[bi, hi, r0:r1], self.k[bi, hi, :ke].t())
-        if self.q_ops:
-            s0, w = plan.window(r0, r1)
-            for a, t in zip(self.q_ops, self.q_tabs):
-                s.add_(plan.skew(t.scores(a[bi, hi, r0:r1], hi, s0, s0 + w), ke))
+        for a, t in zip(self.q_ops, self.q_tabs):
+            t.add_scores(s, a[bi, hi, r0:r1], hi, r0, r1, plan)
         for c, u, rows in zip(self.k_ops, self.k_tabs, key_rows):
-            for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
+            k0, k1 = u.key_cols(plan, r0, r1, ke)
+            if rows is not None:  # keys in a run of one row: one number per key
+                if k0:
+                    s[:, :k0].add_(rows[:k0, u.trail_row])
+                if k1 < ke:
+                    s[:, k1:].add_(rows[k1:ke, u.lead_row])
+            for j0, j1, lo, hi_ in plan.key_tiles(r0, r1, k0, k1):
                 if rows is None:  # [c, W'] against the reversed table band
                     raw = torch.mm(c[bi, hi, j0:j1], u.head(hi)[lo:hi_].t())
                 else:
@@ -311,14 +401,16 @@ class _Work:
         return ~(m[r0:r1, :ke] if m.shape[0] > 1 else m[:, :ke])  # a key-padding mask is [.., 1, Lk]
 
 
-def _attend(w_: _Work, keep: bool) -> tuple[Tensor, list[Tensor]]:
-    """The forward of one call: ``out`` and, where ``keep``, the probabilities of each head and block of rows."""
+def _attend(w_: _Work, budget: int) -> tuple[Tensor, list[Tensor | None]]:
+    """The forward of one call: ``out`` and the probabilities of each head and block of rows, kept in order while
+    their bytes fit in ``budget`` (``None`` for a block past it; an empty list where none is kept)."""
     q, v = w_.q, w_.v
     plan = w_.plan
     out = torch.empty_like(q)
     # one tensor per head and block of rows rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
     # between steps, where one large block would be mapped (and page-faulted) afresh every time
-    probs: list[Tensor] = []
+    probs: list[Tensor | None] = []
+    kept = 0
     for bi in range(plan.b):
         for hi in range(plan.h):
             key_rows = w_.key_rows(bi, hi)
@@ -327,23 +419,23 @@ def _attend(w_: _Work, keep: bool) -> tuple[Tensor, list[Tensor]]:
                 # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
                 # (masked keys, far ALiBi/KERPLE-like terms); kept for the backward, or recomputed there
                 s = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
-                if keep:
+                if kept + s.numel() * s.element_size() <= budget:
+                    kept += s.numel() * s.element_size()
                     probs.append(s)
+                else:
+                    probs.append(None)
                 keep_ = w_.keep(bi, hi, r0, r1)
                 if keep_ is not None:  # dropout acts on the probabilities that weigh the values
                     s = keep_.mul_(s)
                 o = out[bi, hi, r0:r1]
                 torch.mm(s, v[bi, hi, :ke], out=o)
                 if w_.vtab is not None:
-                    s0, w = plan.window(r0, r1)
-                    buf = plan.buffer(r1 - r0, w)
-                    plan.skew(buf, ke).copy_(s)
-                    o.add_(w_.vtab.values(buf, hi, s0, s0 + w))
-    return out, probs
+                    o.add_(w_.vtab.values(s, hi, r0, r1, plan))
+    return out, probs if kept else []
 
 
-def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tensor], want_dbias: bool) -> tuple:
-    """The backward of one call (the probabilities read from ``probs``, or recomputed where it is empty):
+def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tensor | None], want_dbias: bool) -> tuple:
+    """The backward of one call (the probabilities read from ``probs``, recomputed where it has none):
     ``dq, dk, dv, de, dbias, dvt`` (``None`` where the input is) and the lists of the terms' operand and table
     gradients."""
     q, k, v, e, bias, same = w_.q, w_.k, w_.v, w_.e, w_.bias, w_.same
@@ -358,16 +450,15 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
     n_blocks = len(plan.blocks)
     for bi in range(plan.b):
         for hi in range(plan.h):
-            key_rows = w_.key_rows(bi, hi) if not probs else None
+            key_rows = None  # made on the head's first block to recompute
             # compact key terms: the head's gradient of c_h · rows, transposed ([R, Lk]: row adds are contiguous)
             d_rows = [None if u.idx is None else q.new_zeros(u.t.shape[1], plan.lk) for u in w_.k_tabs]
             for blk, (r0, r1) in enumerate(plan.blocks):
                 b_rows = r1 - r0
                 ke = plan.kend(r1)
-                s0, w = plan.window(r0, r1)
-                if probs:
-                    p = probs[(bi * plan.h + hi) * n_blocks + blk]
-                else:
+                p = probs[(bi * plan.h + hi) * n_blocks + blk] if probs else None
+                if p is None:
+                    key_rows = w_.key_rows(bi, hi) if key_rows is None else key_rows
                     p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
                 do = dout[bi, hi, r0:r1]
                 keep_ = w_.keep(bi, hi, r0, r1)  # the forward's dropout mask, drawn again
@@ -375,9 +466,7 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
                 dv[bi, hi, :ke].addmm_(pd.t(), do)
                 dp = torch.mm(do, v[bi, hi, :ke].t())
                 if w_.vtab is not None:
-                    buf = plan.buffer(b_rows, w)
-                    plan.skew(buf, ke).copy_(pd)
-                    dp.add_(plan.skew(w_.vtab.value_backward(buf, do, hi, s0, s0 + w), ke))
+                    w_.vtab.value_grad(pd, do, hi, r0, r1, plan, dp)
                 if keep_ is not None:
                     dp.mul_(keep_)  # ∂L/∂p through the mask; Δ = rowsum(dO ∘ O) holds with dropout too
                 ds = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # ∂L/∂(scaled logits) = ∂L/∂bias
@@ -393,17 +482,20 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
                 dz = ds.mul_(scale)  # ∂L/∂(unscaled logits)
                 torch.mm(dz, k[bi, hi, :ke], out=dq[bi, hi, r0:r1])
                 dk[bi, hi, :ke].addmm_(dz.t(), q[bi, hi, r0:r1])
-                if w_.q_ops:
-                    buf = plan.buffer(b_rows, w)
-                    plan.skew(buf, ke).copy_(dz)
-                    for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
-                        t.backward(buf, a[bi, hi, r0:r1], hi, s0, s0 + w, da[bi, hi, r0:r1])
-                # dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
-                dzt = dz.t().contiguous() if w_.k_ops else None
+                for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
+                    t.query_grad(dz, a[bi, hi, r0:r1], hi, r0, r1, plan, da[bi, hi, r0:r1])
                 for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
-                    for j0, j1, lo, hi_ in plan.key_tiles(r0, r1):
+                    k0, k1 = u.key_cols(plan, r0, r1, ke)
+                    if dr is not None:  # keys in a run of one row (see scores)
+                        if k0:
+                            dr[u.trail_row, :k0].add_(dz[:, :k0].sum(0))
+                        if k1 < ke:
+                            dr[u.lead_row, k1:ke].add_(dz[:, k1:ke].sum(0))
+                    # the tiles' dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
+                    dzt = dz[:, k0:k1].t().contiguous()
+                    for j0, j1, lo, hi_ in plan.key_tiles(r0, r1, k0, k1):
                         buf = plan.buffer(j1 - j0, hi_ - lo)
-                        plan.key_tile(buf, b_rows).t().copy_(dzt[j0:j1])
+                        plan.key_tile(buf, b_rows).t().copy_(dzt[j0 - k0 : j1 - k0])
                         if dr is None:
                             dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])
                             u.dhead(hi)[lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
@@ -430,8 +522,7 @@ class _RelativeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, meta, q, k, v, allowed, same, e, bias, vt, vt_idx, *terms):  # type: ignore[override]
         w_ = _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
-        plan = w_.plan
-        out, probs = _attend(w_, plan.b * plan.h * plan.lq * plan.lk * q.element_size() <= SAVE_BYTES)
+        out, probs = _attend(w_, SAVE_BYTES)
         ctx.meta = meta
         ctx.n_probs = len(probs)
         ctx.save_for_backward(q, k, v, allowed, same, e, bias, vt, vt_idx, out, *probs, *terms)
@@ -467,7 +558,7 @@ def _work(q, k, v, allowed, same, e, bias, vt, vt_idx, ops, tabs, idxs, seed, sc
 
 
 def _run(*args) -> Tensor:
-    return _attend(_work(*args), False)[0]
+    return _attend(_work(*args), 0)[0]
 
 
 def _run_backward(dout: Tensor, out: Tensor, *args) -> tuple:

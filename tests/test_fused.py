@@ -200,15 +200,15 @@ def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
     assert form.q.grad is not None and form.value_table is not None and form.value_table.grad is not None
 
 
-def test_kept_probabilities_spare_the_backward_every_score(monkeypatch):
-    """Within SAVE_BYTES the forward keeps one [Lq, Lk] tensor of probabilities per head and the backward computes
-    no score again (no q·kᵀ product), with the same gradients as when it recomputes them."""
-    b, h, lq, lk, d = 2, 2, 24, 30, 4
-    form, v, allowed = random_case(3, b, h, lq, lk, d, 1, 1, True, True, False, "causal")
+def grads_and_score_products(form, v, allowed, saves, monkeypatch) -> tuple[list, list[int]]:
+    """Per ``SAVE_BYTES`` in ``saves``: the gradients of a weighted sum of the output, and how many ``[Lq, d] x
+    [d, Lk]`` products the backward made (one block per head: ``q kᵀ`` where it recomputes, ``dO vᵀ`` always)."""
+    b, h, lq, d = form.q.shape
+    lk = form.k.shape[2]
     weight = torch.randn(b, h, lq, d, dtype=F64)
     real_mm = torch.mm
     grads, counts = [], []
-    for save in (0, 2**40):
+    for save in saves:
         monkeypatch.setattr(fused, "SAVE_BYTES", save)
         out = relative_attention(form, v, 0.5, allowed)
         shapes: list[tuple] = []
@@ -220,8 +220,17 @@ def test_kept_probabilities_spare_the_backward_every_score(monkeypatch):
         monkeypatch.setattr(torch, "mm", mm)
         grads.append(torch.autograd.grad((out * weight).sum(), leaves(form, v)))
         monkeypatch.setattr(torch, "mm", real_mm)
-        # [Lq, d] x [d, Lk] per head (one block): q kᵀ when recomputing, and dO vᵀ always
         counts.append(shapes.count(((lq, d), (d, lk))))
+    return grads, counts
+
+
+def test_kept_probabilities_spare_the_backward_every_score(monkeypatch):
+    """Within SAVE_BYTES the forward keeps one [Lq, Lk] tensor of probabilities per head and the backward computes
+    no score again (no q·kᵀ product), with the same gradients as when it recomputes them."""
+    b, h, lq, lk, d = 2, 2, 24, 30, 4
+    form, v, allowed = random_case(3, b, h, lq, lk, d, 1, 1, True, True, False, "causal")
+    grads, counts = grads_and_score_products(form, v, allowed, (0, 2**40), monkeypatch)
+    # [Lq, d] x [d, Lk] per head (one block): q kᵀ when recomputing, and dO vᵀ always
     assert counts == [2 * b * h, b * h]
     for x, y in zip(*grads):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)
@@ -232,22 +241,7 @@ def test_probabilities_kept_up_to_the_budget(monkeypatch):
     backward recomputes the scores of the other two only, with the gradients of keeping none."""
     b, h, lq, lk, d = 2, 2, 24, 30, 4
     form, v, allowed = random_case(4, b, h, lq, lk, d, 1, 1, True, False, False, "causal", True)
-    weight = torch.randn(b, h, lq, d, dtype=F64)
-    real_mm = torch.mm
-    grads, counts = [], []
-    for save in (0, 2 * lq * lk * 8 + 7):
-        monkeypatch.setattr(fused, "SAVE_BYTES", save)
-        out = relative_attention(form, v, 0.5, allowed)
-        shapes: list[tuple] = []
-
-        def mm(a, b_, shapes=shapes, **kw):
-            shapes.append((tuple(a.shape), tuple(b_.shape)))
-            return real_mm(a, b_, **kw)
-
-        monkeypatch.setattr(torch, "mm", mm)
-        grads.append(torch.autograd.grad((out * weight).sum(), leaves(form, v)))
-        monkeypatch.setattr(torch, "mm", real_mm)
-        counts.append(shapes.count(((lq, d), (d, lk))))
+    grads, counts = grads_and_score_products(form, v, allowed, (0, 2 * lq * lk * 8 + 7), monkeypatch)
     assert counts == [2 * b * h, b * h + 2]
     for x, y in zip(*grads):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-13)

@@ -4,7 +4,7 @@
   registration, AOTAutograd with dynamic shapes), on odd lengths, float32 and float64, causal or not, with
   gradients, and on the backward ops themselves.
 * A compiled attention (``fullgraph=True, dynamic=True``) takes the kernel the eager plan takes where it is a custom
-  op, gives the reference path's numbers, and is not compiled again for another length (300, 301, 517).
+  op, gives the reference path's numbers, and is not compiled again for another length (300, 517).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from posenc.attention.kernels import COMPILABLE_KERNELS
 from posenc.base import AttentionContext, PositionalEncoding
 
 OPS = ("offset_bias_attention", "biased_sdpa", "relative_attention")
-LENGTHS = (300, 301, 517)
+LENGTHS = (300, 517)  # two lengths: one graph for both (error_on_recompile on the second)
 TOL64 = dict(rtol=1e-9, atol=1e-9)
 
 
@@ -50,11 +50,11 @@ CASES = [  # (op, Lq, Lk, heads of the extra tensor, causal)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("grad", [True, False], ids=["grad", "nograd"])
 @pytest.mark.parametrize(("op", "lq", "lk", "heads", "causal"), CASES)
-def test_opcheck(op: str, lq: int, lk: int, heads: int, causal: bool, dtype: torch.dtype, grad: bool) -> None:
-    q, k, v = _qkv(lq, lk, dtype, grad)
-    extra = _extra(op, lq, lk, heads, dtype, grad)
+def test_opcheck(op: str, lq: int, lk: int, heads: int, causal: bool, dtype: torch.dtype) -> None:
+    # inputs that need gradients: opcheck's autograd-registration check runs only then (the others run either way)
+    q, k, v = _qkv(lq, lk, dtype, True)
+    extra = _extra(op, lq, lk, heads, dtype, True)
     forward = getattr(torch.ops.posenc, op).default
     opcheck(forward, (q, k, v, extra, 0.3, causal))
     out = forward(q, k, v, extra, 0.3, causal).detach()
@@ -128,7 +128,7 @@ def _relative_args(case: dict, lq: int, lk: int, dtype: torch.dtype, grad: bool,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize(("lq", "lk", "causal"), [(7, 7, False), (9, 9, True), (5, 11, True), (11, 6, False)])
+@pytest.mark.parametrize(("lq", "lk", "causal"), [(9, 9, True), (11, 6, False)])
 @pytest.mark.parametrize("case", list(RELATIVE))
 def test_opcheck_relative_attention(case: str, lq: int, lk: int, causal: bool, dtype: torch.dtype) -> None:
     args = _relative_args(RELATIVE[case], lq, lk, dtype, True, causal)

@@ -27,12 +27,12 @@ view. No ``L × L × d`` tensor is ever made. Causal, a block's products stop at
 in a long run of one row (a clip, DeBERTa's last bucket) costs one number per query (or key) where a whole block
 sits in the run: added by broadcasting, not gathered into or summed out of the skewed buffers.
 
-What the backward gets (``SAVE_BYTES``, 1 GiB by default): where the probabilities of all heads fit in it,
-the forward keeps them, one ``[L_q, L_k]`` tensor per head, and the backward uses them instead of computing
-every score again (about a fifth of the work: relative_key_query at L = 2048 went from 2.41× to 2.02× plain
-SDPA by it, measured alone). Past it, only the output is kept and the backward recomputes each block's softmax,
-flash-attention style: nothing of size ``L_q · L_k`` then outlives one block, and the peak memory is that
-of flash attention plus ``O(L·d)``. Either way the backward forms every gradient by hand.
+What the backward gets: the forward keeps the probabilities of its first blocks while they fit in a budget per
+call (``SAVE_RATIO`` = 4 times the bytes of ``q`` by default, or ``SAVE_BYTES``), and the backward uses them
+instead of computing those scores again; it recomputes every other block's softmax, flash-attention style. What
+is kept is then ``O(L·d)`` like the model's own activations (keeping every block, ``B·H·L²/2`` floats a causal
+layer, took the 2-layer benchmark model at L = 2048 to 1.9-2.05× the memory of ``none``; this budget keeps it
+under 1.5×). Either way the backward forms every gradient by hand.
 
 The same numbers as the materialised formula (float64: 1e-12; tests/test_fused.py) for every mask,
 offset and shape; :class:`~posenc.attention.MultiHeadAttention` uses it on CPU when an encoding returns
@@ -54,9 +54,11 @@ from torch import Tensor
 BLOCK_BYTES = 2 * 2**20
 # key chunk width of a key term, as a fraction of the block height (tiles of c × (c + b - 1) per product)
 CHUNK_RATIO = 0.25
-# the forward keeps the probabilities (B·H tensors of [Lq, Lk]) for the backward when they take at most this many
-# bytes (the backward then skips recomputing every score: ~20% of the work); larger ones are recomputed per block
-SAVE_BYTES = 1 << 30
+# the forward keeps blocks' probabilities for the backward (which then skips recomputing their scores) while they fit
+# in a budget per call: SAVE_BYTES bytes, or where it is None, SAVE_RATIO times the bytes of q (the memory kept then
+# grows like the model's own activations, O(L·d), not O(L²)); the backward recomputes the others, flash-style
+SAVE_BYTES: int | None = None
+SAVE_RATIO = 4.0
 # a compact table's leading / trailing run of one row at least this long is added by broadcasting (see _Table)
 MIN_RUN = 16
 
@@ -517,12 +519,14 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
 
 
 class _RelativeAttention(torch.autograd.Function):
-    """The eager entry: keeps the probabilities for the backward where they fit in ``SAVE_BYTES``."""
+    """The eager entry: keeps blocks' probabilities for the backward while they fit in the budget (``SAVE_BYTES``,
+    ``SAVE_RATIO``)."""
 
     @staticmethod
     def forward(ctx, meta, q, k, v, allowed, same, e, bias, vt, vt_idx, *terms):  # type: ignore[override]
         w_ = _Work(meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms)
-        out, probs = _attend(w_, SAVE_BYTES)
+        budget = SAVE_BYTES if SAVE_BYTES is not None else int(SAVE_RATIO * q.numel() * q.element_size())
+        out, probs = _attend(w_, budget)
         ctx.meta = meta
         ctx.n_probs = len(probs)
         ctx.save_for_backward(q, k, v, allowed, same, e, bias, vt, vt_idx, out, *probs, *terms)

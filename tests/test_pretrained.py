@@ -164,7 +164,12 @@ def test_wrong_paths_are_clear_errors(tmp_path, make, message):
 
 
 def test_an_unreachable_hub_id_says_what_to_pass_instead(monkeypatch):
+    import huggingface_hub.constants
+
+    # huggingface_hub reads the variable once, at import: in a process that imported it already (another test,
+    # a test worker) only its constant says offline; without it the hub is tried and times out (~45 s, no network)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ConfigError, match="smollm2-135m") as err:
         posenc.hf.load_pretrained("no-such-org/no-such-model-xyz")
     assert "a local" in str(err.value) and ".gguf" in str(err.value)

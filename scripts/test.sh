@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up (once), then run the linter and the test suite. Extra arguments go to pytest.
+# Set up (once), then run the linter and the test suite. Extra arguments go to pytest (one process).
 #
-# Without arguments (what CI runs) a second, shorter pytest leg follows with the native C kernels off
+# Without arguments (what CI runs) the suite runs in one pytest worker per core (at most 4), and a second, shorter
+# leg follows with the native C kernels off
 # (POSENC_NATIVE=0): the PyTorch paths a machine without a C compiler takes, through the tests of the plan,
 # the attention kernels, the models, generation and the encodings that have a C kernel. Both legs print
 # pytest's closing line; the script fails if either fails. POSENC_NATIVE_ISA=baseline runs the first leg
@@ -13,11 +14,16 @@ echo "test: ruff check ."
 .venv/bin/ruff check .
 echo "test: pytest ($(.venv/bin/python -c 'from posenc import native; print(native.status())' 2>&1 | tail -1))"
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider "$@" || status=$?
 if [ "$#" -gt 0 ]; then
+    .venv/bin/python -m pytest -p no:cacheprovider "$@" || status=$?
     echo "test: the native-off leg runs only without arguments"
     exit "$status"
 fi
+# without arguments: one pytest worker per core, at most 4 (pytest-xdist; each test file stays in one worker, so
+# a file's tests share its module-level state as they do in one process); every test sets torch to one thread
+workers=$(.venv/bin/python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')
+echo "test: $workers pytest workers"
+.venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist loadfile || status=$?
 # the files that exercise the PyTorch fallbacks of posenc.native's callers: RoPE and its scalings, FIRE, the
 # decoding kernels (KV-cache decoding of the relative encodings, DeBERTa's rows_dot), the plan (1,144 tests, about
 # a minute at a load of 5 on 2 cores, 2026-11-25)
@@ -29,7 +35,7 @@ off_tests=(
 )
 echo "test: pytest with the native kernels off (POSENC_NATIVE=0)"
 off=0
-POSENC_NATIVE=0 .venv/bin/python -m pytest -p no:cacheprovider "${off_tests[@]}" || off=$?
+POSENC_NATIVE=0 .venv/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist loadfile "${off_tests[@]}" || off=$?
 if [ "$status" -ne 0 ] || [ "$off" -ne 0 ]; then
     echo "test: FAILED (pytest exit status $status; with the native kernels off $off)"
     exit 1

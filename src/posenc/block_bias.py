@@ -9,13 +9,15 @@ is attended by :func:`block_bias_attention`:
 .. math::
     z_i = \sum_j \operatorname{softmax}_j\big(s\, q_i \cdot k_j + b(i, j)\big)\, v_j
 
-The forward runs the CPU flash kernel on each block of query rows with that block's bias as its mask (a causal block
-sees only the keys up to its last row, the rest of its diagonal square masked). The backward evaluates each block's
-bias again under autograd, recomputes the block's probabilities, and hands the block's ``∂L/∂bias`` to
-:func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist one block at a time (about an
-L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per layer and step), and a causal
-call evaluates the bias only where a query may look. Equal to the materialised formula up to float rounding
-(tests/test_block_bias.py).
+The forward runs the CPU flash kernel on each block of query rows with that block's bias as its mask, read where it
+lies: a causal block is two flash calls, the keys before its diagonal square and the square with flash's own causal
+mask, merged by their log-sum-exps (no copy of the bias to mask a triangle). The backward evaluates each block's
+bias again under autograd, takes the block's probabilities from the forward's log-sum-exps (``exp(s - lse)``, no
+second softmax), and hands the block's ``∂L/∂bias`` (one buffer for every block, a head's summed over the batch while
+it is in cache) to :func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist one block
+at a time (about an L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per layer
+and step), and a causal call evaluates the bias only where a query may look. Equal to the materialised formula up to
+float rounding (tests/test_block_bias.py).
 """
 
 from __future__ import annotations
@@ -32,14 +34,27 @@ BLOCK_ROWS = 128
 
 BlockFn = Callable[[Sequence[Tensor], int, int, int], Tensor]
 
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
-def _diagonal_mask(bias: Tensor, r0: int, r1: int, lq: int, lk: int) -> Tensor:
-    """The block's bias with its keys past each query's diagonal (``j > i + Lk - Lq``) at ``-inf`` (a copy)."""
-    m = r1 - r0
-    upper = torch.ones(m, m, dtype=torch.bool, device=bias.device).triu_(1)
-    out = bias.clone()
-    out[..., r0 + lk - lq :].masked_fill_(upper, float("-inf"))
-    return out
+
+def _block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """One block of query rows ``q [B, H, n, d]`` against ``k, v [B, H, ke, d]`` with ``bias [1, H|1, n, ke]``: the
+    output and the log-sum-exp of each row's scores.
+
+    Causal (the block's last ``n`` keys its diagonal square): two flash calls, the keys before the square with the
+    bias as it is, the square with flash's own (top-left) causal mask, which is the bottom-right one of the block;
+    merged by their log-sum-exps. The bias is read where it lies, never copied to mask its upper triangle."""
+    n, ke = q.shape[2], k.shape[2]
+    if not causal:
+        return _flash(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    c = ke - n  # keys every row of the block sees
+    o2, l2 = _flash(q, k[:, :, c:], v[:, :, c:], 0.0, True, attn_mask=bias[..., c:], scale=scale)
+    if c == 0:
+        return o2, l2
+    o1, l1 = _flash(q, k[:, :, :c], v[:, :, :c], 0.0, False, attn_mask=bias[..., :c], scale=scale)
+    lse = torch.logaddexp(l1, l2)
+    w1, w2 = (l1 - lse).exp_().to(q.dtype), (l2 - lse).exp_().to(q.dtype)
+    return o1.mul_(w1[..., None]).addcmul_(o2, w2[..., None]), lse
 
 
 class _BlockBiasAttention(torch.autograd.Function):
@@ -49,54 +64,63 @@ class _BlockBiasAttention(torch.autograd.Function):
         b, h, lq, _ = q.shape
         lk = k.shape[2]
         out = torch.empty_like(q)
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        lse = q.new_empty(b, h, lq, dtype=torch.promote_types(q.dtype, torch.float32))
         for r0 in range(0, lq, BLOCK_ROWS):
             r1 = min(lq, r0 + BLOCK_ROWS)
             ke = min(lk, r1 + lk - lq) if causal else lk
-            bias = fn(params, r0, r1, ke).to(q.dtype)  # [H|1, b, ke]
-            if causal:
-                bias = _diagonal_mask(bias, r0, r1, lq, lk)
-            o, _ = flash(q[:, :, r0:r1], k[:, :, :ke], v[:, :, :ke], 0.0, False, attn_mask=bias[None], scale=scale)
-            out[:, :, r0:r1] = o
+            bias = fn(params, r0, r1, ke).to(q.dtype)[None]  # [1, H|1, b, ke]
+            qb, kb, vb = q[:, :, r0:r1], k[:, :, :ke], v[:, :, :ke]
+            out[:, :, r0:r1], lse[:, :, r0:r1] = _block_forward(qb, kb, vb, bias, scale, causal)
         ctx.meta = meta
-        ctx.save_for_backward(q, k, v, out, *params)
+        ctx.save_for_backward(q, k, v, out, lse, *params)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         fn, scale, causal = ctx.meta
-        q, k, v, out, *params = ctx.saved_tensors
+        q, k, v, out, lse, *params = ctx.saved_tensors
         b, h, lq, _ = q.shape
         lk = k.shape[2]
         acc = torch.promote_types(q.dtype, torch.float32)
         delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
+        lse = lse.to(q.dtype)
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         wants = [p.requires_grad and need for p, need in zip(params, ctx.needs_input_grad[4:])]
         dparams: list[Tensor | None] = [torch.zeros_like(p) if w else None for p, w in zip(params, wants)]
+        upper = torch.ones(BLOCK_ROWS, BLOCK_ROWS, dtype=torch.bool, device=q.device).triu_(1) if causal else None
+        dbuf: Tensor | None = None  # one buffer for every block's ∂L/∂bias (its pages mapped once per call)
         for r0 in range(0, lq, BLOCK_ROWS):
             r1 = min(lq, r0 + BLOCK_ROWS)
+            m = r1 - r0
             ke = min(lk, r1 + lk - lq) if causal else lk
             leaves = [p.detach().requires_grad_(w) for p, w in zip(params, wants)]
             with torch.enable_grad():
                 bias = fn(leaves, r0, r1, ke)  # [H|1, b, ke], recorded for the encoding's gradients
-            masked = bias.detach().to(q.dtype)
-            if causal:
-                masked = _diagonal_mask(masked, r0, r1, lq, lk)
-            dbias = torch.zeros_like(masked) if any(wants) else None
-            shared = masked.shape[0] == 1
-            for bi in range(b):
-                for hi in range(h):
-                    bh = 0 if shared else hi
+            bd = bias.detach().to(q.dtype)
+            hb = bd.shape[0]
+            dbias = None
+            if any(wants):
+                if dbuf is None:
+                    dbuf = q.new_empty(hb * BLOCK_ROWS * lk)
+                dbias = dbuf[: hb * m * ke].view(hb, m, ke)
+            for hi in range(h):  # a head's bias and ∂L/∂bias stay in cache across the batch
+                for bi in range(b):
+                    bh = 0 if hb == 1 else hi
                     qh, kh = q[bi, hi, r0:r1], k[bi, hi, :ke]
-                    s = torch.addmm(masked[bh], qh, kh.t(), alpha=scale)
-                    p = torch.softmax(s, dim=-1)
+                    s = torch.addmm(bd[bh], qh, kh.t(), alpha=scale)
+                    if upper is not None:  # the diagonal square's keys past each query
+                        s[:, ke - m :].masked_fill_(upper[:m, :m], float("-inf"))
+                    p = s.sub_(lse[bi, hi, r0:r1, None]).exp_()  # the forward's probabilities, from its log-sum-exp
                     do = dout[bi, hi, r0:r1]
                     dv[bi, hi, :ke].addmm_(p.t(), do)
                     ds = torch.mm(do, v[bi, hi, :ke].t())
                     ds.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
                     if dbias is not None:
-                        dbias[bh].add_(ds)
+                        if bi == 0 and (hi == 0 or hb > 1):  # the first term of this head's (heads') sum
+                            dbias[bh].copy_(ds)
+                        else:
+                            dbias[bh].add_(ds)
                     torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
                     dk[bi, hi, :ke].addmm_(ds.t(), qh, alpha=scale)
             if dbias is not None:

@@ -40,6 +40,39 @@ from ..registry import register
 from ..relative._skew import offset_rows
 
 
+def _rowdot(a: Tensor, b: Tensor) -> Tensor:
+    """``Σ_j a[i, j] b[i, j]`` per row ``i`` of two ``[n, m]`` tensors, in one pass (a batched dot product)."""
+    return torch.bmm(a[:, None, :], b[:, :, None]).view(-1)
+
+
+class _PsiOverNorm(torch.autograd.Function):
+    r"""FIRE's normalised distances of a block of pairs, ``x_ij = ψ(|i - j|) / n_i`` with ``ψ(d) = log(|c| d + 1)``:
+    ``[len(i), len(j)]``, its backward in row sums.
+
+    Autograd through the formula as written makes, per pair, the gradients of the division, ``log1p``, both ``abs``
+    and the product ``c·d`` (a handful of ``[n, m]`` tensors) only to sum them to the scalar ``c`` and the row
+    norms. Here ``∂L/∂n_i = -Σ_j g_ij ψ_ij / n_i²`` and, as ``∂ψ(d)/∂c = sign(c) d / (1 + |c| d) = -expm1(-ψ(d)) / c``,
+    ``∂L/∂c = -Σ_i (Σ_j g_ij expm1(-ψ_ij)) / (c n_i)``: two batched dot products and one ``expm1`` over the pairs.
+    The gradient the norms carry (``c`` and the threshold through ``ψ(max{L, i})``) is left to autograd."""
+
+    @staticmethod
+    def forward(ctx, c: Tensor, norm: Tensor, i: Tensor, j: Tensor) -> Tensor:  # type: ignore[override]
+        psi = (i[:, None] - j[None, :]).abs_().mul_(c.abs()).log1p_()  # ψ(|i - j|) = log(|c|·|i - j| + 1)
+        ctx.save_for_backward(c, norm, psi)
+        return psi / norm[:, None]
+
+    @staticmethod
+    def backward(ctx, gx: Tensor):  # type: ignore[override]
+        c, norm, psi = ctx.saved_tensors
+        dc = dnorm = None
+        if ctx.needs_input_grad[1]:
+            dnorm = -_rowdot(gx, psi) / norm.square()
+        if ctx.needs_input_grad[0]:
+            per_row = _rowdot(gx, torch.expm1(psi.neg())) / norm  # Σ_j g_ij expm1(-ψ_ij) / n_i
+            dc = torch.where(c == 0, torch.zeros_like(c), -per_row.sum() / c)  # |c|'s gradient at 0 is 0
+        return dc, dnorm, None, None
+
+
 @register
 class FIRE(PositionalEncoding):
     r"""FIRE: :math:`b(i,j) = f_\theta(\psi(i-j)/\psi(\max\{L,i\}))`, :math:`\psi(x) = \log(cx+1)`.
@@ -230,9 +263,8 @@ class FIRE(PositionalEncoding):
         def block(params, r0: int, r1: int, ke: int) -> Tensor:
             c, mult, a, b = params
             i = q_pos[r0:r1].to(c.dtype)
-            dist = (i[:, None] - k_pos[:ke].to(c.dtype)[None, :]).abs()
             norm = torch.log1p((c * torch.maximum(i, (mult * l0).abs())).abs()) + eps  # ψ(max{L, i}) + ε
-            x = torch.log1p((c * dist).abs()) / norm[:, None]  # [b, ke]
+            x = _PsiOverNorm.apply(c, norm, i, k_pos[:ke].to(c.dtype))  # [b, ke]
             return FIRE._piecewise(x, knots.to(x.dtype), a.to(x.dtype), b.to(x.dtype))  # [H, b, ke]
 
         return block, (self.c, self.L_multiplier, slope, intercept)

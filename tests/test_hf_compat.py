@@ -313,13 +313,15 @@ def test_every_cache_gives_the_tokens_of_no_cache(make, name, cache):
 @pytest.mark.parametrize(
     ("name", "grouped"),
     [("alibi", True), ("t5", True), ("kerple-log", True), ("fire", True), ("dynamic-bias", True), ("xpos", True),
-     ("rope-interleaved", True), ("shaw", False), ("cope", False)],
+     ("rope-interleaved", True), ("shaw", True), ("nezha", True), ("relative-key-query", True),
+     ("transformer-xl", True), ("xlnet", True), ("cope", False)],
 )
 def test_a_decoding_step_keeps_grouped_keys_and_equals_them_repeated(name, grouped, monkeypatch):
     """One query on grouped keys (4 query heads, 2 key heads) with an encoding acting by a bias or a rotation alone
-    (rotated before the kernel, in posenc's attention function: xPos, interleaved RoPE): the keys are not repeated
-    (the plan says so), and the logits equal those of the same step with the keys repeated first. An encoding that
-    reads the keys (Shaw's logits, CoPE's gates) gets them repeated."""
+    (rotated before the kernel, in posenc's attention function: xPos, interleaved RoPE), or by offset tables (the
+    native decode kernel reads key head h // group): the keys are not repeated (the plan says so), and the logits
+    equal those of the same step with the keys repeated first. CoPE, whose gates read q·kᵀ through the
+    materialised kernel, gets them repeated."""
     from transformers import DynamicCache
 
     from posenc.attention import AttentionCore
@@ -342,6 +344,38 @@ def test_a_decoding_step_keeps_grouped_keys_and_equals_them_repeated(name, group
     monkeypatch.setattr(AttentionCore, "_keeps_groups", lambda self, call, weights: False)
     want = step()
     assert not any(core.last_plan.grouped for core in hf.patched(model).cores)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["shaw", "relative-key-query"])
+def test_a_grouped_decoding_step_the_native_kernel_declines_repeats_the_keys(name, monkeypatch):
+    """Where the decode kernel declines at run time (it returns None), the step runs the blocked kernel on the keys
+    repeated per query head, with the same logits."""
+    from transformers import DynamicCache
+
+    from posenc import native
+
+    model = llama()
+    hf.patch(model, name)
+    x = tokens(b=2, n=9, seed=5)
+
+    def step():
+        cache = DynamicCache()
+        with torch.no_grad():
+            model(x[:, :8], past_key_values=cache, use_cache=True)
+            return model(x[:, 8:], past_key_values=cache, use_cache=True).logits
+
+    want = step()
+    assert all(core.last_plan.kernel == "decode" and core.last_plan.grouped for core in hf.patched(model).cores)
+    calls = []
+
+    def declines(*args, **kwargs):
+        calls.append(args[1].shape)
+        return None
+
+    monkeypatch.setattr(native, "decode_attention", declines)
+    got = step()
+    assert calls and all(shape[1] == 2 for shape in calls)  # offered the grouped keys, then declined
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -8,12 +8,14 @@ Imports :mod:`posenc.native` and :mod:`posenc.fused` (kernels) and this package'
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
 from .. import native
 from ..fused import RelativeForm, Rows, relative_attention
-from .call import _Call, beyond_causal
+from .call import _Call, beyond_causal, repeat_kv
 from .kernels import Plan
 
 
@@ -27,7 +29,11 @@ def blocked(call: _Call, plan: Plan, form: RelativeForm | None, add: Tensor | No
 
 
 def decode(call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:
-    """One query: :func:`posenc.native.decode_attention` with the form's terms (:func:`blocked` if it declines)."""
+    """One query: :func:`posenc.native.decode_attention` with the form's terms (:func:`blocked` if it declines).
+
+    Grouped-query keys (``plan.grouped``: a transformers model's cache, fewer key/value heads than query heads) stay
+    as they are: the kernel reads key head ``h // group`` for query head ``h``; only where it declines are they
+    repeated, for :func:`blocked`."""
     query_term = key_table = value_table = add = None
     if form.query_terms:
         a, table = form.query_terms[0]
@@ -56,6 +62,10 @@ def decode(call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:
         add=add,
     )
     if out is None:
+        if plan.grouped:  # the blocked kernel takes one key head per query head
+            call = repeat_kv(call)
+            keys = [(call.k if c is form.k else c, u) for c, u in form.key_terms]
+            form = replace(form, k=call.k, key_terms=keys)
         return blocked(call, plan, form, None, scale)
     return out[:, :, None]
 

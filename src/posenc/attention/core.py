@@ -77,20 +77,23 @@ class AttentionCore(nn.Module):
         self.last_plan: Plan | None = None
 
     def _keeps_groups(self, call: _Call, return_weights: bool) -> bool:
-        """Whether a call with grouped keys (``Hkv < H``) runs on them as they are: one query (a decoding step,
-        where repeating the cache's keys per step would cost as much as the attention itself), an encoding that
-        acts by a ``bias`` alone, or by a rotation alone (applied to q and k before the core: plain attention by
-        now), or not at all, no weights asked for, no dropout, not the reference path. The kernel is then SDPA with
-        the query heads of each group folded onto its key head."""
+        """Whether a call with grouped keys (``Hkv < H``) may run on them as they are: one query (a decoding step,
+        where repeating the cache's keys per step would cost as much as the attention itself), no weights asked
+        for, no dropout, not the reference path, and an encoding that acts by a ``bias`` alone, or by a rotation
+        alone (applied to q and k before the core: plain attention by now), or not at all (the kernel is then SDPA
+        with the query heads of each group folded onto its key head), or one that offers an offset-table form (the
+        decode kernel reads key head ``h // group`` for query head ``h``; :meth:`attend` repeats the keys where the
+        plan is not that kernel)."""
         enc = self.encoding
-        return (
+        step = (
             call.q.shape[2] == 1
-            and not (self._has["logits"] or self._has["values"])
-            and (enc is None or not enc.logits_read_scores)
             and not call.ctx.reference
             and not return_weights
             and not (self.training and self.dropout > 0)
         )
+        if not step or (enc is not None and enc.logits_read_scores):
+            return False
+        return not (self._has["logits"] or self._has["values"]) or (enc is not None and enc.offers_relative_form())
 
     def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Any]:
         """Step 5: the facts of this call (:class:`~posenc.attention.plan.Facts`), then
@@ -143,6 +146,9 @@ class AttentionCore(nn.Module):
         if call.k.shape[1] != call.q.shape[1] and not self._keeps_groups(call, return_weights):
             call = repeat_kv(call)
         plan, form, own = self._plan(call, return_weights)
+        if plan.grouped and (self._has["logits"] or self._has["values"]) and plan.kernel != "decode":
+            call = repeat_kv(call)  # an encoding's logits on grouped keys: only the decode kernel reads them so
+            plan, form, own = self._plan(call, return_weights)
         self.last_plan = plan
         if scale is None:
             enc = self.encoding

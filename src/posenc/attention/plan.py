@@ -82,9 +82,15 @@ def compilable(f: Facts, kernel: str) -> bool:
     return not f.compiling or kernel in COMPILABLE_KERNELS
 
 
+def grouped_step(f: Facts) -> bool:
+    """One query on grouped keys kept as they are (:meth:`AttentionCore._keeps_groups`): of the form's kernels only
+    decode reads them so (query head ``h`` on key head ``h // group``); for any other plan the core repeats them."""
+    return f.encoded and f.grouped and f.queries == 1 and not f.reference and not f.weights and f.on_cpu
+
+
 def form_may_apply(f: Facts) -> bool:
     """The encoding may give its logits as offset tables (relative_form) for the blocked or decode kernel."""
-    return rewritable(f) and f.fused and "bias" not in f.hooks and compilable(f, "blocked")
+    return (rewritable(f) or grouped_step(f)) and f.fused and "bias" not in f.hooks and compilable(f, "blocked")
 
 
 def worth_blocking(f: Facts) -> bool:
@@ -131,10 +137,11 @@ def plan_call(f: Facts, enc: Any, call: _Call) -> tuple[Plan, RelativeForm | Non
     unless the plan uses it."""
     form = offsets = blocks = own = None
     wants_decode = decode_may_apply(f, enc)
-    if form_may_apply(f) and (worth_blocking(f) or wants_decode):
+    blocks_rows = worth_blocking(f) and not f.grouped  # the blocked kernel takes one key head per query head
+    if form_may_apply(f) and (blocks_rows or wants_decode):
         form = enc.relative_form(call.q, call.k, call.ctx)
     decode = wants_decode and form is not None and decodable(form)
-    if form is not None and not decode and not worth_blocking(f):
+    if form is not None and not decode and not blocks_rows:
         form = None  # asked for the decode kernel only, and it does not fit: the hooks as usual
     if bias_kernels_may_apply(f):
         offsets = enc.bias_offsets(call.ctx)

@@ -99,7 +99,9 @@ def decode_attention(
     ``Σ_r (Σ_{w_j = r} p_j) W_r``: the probabilities summed per row in the pass, one ``[R, d]`` product after it.
 
     Args:
-        q: ``[B, H, d]``; k, v: ``[B, H, Lk, d]`` (any strides, last dimension contiguous: a KV cache's views).
+        q: ``[B, H, d]``; k, v: ``[B, H, Lk, d]`` (any strides, last dimension contiguous: a KV cache's views), or
+            grouped-query keys ``[B, Hkv, Lk, d]`` with ``H`` a multiple of ``Hkv``: query head ``h`` reads key and
+            value head ``h // (H / Hkv)`` (transformers' ``repeat_kv`` order), the cache never repeated.
         query_term: ``(a [B, H, d], T [R, H|1, d], t [Lk] long or None)``: adds ``a · T[t_j]`` (``T[j]`` without t).
         key_table: ``(U [R, H|1, d], u [Lk] long or None)``: adds ``k_j · U[u_j]``.
         value_table: ``(W [R, H|1, d], w [Lk] long or None)``: adds ``Σ_j p_j W[w_j]`` to the output (``W[j]``
@@ -112,8 +114,9 @@ def decode_attention(
         return None
     if q.device.type != "cpu" or q.dtype not in _CTYPE or q.dim() != 3 or k.dim() != 4 or v.shape != k.shape:
         return None
-    b, h, lk, d = k.shape
-    if q.shape != (b, h, d) or d > DECODE_MAX_HEAD_DIM:
+    b, hk, lk, d = k.shape
+    h = q.shape[1]
+    if q.shape != (b, h, d) or d > DECODE_MAX_HEAD_DIM or hk == 0 or h % hk:
         return None
     ts = [q, k, v, add] + [t[i] for t, i in ((query_term, 0), (query_term, 1), (key_table, 0), (value_table, 0)) if t]
     if any(t is not None and (t.dtype != q.dtype or t.device != q.device) for t in ts):
@@ -161,7 +164,7 @@ def decode_attention(
     fn = getattr(lib, f"posenc_decode_{_CTYPE[q.dtype]}")
     head = (q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3])
     terms = (*qa, *tt, _ptr(ti), tp, *uu, _ptr(ui), *ww, _ptr(wi), wn, _ptr(scratch))
-    tail = (*dd, out.data_ptr(), float(scale), h, lk, d)
+    tail = (*dd, out.data_ptr(), float(scale), h, lk, d, h // hk)
     _run([(fn, *head, *terms, *tail, n0, n1) for n0, n1 in _split(b * h, b * h * lk * d)])
     return out
 

@@ -77,7 +77,7 @@ def _load(lib_path: Path) -> ctypes.CDLL:
         real = ctypes.c_float if t == "float" else ctypes.c_double
         fn.argtypes = [ptr, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64] + [ptr, i64, i64, ptr, i64]
         fn.argtypes += [ptr, i64, i64, ptr] + [ptr, i64, i64, ptr, i64, ptr]  # the key term; the value table, scratch
-        fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64]
+        fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64, i64]  # ... H, lk, d, G, n0, n1
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
     return lib

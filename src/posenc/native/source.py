@@ -276,7 +276,7 @@ ROWS_DOT(double)
    (NULL: row j, added to the key's value); with wi, the probabilities are summed per row (wn rows) and the rows
    multiplied once at the end: sum_j p_j W[wi_j] = sum_r (sum_{wi_j = r} p_j) W[r]. ws: tp + wn scratch values per
    row n (at ws + n * (tp + wn)). add (NULL: none): strides (ds0, ds1), a -inf entry masks its key. out: [n, d]
-   contiguous. d <= 256. */
+   contiguous. d <= 256. Grouped-query keys: query head h reads key/value head h / G (G = 1: one key head each). */
 #define DECODE(T, EXP)                                                                                       \
     void posenc_decode_##T(const T *q, int64_t qs0, int64_t qs1, const T *k, int64_t ks0, int64_t ks1,       \
                            int64_t ks2, const T *v, int64_t vs0, int64_t vs1, int64_t vs2, const T *a,       \
@@ -284,11 +284,11 @@ ROWS_DOT(double)
                            int64_t tp, const T *uu, int64_t ur, int64_t uh, const int64_t *ui, const T *ww,  \
                            int64_t wr, int64_t wh, const int64_t *wi, int64_t wn, T *ws, const T *add,       \
                            int64_t ds0, int64_t ds1, T *out, T scale, int64_t H, int64_t lk, int64_t d,      \
-                           int64_t n0, int64_t n1) {                                                         \
+                           int64_t G, int64_t n0, int64_t n1) {                                              \
         T acc[256], accw[256];                                                                               \
         for (int64_t n = n0; n < n1; n++) {                                                                  \
-            const int64_t b = n / H, h = n % H;                                                              \
-            const T *qr = q + b * qs0 + h * qs1, *kr = k + b * ks0 + h * ks1, *vr = v + b * vs0 + h * vs1;   \
+            const int64_t b = n / H, h = n % H, hk = h / G;                                                  \
+            const T *qr = q + b * qs0 + h * qs1, *kr = k + b * ks0 + hk * ks1, *vr = v + b * vs0 + hk * vs1; \
             const T *ar = a ? a + b * as0 + h * as1 : 0, *tb = tt ? tt + h * th : 0;                         \
             const T *ub = uu ? uu + h * uh : 0, *dr = add ? add + b * ds0 + h * ds1 : 0;                     \
             const T *wb = ww ? ww + h * wh : 0;                                                              \

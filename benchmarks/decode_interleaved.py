@@ -6,6 +6,10 @@ the floor between cases). The models are those of ``bench_models.py`` (``model_c
 the harness's (``harness.timed``: the rounds interleave the encodings' steps).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_interleaved.py 4096 none,t5,deberta 20
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_interleaved.py 4096 none,t5,deberta 20 2   # two threads
+
+The fourth argument is the thread count (default 1): at one thread the times are CPU seconds (what a shared
+machine's load moves least), at more the wall seconds of the step (CPU seconds would add up the threads).
 
 Another checkout's code: ``BENCH_DIR=<checkout>/benchmarks PYTHONPATH=<checkout>/src``. Prints one JSON line, then
 a table.
@@ -31,9 +35,10 @@ def main() -> None:
     else:  # a checkout from before the harness: the loop was bench_models._decoder
         from bench_models import _decoder as decoder
 
-    torch.set_num_threads(1)
     context, encs = int(sys.argv[1]), sys.argv[2].split(",")
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     ctx = torch.randint(0, 1024, (1, context))
     toks = torch.randint(0, 1024, (1, rounds + 10))
@@ -48,11 +53,14 @@ def main() -> None:
                 step(toks[:, i : i + 1])
             steps[e] = step
         calls = ((e, lambda e=e, r=r: steps[e](toks[:, 3 + r : 4 + r])) for r in range(rounds) for e in encs)
-        times = timed(calls, threads=1).cpu
+        got = timed(calls, threads=threads)
+        times = got.cpu if threads == 1 else got.wall
     med = {e: 1e3 * statistics.median(times[e]) for e in encs}
     floor = med.get("none")
     ratio = {e: med[e] / floor for e in med} if floor else {}
-    print(json.dumps({"C": context, "load": [load0, os.getloadavg()[0]], "ms": med, "ratio": ratio}))
+    clock = "cpu" if threads == 1 else "wall"
+    load = [load0, os.getloadavg()[0]]
+    print(json.dumps({"C": context, "threads": threads, "clock": clock, "load": load, "ms": med, "ratio": ratio}))
     for e in encs:
         print(f"{e:20s} {med[e]:7.2f} ms" + (f"  {ratio[e]:.2f}x" if ratio else ""))
 

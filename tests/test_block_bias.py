@@ -92,7 +92,7 @@ def test_fire_models_take_it_and_match_the_reference_path(learn_threshold):
 @pytest.mark.parametrize("causal", [True, False])
 def test_float32_blocks_match_the_formula(causal):
     """float32 (the training dtype): the forward's two flash calls per causal block, merged by their log-sum-exps,
-    and the backward's probabilities from them give the formula's numbers."""
+    and the backward's scores masked on the diagonal square give the formula's numbers."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, n, 8, generator=g, requires_grad=True) for n in (37, 45, 45))
     params = tuple(torch.randn(n, generator=g, requires_grad=True) for n in (3, 37, 45))

@@ -11,13 +11,13 @@ is attended by :func:`block_bias_attention`:
 
 The forward runs the CPU flash kernel on each block of query rows with that block's bias as its mask, read where it
 lies: a causal block is two flash calls, the keys before its diagonal square and the square with flash's own causal
-mask, merged by their log-sum-exps (no copy of the bias to mask a triangle). The backward evaluates each block's
-bias again under autograd, takes the block's probabilities from the forward's log-sum-exps (``exp(s - lse)``, no
-second softmax), and hands the block's ``∂L/∂bias`` (one buffer for every block, a head's summed over the batch while
-it is in cache) to :func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist one block
-at a time (about an L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per layer
-and step), and a causal call evaluates the bias only where a query may look. Equal to the materialised formula up to
-float rounding (tests/test_block_bias.py).
+mask, merged by their log-sum-exps (no copy of the bias to mask a triangle). The backward evaluates each block's bias
+again under autograd, recomputes the block's probabilities (the diagonal square's upper triangle masked in the scores,
+not in a copy of the bias), and hands the block's ``∂L/∂bias`` (one buffer for every block, a head's summed over the
+batch while it is in cache) to :func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist
+one block at a time (about an L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per
+layer and step), and a causal call evaluates the bias only where a query may look. Equal to the materialised formula up
+to float rounding (tests/test_block_bias.py).
 """
 
 from __future__ import annotations
@@ -37,24 +37,24 @@ BlockFn = Callable[[Sequence[Tensor], int, int, int], Tensor]
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
-def _block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool) -> tuple[Tensor, Tensor]:
-    """One block of query rows ``q [B, H, n, d]`` against ``k, v [B, H, ke, d]`` with ``bias [1, H|1, n, ke]``: the
-    output and the log-sum-exp of each row's scores.
+def _block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, causal: bool) -> Tensor:
+    """One block of query rows ``q [B, H, n, d]`` against ``k, v [B, H, ke, d]`` with ``bias [1, H|1, n, ke]``: its
+    output ``[B, H, n, d]``.
 
     Causal (the block's last ``n`` keys its diagonal square): two flash calls, the keys before the square with the
     bias as it is, the square with flash's own (top-left) causal mask, which is the bottom-right one of the block;
     merged by their log-sum-exps. The bias is read where it lies, never copied to mask its upper triangle."""
     n, ke = q.shape[2], k.shape[2]
     if not causal:
-        return _flash(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+        return _flash(q, k, v, 0.0, False, attn_mask=bias, scale=scale)[0]
     c = ke - n  # keys every row of the block sees
     o2, l2 = _flash(q, k[:, :, c:], v[:, :, c:], 0.0, True, attn_mask=bias[..., c:], scale=scale)
     if c == 0:
-        return o2, l2
+        return o2
     o1, l1 = _flash(q, k[:, :, :c], v[:, :, :c], 0.0, False, attn_mask=bias[..., :c], scale=scale)
     lse = torch.logaddexp(l1, l2)
     w1, w2 = (l1 - lse).exp_().to(q.dtype), (l2 - lse).exp_().to(q.dtype)
-    return o1.mul_(w1[..., None]).addcmul_(o2, w2[..., None]), lse
+    return o1.mul_(w1[..., None]).addcmul_(o2, w2[..., None])
 
 
 class _BlockBiasAttention(torch.autograd.Function):
@@ -64,26 +64,24 @@ class _BlockBiasAttention(torch.autograd.Function):
         b, h, lq, _ = q.shape
         lk = k.shape[2]
         out = torch.empty_like(q)
-        lse = q.new_empty(b, h, lq, dtype=torch.promote_types(q.dtype, torch.float32))
         for r0 in range(0, lq, BLOCK_ROWS):
             r1 = min(lq, r0 + BLOCK_ROWS)
             ke = min(lk, r1 + lk - lq) if causal else lk
             bias = fn(params, r0, r1, ke).to(q.dtype)[None]  # [1, H|1, b, ke]
             qb, kb, vb = q[:, :, r0:r1], k[:, :, :ke], v[:, :, :ke]
-            out[:, :, r0:r1], lse[:, :, r0:r1] = _block_forward(qb, kb, vb, bias, scale, causal)
+            out[:, :, r0:r1] = _block_forward(qb, kb, vb, bias, scale, causal)
         ctx.meta = meta
-        ctx.save_for_backward(q, k, v, out, lse, *params)
+        ctx.save_for_backward(q, k, v, out, *params)
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         fn, scale, causal = ctx.meta
-        q, k, v, out, lse, *params = ctx.saved_tensors
+        q, k, v, out, *params = ctx.saved_tensors
         b, h, lq, _ = q.shape
         lk = k.shape[2]
         acc = torch.promote_types(q.dtype, torch.float32)
         delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
-        lse = lse.to(q.dtype)
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         wants = [p.requires_grad and need for p, need in zip(params, ctx.needs_input_grad[4:])]
@@ -111,7 +109,7 @@ class _BlockBiasAttention(torch.autograd.Function):
                     s = torch.addmm(bd[bh], qh, kh.t(), alpha=scale)
                     if upper is not None:  # the diagonal square's keys past each query
                         s[:, ke - m :].masked_fill_(upper[:m, :m], float("-inf"))
-                    p = s.sub_(lse[bi, hi, r0:r1, None]).exp_()  # the forward's probabilities, from its log-sum-exp
+                    p = torch.softmax(s, dim=-1)  # (faster than exp(s - lse) from the forward's log-sum-exps)
                     do = dout[bi, hi, r0:r1]
                     dv[bi, hi, :ke].addmm_(p.t(), do)
                     ds = torch.mm(do, v[bi, hi, :ke].t())

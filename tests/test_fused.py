@@ -186,8 +186,8 @@ def test_kernel_equals_the_formula(
 
 
 def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
-    """Past SAVE_BYTES, forward and backward: no tensor as large as [B, H, Lq, Lk] (the blocks are [b, Lk] per
-    head)."""
+    """Past SAVE_BYTES, forward and backward: no tensor as large as [B, H, Lq, Lk] (a block is [H, b, Lk]:
+    all heads of one sequence's rows)."""
     monkeypatch.setattr(fused, "BLOCK_BYTES", 1)  # 16-row blocks
     monkeypatch.setattr(fused, "SAVE_BYTES", 0)
     b, h, lq, lk, d = 2, 2, 64, 64, 4
@@ -202,25 +202,31 @@ def test_kernel_never_makes_a_full_score_tensor(monkeypatch):
 
 def grads_and_score_products(form, v, allowed, saves, monkeypatch) -> tuple[list, list[int]]:
     """Per ``SAVE_BYTES`` in ``saves``: the gradients of a weighted sum of the output, and how many ``[Lq, d] x
-    [d, Lk]`` products the backward made (one block per head: ``q kᵀ`` where it recomputes, ``dO vᵀ`` always)."""
+    [d, Lk]`` products the backward made (one block per head: ``q kᵀ`` where it recomputes, ``dO vᵀ`` always), a
+    product batched over the heads (``torch.bmm``, ``[H, Lq, d] x [H, d, Lk]``) counting once per head."""
     b, h, lq, d = form.q.shape
     lk = form.k.shape[2]
     weight = torch.randn(b, h, lq, d, dtype=F64)
-    real_mm = torch.mm
+    real = {"mm": torch.mm, "bmm": torch.bmm}
     grads, counts = [], []
     for save in saves:
         monkeypatch.setattr(fused, "SAVE_BYTES", save)
         out = relative_attention(form, v, 0.5, allowed)
         shapes: list[tuple] = []
 
-        def mm(a, b_, shapes=shapes, **kw):
-            shapes.append((tuple(a.shape), tuple(b_.shape)))
-            return real_mm(a, b_, **kw)
+        def counting(name, shapes=shapes):
+            def product(a, b_, **kw):
+                shapes.append((tuple(a.shape), tuple(b_.shape)))
+                return real[name](a, b_, **kw)
 
-        monkeypatch.setattr(torch, "mm", mm)
+            return product
+
+        for name in real:
+            monkeypatch.setattr(torch, name, counting(name))
         grads.append(torch.autograd.grad((out * weight).sum(), leaves(form, v)))
-        monkeypatch.setattr(torch, "mm", real_mm)
-        counts.append(shapes.count(((lq, d), (d, lk))))
+        for name, fn in real.items():
+            monkeypatch.setattr(torch, name, fn)
+        counts.append(shapes.count(((lq, d), (d, lk))) + h * shapes.count(((h, lq, d), (h, d, lk))))
     return grads, counts
 
 
@@ -237,8 +243,8 @@ def test_kept_probabilities_spare_the_backward_every_score(monkeypatch):
 
 
 def test_probabilities_kept_up_to_the_budget(monkeypatch):
-    """A budget of two blocks' probabilities: the forward keeps the first two (of four heads, one block each), the
-    backward recomputes the scores of the other two only, with the gradients of keeping none."""
+    """A budget of two heads' probabilities: the forward keeps the first sequence's (its one block, both heads at
+    once), the backward recomputes the scores of the other two heads only, with the gradients of keeping none."""
     b, h, lq, lk, d = 2, 2, 24, 30, 4
     form, v, allowed = random_case(4, b, h, lq, lk, d, 1, 1, True, False, False, "causal", True)
     grads, counts = grads_and_score_products(form, v, allowed, (0, 2 * lq * lk * 8 + 7), monkeypatch)
@@ -454,3 +460,40 @@ def test_bfloat16_inputs_stay_close_to_float64(name):
     got = layer.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, rtol=5e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("save", [0, 2**40])
+@pytest.mark.parametrize(("compact", "padded"), [(False, slice(5, 8)), (True, slice(5, 8)), (False, slice(0, 11))])
+def test_dropout_masks_drawn_again_in_the_backward(save, compact, padded, monkeypatch):
+    """With dropout, the backward draws the forward's masks again (per sequence and block of rows, all heads): with
+    the global seed fixed the call is a function, whose gradients are checked against finite differences; every
+    term, a value table, a bias, a padding mask and causal, probabilities kept or recomputed. Padding the first 11
+    keys, queries 0-7 of the second sequence see no key: their output (uniform weights) has no gradient through the
+    scores, past the causal diagonal either."""
+    monkeypatch.setattr(fused, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(fused, "CHUNK_RATIO", 1.0)
+    monkeypatch.setattr(fused, "SAVE_BYTES", save)
+    form, v, _ = random_case(13, 2, 2, 20, 23, 3, 1, 1, True, True, False, "none", compact)
+    allowed = torch.ones(2, 1, 1, 23, dtype=torch.bool)
+    allowed[-1, ..., padded] = False
+    bias = torch.randn(1, 2, 20, 23, dtype=F64, requires_grad=True)
+    inputs = leaves(form, v) + [bias]
+
+    def call(*xs):
+        torch.manual_seed(0)
+        return relative_attention(form, v, 0.4, allowed, bias=xs[-1], dropout=0.3, causal=True)
+
+    out = call(*inputs)
+    assert (out != call(*inputs)).sum() == 0 and relative_attention(form, v, 0.4, allowed, causal=True).ne(out).any()
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    grads = torch.autograd.grad((out * weight).sum(), inputs)
+    # a directional derivative per input, against a central difference
+    for x, g in zip(inputs, grads):
+        step = torch.randn(x.shape, generator=torch.Generator().manual_seed(2), dtype=F64) * 1e-6
+        with torch.no_grad():
+            x.add_(step)
+            up = (call(*inputs) * weight).sum()
+            x.sub_(2 * step)
+            down = (call(*inputs) * weight).sum()
+            x.add_(step)
+        torch.testing.assert_close((up - down) / 2, (g * step).sum(), rtol=1e-5, atol=1e-12)

@@ -16,16 +16,16 @@ to its offsets by the encoding, which costs ``P · d``). This covers Shaw (keys 
 ``relative_key`` / ``relative_key_query``, Transformer-XL, XLNet (segments included), TENER and
 DeBERTa's c2p + p2c.
 
-:func:`relative_attention` computes ``z`` one block of query rows at a time, flash-attention style: the
-block's content scores, its position scores (one ``[b, d] × [d, L_k + b - 1]`` product per query term,
+:func:`relative_attention` computes ``z`` one block of query rows of one sequence at a time, all heads together
+(``[H, b, L_k]`` scores, batched products; a table shared by the heads is broadcast), flash-attention style: the
+block's content scores, its position scores (one ``[b, d] × [d, L_k + b - 1]`` product per head and query term,
 skewed into place through a strided *view*: the block needs only ``L_k + b - 1`` offsets, about half the
 ``2L - 1`` an unblocked skew multiplies), the softmax, and ``P v`` (plus ``P V`` for a value table,
-un-skewed into a ``[b, L_k + b - 1]`` buffer whose gaps stay zero). A key term (``c_j · U_{t(i,j)}``)
-is computed in ``[c, d] × [d, c + b - 1]`` tiles, each a band of the reversed table seen through a strided
-view. No ``L × L × d`` tensor is ever made. Causal, a block's products stop at the diagonal's offset (the
-``b - 1`` offsets past it reach only masked pairs). A compact table (:class:`Rows`) whose index starts or ends
-in a long run of one row (a clip, DeBERTa's last bucket) costs one number per query (or key) where a whole block
-sits in the run: added by broadcasting, not gathered into or summed out of the skewed buffers.
+un-skewed into a ``[b, L_k + b - 1]`` buffer with zeroed gaps). A key term (``c_j · U_{t(i,j)}``) is
+computed in ``[c, d] × [d, c + b - 1]`` tiles, each a band of the reversed table seen through a strided view.
+No ``L × L × d`` tensor is ever made. Causal, a block's products stop at the diagonal's offset (the ``b - 1``
+offsets past it reach only masked pairs). A compact table (:class:`Rows`) whose index starts or ends in a long run
+of one row (a clip, DeBERTa's last bucket) costs one number per query (or key) where a whole block sits in the run.
 
 What the backward gets: the forward keeps the probabilities of its first blocks while they fit in a budget per
 call (``SAVE_RATIO`` = 4 times the bytes of ``q`` by default, or ``SAVE_BYTES``), and the backward uses them
@@ -43,6 +43,7 @@ keeps for every length; that forward keeps no probabilities, and its backward re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Union
@@ -50,10 +51,12 @@ from typing import NamedTuple, Union
 import torch
 from torch import Tensor
 
-# bytes of one [b, Lk] block of scores (about an L2 cache): sets the block height
+# bytes of one head's [b, Lk] block of scores (about an L2 cache) and at most BLOCK_ROWS rows: set the block height
+# (the heads of a block go together, [H, b, Lk]; 128 rows keep the products and the key tiles large enough)
 BLOCK_BYTES = 2 * 2**20
+BLOCK_ROWS = 128
 # key chunk width of a key term, as a fraction of the block height (tiles of c × (c + b - 1) per product)
-CHUNK_RATIO = 0.25
+CHUNK_RATIO = 0.5
 # the forward keeps blocks' probabilities for the backward (which then skips recomputing their scores) while they fit
 # in a budget per call: SAVE_BYTES bytes, or where it is None, SAVE_RATIO times the bytes of q (the memory kept then
 # grows like the model's own activations, O(L·d), not O(L²)); the backward recomputes the others, flash-style
@@ -103,11 +106,12 @@ class RelativeForm:
 
 
 def _block_rows(lq: int, lk: int, itemsize: int) -> int:
-    return max(16, min(lq, BLOCK_BYTES // max(1, lk * itemsize)))
+    return max(16, min(lq, BLOCK_ROWS, BLOCK_BYTES // max(1, lk * itemsize)))
 
 
 class _Table:
-    """One table of a term, per head, in its expanded (``[H|1, P, d]``) or compact (``[H|1, R, d]`` + index) form.
+    """One table of a term, all heads at once, in its expanded (``[H|1, P, d]``) or compact (``[H|1, R, d]`` + index)
+    form; a shared table (``[1, ...]``) meets the ``H`` heads by broadcasting (:func:`_bmm`, :func:`_acc`).
 
     ``reverse`` stores it in reversed offset order (key terms read their bands backwards, see ``key_tile``). A compact
     table whose index starts or ends with a long run of one row (a clip: Shaw, NEZHA; DeBERTa's last bucket) keeps
@@ -123,7 +127,6 @@ class _Table:
                 self.t = self.t.flip(1)
             else:
                 self.idx = index.flip(0)
-        self.shared = self.t.shape[0] == 1
         self._grad: Tensor | None = None
         # offsets [0, lead) use row lead_row, [trail, P) row trail_row (runs shorter than MIN_RUN left out)
         self.lead, self.lead_row, self.trail, self.trail_row = 0, 0, 0, 0
@@ -136,12 +139,6 @@ class _Table:
         if self._grad is None:
             self._grad = torch.zeros_like(self.t)
         return self._grad
-
-    def head(self, h: int) -> Tensor:
-        return self.t[0 if self.shared else h]
-
-    def dhead(self, h: int) -> Tensor:
-        return self.grad[0 if self.shared else h]
 
     def cols(self, plan: _Plan, r0: int, r1: int, ke: int) -> tuple[int, int]:
         """A query term's key columns ``[jl, jr)`` of rows ``[r0, r1)`` that need the skewed product: every query of
@@ -160,80 +157,94 @@ class _Table:
         k0 = min(max(plan.lk + r0 - self.trail, 0), ke)
         return k0, min(max(plan.lk + r1 - 1 - self.lead, k0), ke)
 
-    def add_scores(self, s: Tensor, x: Tensor, h: int, r0: int, r1: int, plan: _Plan) -> None:
-        """``s[u, j] += x_u · table[j - (r0 + u) + Lq - 1]`` for the block's ``[b, ke]`` scores ``s``."""
-        ke = s.shape[1]
+    def add_scores(self, s: Tensor, x: Tensor, r0: int, r1: int, plan: _Plan) -> None:
+        """``s[h, u, j] += x[h, u] · table[h, j - (r0 + u) + Lq - 1]`` for the block's ``[H, b, ke]`` scores."""
+        ke = s.shape[2]
         jl, jr = self.cols(plan, r0, r1, ke)
         lo, hi = jl - r1 + plan.lq, jr - r0 + plan.lq - 1
         if self.idx is None:
             end = plan.cut(lo, hi)
-            if end < hi:  # causal: the columns past ``end`` only reach pairs the mask drops, left zero
-                raw = plan.buffer(x.shape[0], hi - lo, "raw")
-                torch.mm(x, self.head(h)[lo:end].t(), out=raw[:, : end - lo])
-            else:
-                raw = torch.mm(x, self.head(h)[lo:hi].t())
+            raw = plan.scratch("raw", (x.shape[0], x.shape[1], hi - lo))
+            raw[:, :, end - lo :].zero_()  # causal: the columns past ``end`` only reach pairs the mask drops
+            _bmm(x, self.t[:, lo:end].transpose(1, 2), out=raw[:, :, : end - lo])
         else:
-            rows = torch.mm(x, self.head(h).t())  # [b, R]
+            rows = _bmm(x, self.t.transpose(1, 2))  # [H, b, R]
             if jl:
-                s[:, :jl].add_(rows[:, self.lead_row, None])
+                s[:, :, :jl].add_(rows[:, :, self.lead_row, None])
             if jr < ke:
-                s[:, jr:].add_(rows[:, self.trail_row, None])
+                s[:, :, jr:].add_(rows[:, :, self.trail_row, None])
             if jr == jl:
                 return
-            raw = rows.index_select(1, self.idx[lo:hi])
-        s[:, jl:jr].add_(plan.skew(raw, jr - jl))
+            raw = torch.index_select(rows, 2, self.idx[lo:hi], out=plan.scratch("raw", (*rows.shape[:2], hi - lo)))
+        s[:, :, jl:jr].add_(plan.skew(raw, jr - jl))
 
     def _skewed(self, g: Tensor, r0: int, r1: int, plan: _Plan, jl: int, jr: int) -> tuple[Tensor, int, int]:
-        """``g [b, ke]``'s columns ``[jl, jr)`` written per offset into a zero-gapped buffer: ``(buf, lo, hi)``, the
+        """``g [H, b, ke]``'s columns ``[jl, jr)`` written per offset into a zero-gapped buffer: ``(buf, lo, hi)``, the
         buffer's columns cut to the offsets ``[lo, hi)`` that pairs the causal mask keeps may use (``g`` is zero on
         the others: a probability, or a gradient through one)."""
         lo, hi = jl - r1 + plan.lq, jr - r0 + plan.lq - 1
-        buf = plan.buffer(g.shape[0], hi - lo)
-        plan.skew(buf, jr - jl).copy_(g[:, jl:jr])
+        buf = plan.scratch("skew", (g.shape[0], g.shape[1], hi - lo))
+        buf[:, :, : g.shape[1] - 1].zero_()  # the gaps: row u leaves columns [0, b - 1 - u) and past b - 1 - u + W
+        buf[:, :, jr - jl :].zero_()
+        plan.skew(buf, jr - jl).copy_(g[:, :, jl:jr])
         end = plan.cut(lo, hi)
-        return buf[:, : end - lo], lo, end
+        return buf[:, :, : end - lo], lo, end
 
     def bucket(self, g: Tensor, r0: int, r1: int, plan: _Plan) -> Tensor:
-        """Compact form: the block's ``[b, ke]`` per-pair ``g`` summed per row of the table: ``[R, b]``."""
+        """Compact form: the block's ``[H, b, ke]`` per-pair ``g`` summed per row of the table: ``[H, R, b]``."""
         assert self.idx is not None
-        ke = g.shape[1]
+        ke = g.shape[2]
         jl, jr = self.cols(plan, r0, r1, ke)
-        out = g.new_zeros(self.t.shape[1], g.shape[0])
+        out = g.new_zeros(g.shape[0], self.t.shape[1], g.shape[1])
         if jr > jl:
             buf, lo, hi = self._skewed(g, r0, r1, plan, jl, jr)
-            out.index_add_(0, self.idx[lo:hi], buf.t().contiguous())
+            out.index_add_(1, self.idx[lo:hi], buf.transpose(1, 2).contiguous())
         if jl:
-            out[self.lead_row].add_(g[:, :jl].sum(1))
+            out[:, self.lead_row].add_(g[:, :, :jl].sum(2))
         if jr < ke:
-            out[self.trail_row].add_(g[:, jr:].sum(1))
+            out[:, self.trail_row].add_(g[:, :, jr:].sum(2))
         return out
 
-    def query_grad(self, g: Tensor, x: Tensor, h: int, r0: int, r1: int, plan: _Plan, dx: Tensor) -> None:
+    def query_grad(self, g: Tensor, x: Tensor, r0: int, r1: int, plan: _Plan, dx: Tensor) -> None:
         """Given ``g = ∂L/∂s`` of :meth:`add_scores`: write ``∂L/∂x`` into ``dx`` and add to the table's gradient."""
         if self.idx is None:
-            buf, lo, hi = self._skewed(g, r0, r1, plan, 0, g.shape[1])
-            torch.mm(buf, self.head(h)[lo:hi], out=dx)
-            self.dhead(h)[lo:hi].addmm_(buf.t(), x)
+            buf, lo, hi = self._skewed(g, r0, r1, plan, 0, g.shape[2])
+            _bmm(buf, self.t[:, lo:hi], out=dx)
+            _acc(self.grad[:, lo:hi], buf.transpose(1, 2), x)
         else:
-            gr = self.bucket(g, r0, r1, plan)  # [R, b]
-            torch.mm(gr.t(), self.head(h), out=dx)
-            self.dhead(h).addmm_(gr, x)
+            gr = self.bucket(g, r0, r1, plan)  # [H, R, b]
+            _bmm(gr.transpose(1, 2), self.t, out=dx)
+            _acc(self.grad, gr, x)
 
-    def values(self, p: Tensor, h: int, r0: int, r1: int, plan: _Plan) -> Tensor:
-        """``Σ_j p[u, j] · table[j - (r0 + u) + Lq - 1]`` for the block's ``[b, ke]`` ``p``: ``[b, d]``."""
+    def values(self, p: Tensor, r0: int, r1: int, plan: _Plan) -> Tensor:
+        """``Σ_j p[h, u, j] · table[h, j - (r0 + u) + Lq - 1]`` for the block's ``[H, b, ke]`` ``p``: ``[H, b, d]``."""
         if self.idx is None:
-            buf, lo, hi = self._skewed(p, r0, r1, plan, 0, p.shape[1])
-            return torch.mm(buf, self.head(h)[lo:hi])
-        return torch.mm(self.bucket(p, r0, r1, plan).t(), self.head(h))
+            buf, lo, hi = self._skewed(p, r0, r1, plan, 0, p.shape[2])
+            return _bmm(buf, self.t[:, lo:hi])
+        return _bmm(self.bucket(p, r0, r1, plan).transpose(1, 2), self.t)
 
-    def value_grad(self, p: Tensor, do: Tensor, h: int, r0: int, r1: int, plan: _Plan, dp: Tensor) -> None:
+    def value_grad(self, p: Tensor, do: Tensor, r0: int, r1: int, plan: _Plan, dp: Tensor) -> None:
         """Add ``∂L/∂table`` of :meth:`values` to the table's gradient and its ``∂L/∂p`` to ``dp``."""
         if self.idx is None:
-            buf, lo, hi = self._skewed(p, r0, r1, plan, 0, p.shape[1])
-            self.dhead(h)[lo:hi].addmm_(buf.t(), do)
+            buf, lo, hi = self._skewed(p, r0, r1, plan, 0, p.shape[2])
+            _acc(self.grad[:, lo:hi], buf.transpose(1, 2), do)
         else:
-            self.dhead(h).addmm_(self.bucket(p, r0, r1, plan), do)
-        self.add_scores(dp, do, h, r0, r1, plan)
+            _acc(self.grad, self.bucket(p, r0, r1, plan), do)
+        self.add_scores(dp, do, r0, r1, plan)
+
+
+def _bmm(x: Tensor, y: Tensor, out: Tensor | None = None) -> Tensor:
+    """``x [H, n, m] @ y [H|1, m, p]``: a shared ``y`` broadcast to the heads (a stride-0 batch, no copy)."""
+    return torch.bmm(x, y.expand(x.shape[0], -1, -1), out=out)
+
+
+def _acc(dst: Tensor, x: Tensor, y: Tensor) -> None:
+    """``dst [H|1, n, p] += x [H, n, m] @ y [H, m, p]``, summed over the heads where ``dst`` is shared (one mm)."""
+    h, n, m = x.shape
+    if dst.shape[0] == h:
+        dst.baddbmm_(x, y)
+    else:
+        dst[0].addmm_(x.permute(1, 0, 2).reshape(n, h * m), y.reshape(h * m, -1))
 
 
 def _end_runs(idx: Tensor) -> tuple[int, int, int, int]:
@@ -265,6 +276,7 @@ class _Plan:
         self.chunk = max(16, int(self.rows * CHUNK_RATIO))  # key chunk width of a key term's tiles
         self.blocks = [(r0, min(self.lq, r0 + self.rows)) for r0 in range(0, self.lq, self.rows)]
         self._bufs: dict[tuple, Tensor] = {}
+        self._flat: dict[str, Tensor] = {}
         self.dtype, self.device = q.dtype, q.device
 
     def kend(self, r1: int) -> int:
@@ -275,9 +287,9 @@ class _Plan:
 
     @staticmethod
     def skew(raw: Tensor, lk: int) -> Tensor:
-        """``[b, W]`` per-offset scores -> the ``[b, Lk]`` view ``out[i, j] = raw[i, j - i + b - 1]``."""
-        b, w = raw.shape
-        return raw.as_strided((b, lk), (w - 1, 1), raw.storage_offset() + b - 1)
+        """``[H, b, W]`` per-offset scores -> the ``[H, b, Lk]`` view ``out[h, i, j] = raw[h, i, j - i + b - 1]``."""
+        h, b, w = raw.shape
+        return raw.as_strided((h, b, lk), (raw.stride(0), w - 1, 1), raw.storage_offset() + b - 1)
 
     def upper(self, n: int) -> Tensor:
         """``[n, n]``, ``True`` above the diagonal (reused per size)."""
@@ -287,13 +299,23 @@ class _Plan:
             self._bufs[("upper", n)] = m
         return m
 
-    def buffer(self, rows: int, w: int, tag: str = "") -> Tensor:
-        """A zeroed ``[rows, W]`` buffer per shape (and ``tag``), reused: every skewed write (query rows or a key
+    def scratch(self, tag: str, shape: tuple[int, ...]) -> Tensor:
+        """An uninitialised tensor of ``shape`` on one storage per ``tag``, reused block after block: a new tensor
+        of a block's size (MBs) would be mapped and page-faulted afresh each time (about as long as its product)."""
+        n = math.prod(shape)
+        buf = self._flat.get(tag)
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(max(n, self.h * self.rows * (self.lk + self.rows)), dtype=self.dtype, device=self.device)
+            self._flat[tag] = buf
+        return buf[:n].view(shape)
+
+    def buffer(self, shape: tuple[int, int, int], tag: str = "") -> Tensor:
+        """A zeroed ``[H, rows, W]`` buffer per shape (and ``tag``), reused: every skewed write (query rows or a key
         tile) of one shape touches the same positions, so the gaps stay zero."""
-        buf = self._bufs.get((rows, w, tag))
+        buf = self._bufs.get((*shape, tag))
         if buf is None:
-            buf = torch.zeros(rows, w, dtype=self.dtype, device=self.device)
-            self._bufs[(rows, w, tag)] = buf
+            buf = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self._bufs[(*shape, tag)] = buf
         return buf
 
     def cut(self, lo: int, hi: int) -> int:
@@ -319,13 +341,14 @@ class _Plan:
 
     @staticmethod
     def key_tile(raw: Tensor, b: int) -> Tensor:
-        """``raw [c, W']`` (``raw[jj, u'] = c_jj · Ur[lo + u']``) -> the ``[b, c]`` view of the tile's key term."""
-        c, w = raw.shape
-        return raw.as_strided((b, c), (1, w - 1), raw.storage_offset() + c - 1)
+        """``raw [H, c, W']`` (``raw[h, jj, u'] = c_jj · Ur[lo + u']``) -> the ``[H, b, c]`` view of its key term."""
+        h, c, w = raw.shape
+        return raw.as_strided((h, b, c), (raw.stride(0), 1, w - 1), raw.storage_offset() + c - 1)
 
 
 class _Work:
-    """Everything one call needs, rebuilt from the saved inputs in the backward."""
+    """Everything one call needs, rebuilt from the saved inputs in the backward. Its methods work on one sequence
+    ``bi`` and one block of query rows ``[r0, r1)``, all heads at once (``[H, b, kend]`` scores)."""
 
     def __init__(self, meta, q, k, v, allowed, same, e, bias, vt, vt_idx, terms) -> None:
         self.scale, nq, nk, self.p_drop, self.seed, causal = meta
@@ -338,50 +361,50 @@ class _Work:
         self.vtab = _Table(vt, vt_idx, False) if vt is not None else None
         self.plan = _Plan(q, k, causal)
 
-    def key_rows(self, bi: int, hi: int) -> list[Tensor | None]:
-        """Per key term, ``c_h · rows`` of a compact table for the whole head (``[Lk, R]``), else ``None``."""
+    def key_rows(self, bi: int) -> list[Tensor | None]:
+        """Per key term, ``c · rows`` of a compact table for the whole sequence (``[H, Lk, R]``), else ``None``."""
         return [
-            torch.mm(c[bi, hi], u.head(hi).t()) if u.idx is not None else None for c, u in zip(self.k_ops, self.k_tabs)
+            _bmm(c[bi], u.t.transpose(1, 2)) if u.idx is not None else None for c, u in zip(self.k_ops, self.k_tabs)
         ]
 
-    def scores(self, bi: int, hi: int, r0: int, r1: int, key_rows: list[Tensor | None]) -> Tensor:
-        """The scaled, masked logits of query rows ``[r0, r1)`` of head ``(bi, hi)`` against the keys they may
-        see, ``[0, kend)``: ``[b, kend]`` (a new tensor)."""
+    def scores(self, bi: int, r0: int, r1: int, key_rows: list[Tensor | None], out: Tensor | None) -> Tensor:
+        """The scaled, masked logits of query rows ``[r0, r1)`` of sequence ``bi`` against the keys they may see,
+        ``[0, kend)``: ``[H, b, kend]``, in ``out`` (or a new tensor)."""
         plan = self.plan
-        ke = plan.kend(r1)
-        s = torch.mm(self.q[bi, hi, r0:r1], self.k[bi, hi, :ke].t())
+        ke, b = plan.kend(r1), r1 - r0
+        s = torch.bmm(self.q[bi, :, r0:r1], self.k[bi, :, :ke].transpose(1, 2), out=out)
         for a, t in zip(self.q_ops, self.q_tabs):
-            t.add_scores(s, a[bi, hi, r0:r1], hi, r0, r1, plan)
+            t.add_scores(s, a[bi, :, r0:r1], r0, r1, plan)
         for c, u, rows in zip(self.k_ops, self.k_tabs, key_rows):
             k0, k1 = u.key_cols(plan, r0, r1, ke)
             if rows is not None:  # keys in a run of one row: one number per key
                 if k0:
-                    s[:, :k0].add_(rows[:k0, u.trail_row])
+                    s[:, :, :k0].add_(rows[:, None, :k0, u.trail_row])
                 if k1 < ke:
-                    s[:, k1:].add_(rows[k1:ke, u.lead_row])
-            for j0, j1, lo, hi_ in plan.key_tiles(r0, r1, k0, k1):
-                if rows is None:  # [c, W'] against the reversed table band
-                    raw = torch.mm(c[bi, hi, j0:j1], u.head(hi)[lo:hi_].t())
+                    s[:, :, k1:].add_(rows[:, None, k1:ke, u.lead_row])
+            for j0, j1, lo, hi in plan.key_tiles(r0, r1, k0, k1):
+                if rows is None:  # [H, c, W'] against the reversed table's band
+                    raw = _bmm(c[bi, :, j0:j1], u.t[:, lo:hi].transpose(1, 2))
                 else:
-                    raw = rows[j0:j1].index_select(1, u.idx[lo:hi_])
-                s[:, j0:j1].add_(plan.key_tile(raw, r1 - r0))
+                    raw = rows[:, j0:j1].index_select(2, u.idx[lo:hi])
+                s[:, :, j0:j1].add_(plan.key_tile(raw, b))
         if self.e is not None:
             same_rows = self.same[bi if self.same.shape[0] > 1 else 0, r0:r1, :ke]
-            eb = self.e[bi, hi, r0:r1]
-            s.add_(torch.where(same_rows, eb[:, :1], eb[:, 1:]))
+            eb = self.e[bi, :, r0:r1]
+            s.add_(torch.where(same_rows, eb[..., :1], eb[..., 1:]))
         s.mul_(self.scale)
         if self.bias is not None:
-            bb = self.bias[bi if self.bias.shape[0] > 1 else 0, hi if self.bias.shape[1] > 1 else 0]
-            s.add_(bb[r0:r1, :ke] if bb.shape[0] > 1 else bb[:, :ke])
-        blocked = self.blocked(bi, hi, r0, r1)
+            bb = self.bias[bi if self.bias.shape[0] > 1 else 0]
+            s.add_(bb[:, r0:r1, :ke] if bb.shape[1] > 1 else bb[:, :, :ke])
+        blocked = self.blocked(bi, r0, r1)
         if blocked is not None:
             s.masked_fill_(blocked, torch.finfo(s.dtype).min)
         if plan.causal:  # the block's diagonal square: query r0 + u sees keys up to r0 + u + Lk - Lq
-            s[:, r0 + plan.lk - plan.lq :].masked_fill_(plan.upper(r1 - r0), torch.finfo(s.dtype).min)
+            s[:, :, r0 + plan.lk - plan.lq :].masked_fill_(plan.upper(b), torch.finfo(s.dtype).min)
         return s
 
-    def keep(self, bi: int, hi: int, r0: int, r1: int) -> Tensor | None:
-        """Attention dropout of query rows ``[r0, r1)``: ``1/(1 - p)`` where kept, 0 where dropped (``[b, Lk]``).
+    def keep(self, bi: int, r0: int, r1: int) -> Tensor | None:
+        """Attention dropout of query rows ``[r0, r1)``: ``1/(1 - p)`` where kept, 0 where dropped (``[H, b, kend]``).
 
         Drawn from a generator seeded by the call's seed and the block, so the backward draws the same mask again
         instead of keeping it (no ``[B, H, Lq, Lk]`` mask is ever held).
@@ -390,49 +413,51 @@ class _Work:
             return None
         plan = self.plan
         g = torch.Generator(device=self.q.device)
-        g.manual_seed((self.seed + (bi * plan.h + hi) * plan.lq + r0) % (1 << 63))
-        mask = torch.empty(r1 - r0, plan.kend(r1), dtype=self.q.dtype, device=self.q.device)
+        g.manual_seed((self.seed + bi * plan.lq + r0) % (1 << 63))
+        mask = plan.scratch("keep", (plan.h, r1 - r0, plan.kend(r1)))
         return mask.bernoulli_(1.0 - self.p_drop, generator=g).div_(1.0 - self.p_drop)
 
-    def blocked(self, bi: int, hi: int, r0: int, r1: int) -> Tensor | None:
-        """``True`` where query ``r0 .. r1`` may not see a key: ``[b|1, kend]``, or ``None`` without a mask."""
+    def blocked(self, bi: int, r0: int, r1: int) -> Tensor | None:
+        """``True`` where query ``r0 .. r1`` may not see a key: ``[H|1, b|1, kend]``, or ``None`` without a mask."""
         if self.allowed is None:
             return None
-        m = self.allowed[bi if self.allowed.shape[0] > 1 else 0, hi if self.allowed.shape[1] > 1 else 0]
+        m = self.allowed[bi if self.allowed.shape[0] > 1 else 0]
         ke = self.plan.kend(r1)
-        return ~(m[r0:r1, :ke] if m.shape[0] > 1 else m[:, :ke])  # a key-padding mask is [.., 1, Lk]
+        return ~(m[:, r0:r1, :ke] if m.shape[1] > 1 else m[:, :, :ke])  # a key-padding mask is [.., 1, Lk]
+
+
+def _softmax_(s: Tensor) -> Tensor:
+    """``softmax(s, -1)`` in place (the CPU kernel reads each row before it writes it): no new block of MBs."""
+    return torch.ops.aten._softmax.out(s, -1, False, out=s)
 
 
 def _attend(w_: _Work, budget: int) -> tuple[Tensor, list[Tensor | None]]:
-    """The forward of one call: ``out`` and the probabilities of each head and block of rows, kept in order while
-    their bytes fit in ``budget`` (``None`` for a block past it; an empty list where none is kept)."""
-    q, v = w_.q, w_.v
+    """The forward of one call: ``out`` and the probabilities of each sequence and block of rows (all heads), kept in
+    order while their bytes fit in ``budget`` (``None`` for a block past it; an empty list where none is kept)."""
+    v = w_.v
     plan = w_.plan
-    out = torch.empty_like(q)
-    # one tensor per head and block of rows rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
+    out = torch.empty_like(w_.q)
+    # one tensor per sequence and block of rows rather than one [B, H, Lq, Lk]: the allocator reuses such pieces
     # between steps, where one large block would be mapped (and page-faulted) afresh every time
     probs: list[Tensor | None] = []
     kept = 0
     for bi in range(plan.b):
-        for hi in range(plan.h):
-            key_rows = w_.key_rows(bi, hi)
-            for r0, r1 in plan.blocks:
-                ke = plan.kend(r1)
-                # softmax, not exp(s - max): its vectorised exp is ~10x faster where scores underflow
-                # (masked keys, far ALiBi/KERPLE-like terms); kept for the backward, or recomputed there
-                s = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
-                if kept + s.numel() * s.element_size() <= budget:
-                    kept += s.numel() * s.element_size()
-                    probs.append(s)
-                else:
-                    probs.append(None)
-                keep_ = w_.keep(bi, hi, r0, r1)
-                if keep_ is not None:  # dropout acts on the probabilities that weigh the values
-                    s = keep_.mul_(s)
-                o = out[bi, hi, r0:r1]
-                torch.mm(s, v[bi, hi, :ke], out=o)
-                if w_.vtab is not None:
-                    o.add_(w_.vtab.values(s, hi, r0, r1, plan))
+        key_rows = w_.key_rows(bi)
+        for r0, r1 in plan.blocks:
+            ke = plan.kend(r1)
+            # softmax, not exp(s - max): its exp is ~10x faster where scores underflow (masked keys, far ALiBi terms)
+            size = plan.h * (r1 - r0) * ke * v.element_size()
+            keep_p = kept + size <= budget
+            kept += size if keep_p else 0
+            s = _softmax_(w_.scores(bi, r0, r1, key_rows, None if keep_p else plan.scratch("s", (plan.h, r1 - r0, ke))))
+            probs.append(s if keep_p else None)
+            keep_ = w_.keep(bi, r0, r1)
+            if keep_ is not None:  # dropout acts on the probabilities that weigh the values
+                s = keep_.mul_(s)
+            o = out[bi, :, r0:r1]
+            torch.bmm(s, v[bi, :, :ke], out=o)
+            if w_.vtab is not None:
+                o.add_(w_.vtab.values(s, r0, r1, plan))
     return out, probs if kept else []
 
 
@@ -451,67 +476,70 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
     dbias = torch.zeros_like(bias) if want_dbias else None
     n_blocks = len(plan.blocks)
     for bi in range(plan.b):
-        for hi in range(plan.h):
-            key_rows = None  # made on the head's first block to recompute
-            # compact key terms: the head's gradient of c_h · rows, transposed ([R, Lk]: row adds are contiguous)
-            d_rows = [None if u.idx is None else q.new_zeros(u.t.shape[1], plan.lk) for u in w_.k_tabs]
-            for blk, (r0, r1) in enumerate(plan.blocks):
-                b_rows = r1 - r0
-                ke = plan.kend(r1)
-                p = probs[(bi * plan.h + hi) * n_blocks + blk] if probs else None
-                if p is None:
-                    key_rows = w_.key_rows(bi, hi) if key_rows is None else key_rows
-                    p = torch.softmax(w_.scores(bi, hi, r0, r1, key_rows), dim=-1)
-                do = dout[bi, hi, r0:r1]
-                keep_ = w_.keep(bi, hi, r0, r1)  # the forward's dropout mask, drawn again
-                pd = p if keep_ is None else keep_ * p  # the probabilities that weighed the values
-                dv[bi, hi, :ke].addmm_(pd.t(), do)
-                dp = torch.mm(do, v[bi, hi, :ke].t())
-                if w_.vtab is not None:
-                    w_.vtab.value_grad(pd, do, hi, r0, r1, plan, dp)
-                if keep_ is not None:
-                    dp.mul_(keep_)  # ∂L/∂p through the mask; Δ = rowsum(dO ∘ O) holds with dropout too
-                ds = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # ∂L/∂(scaled logits) = ∂L/∂bias
-                blocked = w_.blocked(bi, hi, r0, r1)
-                if blocked is not None:  # a query that sees no key has uniform p, but no gradient
-                    ds.masked_fill_(blocked, 0.0)
-                if dbias is not None:
-                    bb = dbias[bi if dbias.shape[0] > 1 else 0, hi if dbias.shape[1] > 1 else 0]
-                    if bb.shape[0] > 1:
-                        bb[r0:r1, :ke].add_(ds)
-                    else:
-                        bb[:, :ke].add_(ds.sum(0, keepdim=True))
-                dz = ds.mul_(scale)  # ∂L/∂(unscaled logits)
-                torch.mm(dz, k[bi, hi, :ke], out=dq[bi, hi, r0:r1])
-                dk[bi, hi, :ke].addmm_(dz.t(), q[bi, hi, r0:r1])
-                for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
-                    t.query_grad(dz, a[bi, hi, r0:r1], hi, r0, r1, plan, da[bi, hi, r0:r1])
-                for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
-                    k0, k1 = u.key_cols(plan, r0, r1, ke)
-                    if dr is not None:  # keys in a run of one row (see scores)
-                        if k0:
-                            dr[u.trail_row, :k0].add_(dz[:, :k0].sum(0))
-                        if k1 < ke:
-                            dr[u.lead_row, k1:ke].add_(dz[:, k1:ke].sum(0))
-                    # the tiles' dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
-                    dzt = dz[:, k0:k1].t().contiguous()
-                    for j0, j1, lo, hi_ in plan.key_tiles(r0, r1, k0, k1):
-                        buf = plan.buffer(j1 - j0, hi_ - lo)
-                        plan.key_tile(buf, b_rows).t().copy_(dzt[j0 - k0 : j1 - k0])
-                        if dr is None:
-                            dc[bi, hi, j0:j1].addmm_(buf, u.head(hi)[lo:hi_])
-                            u.dhead(hi)[lo:hi_].addmm_(buf.t(), c[bi, hi, j0:j1])
-                        else:
-                            dr[:, j0:j1].index_add_(0, u.idx[lo:hi_], buf.t().contiguous())
-                if de is not None:
-                    same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1, :ke]
-                    d_same = (dz * same_rows).sum(-1)
-                    de[bi, hi, r0:r1, 0] = d_same
-                    de[bi, hi, r0:r1, 1] = dz.sum(-1) - d_same
+        key_rows = None  # made on the sequence's first block to recompute
+        # compact key terms: the gradient of c · rows, transposed ([H, R, Lk]: row adds are contiguous)
+        d_rows = [None if u.idx is None else q.new_zeros(plan.h, u.t.shape[1], plan.lk) for u in w_.k_tabs]
+        for blk, (r0, r1) in enumerate(plan.blocks):
+            b_rows = r1 - r0
+            ke = plan.kend(r1)
+            p = probs[bi * n_blocks + blk] if probs else None
+            if p is None:
+                key_rows = w_.key_rows(bi) if key_rows is None else key_rows
+                p = _softmax_(w_.scores(bi, r0, r1, key_rows, plan.scratch("s", (plan.h, b_rows, ke))))
+            do = dout[bi, :, r0:r1]
+            keep_ = w_.keep(bi, r0, r1)  # the forward's dropout mask, drawn again
+            pd = p if keep_ is None else torch.mul(keep_, p, out=plan.scratch("pd", p.shape))  # what weighed v
+            dv[bi, :, :ke].baddbmm_(pd.transpose(1, 2), do)
+            dp = torch.bmm(do, v[bi, :, :ke].transpose(1, 2), out=plan.scratch("dp", (plan.h, b_rows, ke)))
+            if w_.vtab is not None:
+                w_.vtab.value_grad(pd, do, r0, r1, plan, dp)
+            if keep_ is not None:
+                dp.mul_(keep_)  # ∂L/∂p through the mask; Δ = rowsum(dO ∘ O) holds with dropout too
+            ds = dp.sub_(delta[bi, :, r0:r1, None]).mul_(p)  # ∂L/∂(scaled logits) = ∂L/∂bias
+            blocked = w_.blocked(bi, r0, r1)
+            if blocked is not None:  # a query that sees no key has uniform p, but no gradient (past the diagonal too)
+                ds.masked_fill_(blocked, 0.0)
+                if plan.causal:
+                    ds[:, :, r0 + plan.lk - plan.lq :].masked_fill_(plan.upper(b_rows), 0.0)
+            if dbias is not None:
+                bb = dbias[bi if dbias.shape[0] > 1 else 0]
+                g = ds.sum(0, keepdim=True) if bb.shape[0] == 1 else ds
+                if bb.shape[1] > 1:
+                    bb[:, r0:r1, :ke].add_(g)
+                else:
+                    bb[:, :, :ke].add_(g.sum(1, keepdim=True))
+            dz = ds.mul_(scale)  # ∂L/∂(unscaled logits)
+            torch.bmm(dz, k[bi, :, :ke], out=dq[bi, :, r0:r1])
+            dk[bi, :, :ke].baddbmm_(dz.transpose(1, 2), q[bi, :, r0:r1])
+            for a, t, da in zip(w_.q_ops, w_.q_tabs, d_qops):
+                t.query_grad(dz, a[bi, :, r0:r1], r0, r1, plan, da[bi, :, r0:r1])
             for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
-                if dr is not None:
-                    dc[bi, hi].addmm_(dr.t(), u.head(hi))
-                    u.dhead(hi).addmm_(dr, c[bi, hi])
+                k0, k1 = u.key_cols(plan, r0, r1, ke)
+                if dr is not None:  # keys in a run of one row (see scores)
+                    if k0:
+                        dr[:, u.trail_row, :k0].add_(dz[:, :, :k0].sum(1))
+                    if k1 < ke:
+                        dr[:, u.lead_row, k1:ke].add_(dz[:, :, k1:ke].sum(1))
+                # the tiles' dzᵀ once (a blocked transpose): each tile below then copies whole rows, not columns
+                dzt = plan.scratch("dzt", (plan.h, k1 - k0, b_rows))
+                dzt.copy_(dz[:, :, k0:k1].transpose(1, 2))
+                for j0, j1, lo, hi in plan.key_tiles(r0, r1, k0, k1):
+                    buf = plan.buffer((plan.h, j1 - j0, hi - lo))
+                    plan.key_tile(buf, b_rows).transpose(1, 2).copy_(dzt[:, j0 - k0 : j1 - k0])
+                    if dr is None:
+                        dc[bi, :, j0:j1].add_(_bmm(buf, u.t[:, lo:hi]))  # (baddbmm_ into a view: a loop of mm)
+                        _acc(u.grad[:, lo:hi], buf.transpose(1, 2), c[bi, :, j0:j1])
+                    else:
+                        dr[:, :, j0:j1].index_add_(1, u.idx[lo:hi], buf.transpose(1, 2).contiguous())
+            if de is not None:
+                same_rows = same[bi if same.shape[0] > 1 else 0, r0:r1, :ke]
+                d_same = (dz * same_rows).sum(-1)
+                de[bi, :, r0:r1, 0] = d_same
+                de[bi, :, r0:r1, 1] = dz.sum(-1) - d_same
+        for c, u, dc, dr in zip(w_.k_ops, w_.k_tabs, d_kops, d_rows):
+            if dr is not None:
+                dc[bi].baddbmm_(dr.transpose(1, 2), u.t.expand(plan.h, -1, -1))
+                _acc(u.grad, dr, c[bi])
     d_tabs = [t.grad.permute(1, 0, 2) for t in w_.q_tabs]
     d_tabs += [u.grad.flip(1).permute(1, 0, 2) if u.idx is None else u.grad.permute(1, 0, 2) for u in w_.k_tabs]
     dvt = w_.vtab.grad.permute(1, 0, 2) if w_.vtab is not None else None

@@ -193,38 +193,55 @@ FIRE_FORWARD(float)
 FIRE_FORWARD(double)
 
 /* the backward of FIRE_FORWARD for gout[h * gs + p]: dx[p] = sum_h gout * A[g, h] (written), and the sums
-   dA[g, h] += gout * x[p], dB[g, h] += gout over the pairs of piece g (accumulated in double) */
+   dA[g, h] += gout * x[p], dB[g, h] += gout over the pairs of piece g. The pieces' runs are found once per chunk
+   (as the forward does); each run is summed in 8 lanes of T, flushed to double at the run's end (a fixed order:
+   every build adds the same numbers in the same order) */
 #define FIRE_BACKWARD(T)                                                                                     \
     void posenc_fire_backward_##T(const T *x, const T *knots, int64_t m, const T *A, const T *gout,          \
-                                  int64_t gs, T *dx, double *dA, double *dB, int64_t H, int64_t p0,          \
-                                  int64_t p1) {                                                              \
-        int32_t g[FIRE_CHUNK];                                                                               \
+                                   int64_t gs, T *dx, double *dA, double *dB, int64_t H, int64_t p0,         \
+                                   int64_t p1) {                                                             \
+        int32_t g[FIRE_CHUNK], run[FIRE_CHUNK + 1];                                                          \
         for (int64_t c0 = p0; c0 < p1; c0 += FIRE_CHUNK) {                                                   \
             const int64_t c1 = c0 + FIRE_CHUNK < p1 ? c0 + FIRE_CHUNK : p1;                                  \
+            int64_t gp = -1, runs = 0;                                                                       \
             for (int64_t p = c0; p < c1; p++) {                                                              \
-                g[p - c0] = (int32_t)piece_##T(knots, m, x[p]);                                              \
+                const T v = x[p];                                                                            \
+                const int64_t last = gp;                                                                     \
+                if (!(gp >= 0 && (gp == 0 || knots[gp - 1] < v) && (gp == m || !(knots[gp] < v))))          \
+                    gp = piece_##T(knots, m, v);                                                             \
+                g[p - c0] = (int32_t)gp;                                                                     \
+                if (gp != last) run[runs++] = (int32_t)(p - c0);                                             \
                 dx[p] = 0;                                                                                   \
             }                                                                                                \
+            run[runs] = (int32_t)(c1 - c0);                                                                  \
+            const T *restrict xc = x + c0;                                                                   \
+            T *restrict dxc = dx + c0;                                                                       \
             for (int64_t h = 0; h < H; h++) {                                                                \
-                const T *restrict gr = gout + h * gs;                                                        \
-                /* runs of one piece are long (x is monotone along a row): sum a run, then flush it */       \
-                int32_t cur = g[0];                                                                          \
-                double sa = 0, sb = 0;                                                                       \
-                for (int64_t p = c0; p < c1; p++) {                                                          \
-                    const int32_t gp = g[p - c0];                                                            \
-                    if (gp != cur) {                                                                         \
-                        dA[cur * H + h] += sa;                                                               \
-                        dB[cur * H + h] += sb;                                                               \
-                        sa = sb = 0;                                                                         \
-                        cur = gp;                                                                            \
+                const T *restrict gr = gout + h * gs + c0;                                                   \
+                for (int64_t r = 0; r < runs; r++) {                                                         \
+                    const int64_t k = g[run[r]] * H + h;                                                     \
+                    const T a = A[k];                                                                        \
+                    T sa[8] = {0}, sb[8] = {0};                                                              \
+                    int64_t p = run[r];                                                                      \
+                    const int64_t e = run[r + 1];                                                            \
+                    for (; p + 8 <= e; p += 8)                                                               \
+                        for (int u = 0; u < 8; u++) {                                                        \
+                            const T gv = gr[p + u];                                                          \
+                            sa[u] += gv * xc[p + u];                                                         \
+                            sb[u] += gv;                                                                     \
+                            dxc[p + u] += gv * a;                                                            \
+                        }                                                                                    \
+                    double ta = 0, tb = 0;                                                                   \
+                    for (; p < e; p++) {                                                                     \
+                        const T gv = gr[p];                                                                  \
+                        ta += (double)(gv * xc[p]);                                                          \
+                        tb += (double)gv;                                                                    \
+                        dxc[p] += gv * a;                                                                    \
                     }                                                                                        \
-                    const T gv = gr[p];                                                                      \
-                    sa += (double)(gv * x[p]);                                                               \
-                    sb += (double)gv;                                                                        \
-                    dx[p] += gv * A[gp * H + h];                                                             \
+                    for (int u = 0; u < 8; u++) { ta += (double)sa[u]; tb += (double)sb[u]; }                \
+                    dA[k] += ta;                                                                             \
+                    dB[k] += tb;                                                                             \
                 }                                                                                            \
-                dA[cur * H + h] += sa;                                                                       \
-                dB[cur * H + h] += sb;                                                                       \
             }                                                                                                \
         }                                                                                                    \
     }

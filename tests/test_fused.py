@@ -465,7 +465,7 @@ def test_bfloat16_inputs_stay_close_to_float64(name):
 @pytest.mark.parametrize("save", [0, 2**40])
 @pytest.mark.parametrize(("compact", "padded"), [(False, slice(5, 8)), (True, slice(5, 8)), (False, slice(0, 11))])
 def test_dropout_masks_drawn_again_in_the_backward(save, compact, padded, monkeypatch):
-    """With dropout, the backward draws the forward's masks again (per sequence and block of rows, all heads): with
+    """With dropout, the backward draws the forward's masks again (per head and block of rows): with
     the global seed fixed the call is a function, whose gradients are checked against finite differences; every
     term, a value table, a bias, a padding mask and causal, probabilities kept or recomputed. Padding the first 11
     keys, queries 0-7 of the second sequence see no key: their output (uniform weights) has no gradient through the

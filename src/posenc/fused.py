@@ -129,9 +129,11 @@ class _Table:
                 self.idx = index.flip(0)
         self._grad: Tensor | None = None
         # offsets [0, lead) use row lead_row, [trail, P) row trail_row (runs shorter than MIN_RUN left out)
-        self.lead, self.lead_row, self.trail, self.trail_row = 0, 0, 0, 0
-        if self.idx is not None:
-            self.lead, self.lead_row, self.trail, self.trail_row = _end_runs(self.idx)
+        self.lead, self.lead_row, self.trail, self.trail_row = (0, 0, 0, 0) if index is None else _end_runs(self.idx)
+
+    def band(self, lo: int, hi: int) -> Tensor:
+        """The table at offsets ``[lo, hi)``: ``[H|1, hi - lo, d]`` (a view, or the compact rows gathered)."""
+        return self.t[:, lo:hi] if self.idx is None else self.t.index_select(1, self.idx[lo:hi])
 
     @property
     def grad(self) -> Tensor:
@@ -168,14 +170,14 @@ class _Table:
             raw[:, :, end - lo :].zero_()  # causal: the columns past ``end`` only reach pairs the mask drops
             _bmm(x, self.t[:, lo:end].transpose(1, 2), out=raw[:, :, : end - lo])
         else:
-            rows = _bmm(x, self.t.transpose(1, 2))  # [H, b, R]
-            if jl:
-                s[:, :, :jl].add_(rows[:, :, self.lead_row, None])
-            if jr < ke:
-                s[:, :, jr:].add_(rows[:, :, self.trail_row, None])
+            if jl or jr < ke:
+                rows = _bmm(x, self.t[:, [self.lead_row, self.trail_row]].mT)  # [H, b, 2]
+                s[:, :, :jl].add_(rows[:, :, :1])
+                s[:, :, jr:].add_(rows[:, :, 1:])
             if jr == jl:
                 return
-            raw = torch.index_select(rows, 2, self.idx[lo:hi], out=plan.scratch("raw", (*rows.shape[:2], hi - lo)))
+            # the band of rows gathered (W·d copies), not the scores (b·W gathered numbers)
+            raw = _bmm(x, self.band(lo, hi).mT, out=plan.scratch("raw", (*x.shape[:2], hi - lo)))
         s[:, :, jl:jr].add_(plan.skew(raw, jr - jl))
 
     def _skewed(self, g: Tensor, r0: int, r1: int, plan: _Plan, jl: int, jr: int) -> tuple[Tensor, int, int]:
@@ -192,7 +194,6 @@ class _Table:
 
     def bucket(self, g: Tensor, r0: int, r1: int, plan: _Plan) -> Tensor:
         """Compact form: the block's ``[H, b, ke]`` per-pair ``g`` summed per row of the table: ``[H, R, b]``."""
-        assert self.idx is not None
         ke = g.shape[2]
         jl, jr = self.cols(plan, r0, r1, ke)
         out = g.new_zeros(g.shape[0], self.t.shape[1], g.shape[1])
@@ -362,10 +363,9 @@ class _Work:
         self.plan = _Plan(q, k, causal)
 
     def key_rows(self, bi: int) -> list[Tensor | None]:
-        """Per key term, ``c · rows`` of a compact table for the whole sequence (``[H, Lk, R]``), else ``None``."""
-        return [
-            _bmm(c[bi], u.t.transpose(1, 2)) if u.idx is not None else None for c, u in zip(self.k_ops, self.k_tabs)
-        ]
+        """Per key term, ``c · rows`` of a compact table's trailing and leading run rows (``[H, Lk, 2]``), else None."""
+        runs = [None if u.idx is None else u.t[:, [u.trail_row, u.lead_row]] for u in self.k_tabs]
+        return [None if r is None else _bmm(c[bi], r.mT) for c, r in zip(self.k_ops, runs)]
 
     def scores(self, bi: int, r0: int, r1: int, key_rows: list[Tensor | None], out: Tensor | None) -> Tensor:
         """The scaled, masked logits of query rows ``[r0, r1)`` of sequence ``bi`` against the keys they may see,
@@ -379,14 +379,11 @@ class _Work:
             k0, k1 = u.key_cols(plan, r0, r1, ke)
             if rows is not None:  # keys in a run of one row: one number per key
                 if k0:
-                    s[:, :, :k0].add_(rows[:, None, :k0, u.trail_row])
+                    s[:, :, :k0].add_(rows[:, None, :k0, 0])
                 if k1 < ke:
-                    s[:, :, k1:].add_(rows[:, None, k1:ke, u.lead_row])
-            for j0, j1, lo, hi in plan.key_tiles(r0, r1, k0, k1):
-                if rows is None:  # [H, c, W'] against the reversed table's band
-                    raw = _bmm(c[bi, :, j0:j1], u.t[:, lo:hi].transpose(1, 2))
-                else:
-                    raw = rows[:, j0:j1].index_select(2, u.idx[lo:hi])
+                    s[:, :, k1:].add_(rows[:, None, k1:ke, 1])
+            for j0, j1, lo, hi in plan.key_tiles(r0, r1, k0, k1):  # [H, c, W'] against the reversed table's band
+                raw = _bmm(c[bi, :, j0:j1], u.band(lo, hi).mT)
                 s[:, :, j0:j1].add_(plan.key_tile(raw, b))
         if self.e is not None:
             same_rows = self.same[bi if self.same.shape[0] > 1 else 0, r0:r1, :ke]
@@ -403,18 +400,21 @@ class _Work:
             s[:, :, r0 + plan.lk - plan.lq :].masked_fill_(plan.upper(b), torch.finfo(s.dtype).min)
         return s
 
-    def keep(self, bi: int, r0: int, r1: int) -> Tensor | None:
-        """Attention dropout of query rows ``[r0, r1)``: ``1/(1 - p)`` where kept, 0 where dropped (``[H, b, kend]``).
-
-        Drawn from a generator seeded by the call's seed and the block, so the backward draws the same mask again
-        instead of keeping it (no ``[B, H, Lq, Lk]`` mask is ever held).
-        """
+    def keeps(self, bi: int, r0: int, r1: int) -> Tensor | None:
+        """The dropout masks of all heads (:meth:`keep`) for query rows ``[r0, r1)``: ``[H, b, kend]``."""
         if not self.p_drop:
             return None
+        out = self.plan.scratch("keep", (self.plan.h, r1 - r0, self.plan.kend(r1)))
+        return torch.stack([self.keep(bi, hi, r0, r1) for hi in range(self.plan.h)], out=out)
+
+    def keep(self, bi: int, hi: int, r0: int, r1: int) -> Tensor:
+        """Attention dropout of query rows ``[r0, r1)`` of a head: ``1/(1 - p)`` where kept, 0 where dropped; drawn
+        from a generator seeded by the call's seed and the block, so the backward draws it again instead of keeping
+        it (no ``[B, H, Lq, Lk]`` mask is ever held)."""
         plan = self.plan
         g = torch.Generator(device=self.q.device)
-        g.manual_seed((self.seed + bi * plan.lq + r0) % (1 << 63))
-        mask = plan.scratch("keep", (plan.h, r1 - r0, plan.kend(r1)))
+        g.manual_seed((self.seed + (bi * plan.h + hi) * plan.lq + r0) % (1 << 63))
+        mask = torch.empty(r1 - r0, plan.kend(r1), dtype=self.q.dtype, device=self.q.device)
         return mask.bernoulli_(1.0 - self.p_drop, generator=g).div_(1.0 - self.p_drop)
 
     def blocked(self, bi: int, r0: int, r1: int) -> Tensor | None:
@@ -446,12 +446,11 @@ def _attend(w_: _Work, budget: int) -> tuple[Tensor, list[Tensor | None]]:
         for r0, r1 in plan.blocks:
             ke = plan.kend(r1)
             # softmax, not exp(s - max): its exp is ~10x faster where scores underflow (masked keys, far ALiBi terms)
-            size = plan.h * (r1 - r0) * ke * v.element_size()
-            keep_p = kept + size <= budget
+            keep_p = kept + (size := plan.h * (r1 - r0) * ke * v.element_size()) <= budget
             kept += size if keep_p else 0
             s = _softmax_(w_.scores(bi, r0, r1, key_rows, None if keep_p else plan.scratch("s", (plan.h, r1 - r0, ke))))
             probs.append(s if keep_p else None)
-            keep_ = w_.keep(bi, r0, r1)
+            keep_ = w_.keeps(bi, r0, r1)
             if keep_ is not None:  # dropout acts on the probabilities that weigh the values
                 s = keep_.mul_(s)
             o = out[bi, :, r0:r1]
@@ -487,7 +486,7 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
                 key_rows = w_.key_rows(bi) if key_rows is None else key_rows
                 p = _softmax_(w_.scores(bi, r0, r1, key_rows, plan.scratch("s", (plan.h, b_rows, ke))))
             do = dout[bi, :, r0:r1]
-            keep_ = w_.keep(bi, r0, r1)  # the forward's dropout mask, drawn again
+            keep_ = w_.keeps(bi, r0, r1)  # the forward's dropout mask, drawn again
             pd = p if keep_ is None else torch.mul(keep_, p, out=plan.scratch("pd", p.shape))  # what weighed v
             dv[bi, :, :ke].baddbmm_(pd.transpose(1, 2), do)
             dp = torch.bmm(do, v[bi, :, :ke].transpose(1, 2), out=plan.scratch("dp", (plan.h, b_rows, ke)))

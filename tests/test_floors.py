@@ -208,3 +208,19 @@ def test_floors_table(floors):
     shaw = next(line for line in text.splitlines() if line.startswith("| shaw |"))
     fl = floors.floor("shaw", floors.Step("lm", 2048, 2, 8192))
     assert f"| {fl:.3f} | 1.500 | {1.5 / fl:.3f} ✗ | 2.00 ✗ |" in shaw
+
+
+def test_interleaved_training_table(floors):
+    """benchmarks/train_interleaved.py: the ratio to ``none`` is the median of the per-round ratios (not the ratio of
+    the medians), divided by the floor, with the target's mark."""
+    import train_interleaved
+
+    run = {"L": 2048, "threads": 1, "clock": "cpu", "load": [1.0, 1.5],
+           "seconds": {"none": [1.0, 2.0, 1.0], "shaw": [1.5, 2.2, 1.3]}}  # fmt: skip
+    text = train_interleaved.table(run, vocab=1024, batch=2)
+    assert "L = 2048, 1 thread(s), cpu seconds, 3 rounds, load 1.0-1.5" in text
+    shaw = next(line for line in text.splitlines() if line.startswith("| shaw |"))
+    fl = floors.floor("shaw", floors.Step("lm", 2048, 2, 1024))
+    ratio = 1.3  # the rounds' ratios 1.5, 1.1, 1.3 (their median); the medians' ratio would be 1.5
+    mark = " ✗" if ratio / fl > floors.TIME_TARGET else ""
+    assert shaw == f"| shaw | {fl:.3f} | 1.50 | 1.50 / 1.10 / 1.30 | {ratio:.3f} | {ratio / fl:.3f}{mark} |"

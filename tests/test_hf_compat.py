@@ -762,3 +762,21 @@ def test_the_unsupported_model_error_lists_every_family():
         assert f"  {family.name}: " in str(err.value)
     assert len({f.name for f in hf.SUPPORTED}) == len(hf.SUPPORTED)
 
+
+
+def test_the_encoding_follows_the_models_train_and_eval_mode():
+    """An encoding patched into a model in eval mode is in eval mode (its no-grad decoding caches, such as
+    Transformer-XL's projected table, key on it: a patched eval model re-projected its whole table every step, 9x the
+    unpatched step on SmolLM2), and model.train() / model.eval() after the patch reach it at the next call."""
+    model = llama().eval()
+    hf.patch(model, "transformer-xl")
+    encodings = [core.encoding for core in hf.patched(model).cores]
+    assert encodings and not any(e.training for e in encodings)
+    x = tokens(b=1, n=6, seed=7)
+    model.train()
+    model(x)
+    assert all(e.training for e in encodings)
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    assert not any(e.training for e in encodings)

@@ -218,7 +218,8 @@ def posenc_attention(
     q_pos, k_pos, by_position = _query_key_positions(state, core.layer, lq, lk, query.device, cache)
     enc = core.encoding
     assert enc is not None
-    core.training = module.training
+    if core.training != module.training or enc.training != module.training:
+        core.train(module.training)  # the encoding too: model.train()/eval() after the patch reach it here
     ctx = AttentionContext(
         q_pos=q_pos,
         k_pos=k_pos,

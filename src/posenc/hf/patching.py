@@ -106,6 +106,7 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
         if rotary_mode == "identity":  # keys rotated once, in the KV cache (rotary.rotate_in_cache)
             state.key_rotation = {c.layer: rotation_tag(c.encoding) for c in state.cores if rotates_per_key(c.encoding)}
     base.add_module("posenc", state)
+    state.train(hf_model.training)  # an eval() model gets eval encodings (their no-grad caches key on it)
     try:
         _check_dtype(hf_model, dtype)
         _install(hf_model, base, family, state, rotary, in_attention)

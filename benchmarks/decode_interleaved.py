@@ -3,7 +3,8 @@
 Per-token CPU ms (median over the rounds) and the ratio to ``none`` measured under the same machine load
 (``bench_models.py run --decode`` runs one process per case, minutes apart, which on a shared, loaded machine moves
 the floor between cases). The models are those of ``bench_models.py`` (``model_cases.decoder``), the timed loop
-the harness's (``harness.timed``: the rounds interleave the encodings' steps).
+the harness's (``harness.timed``: the rounds interleave the encodings' steps, every other round in reverse
+order).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/decode_interleaved.py 4096 none,t5,deberta 20
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/decode_interleaved.py 4096 none,t5,deberta 20 2   # two threads
@@ -52,7 +53,13 @@ def main() -> None:
             for i in range(3):  # warm-up steps (a KV cache's first growth, kept tables)
                 step(toks[:, i : i + 1])
             steps[e] = step
-        calls = ((e, lambda e=e, r=r: steps[e](toks[:, 3 + r : 4 + r])) for r in range(rounds) for e in encs)
+        # every other round in reverse order: a place in the round (what ran just before, the caches it left) hits
+        # every encoding alike
+        calls = (
+            (e, lambda e=e, r=r: steps[e](toks[:, 3 + r : 4 + r]))
+            for r in range(rounds)
+            for e in (encs if r % 2 == 0 else encs[::-1])
+        )
         got = timed(calls, threads=threads)
         times = got.cpu if threads == 1 else got.wall
     med = {e: 1e3 * statistics.median(times[e]) for e in encs}

@@ -260,3 +260,12 @@ def write_report(text: str, dest: Path) -> None:
     """Write a Markdown report and print it."""
     dest.write_text(text)
     print(text)
+
+
+def write_runs(tag: str, args: dict, runs: list[dict], tables: list[str]) -> None:
+    """``results/<tag>.json`` (the arguments, the machine, every run) and ``results/<tag>.md`` (the tables), written
+    after each run so that an interrupted benchmark keeps what it finished."""
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"args": args, "machine": os.uname().nodename}
+    (RESULTS / f"{tag}.json").write_text(json.dumps({**meta, "runs": runs}, indent=1) + "\n")
+    (RESULTS / f"{tag}.md").write_text("\n".join(tables))

@@ -204,9 +204,11 @@ def test_a_decoding_step_computes_q_k_once_for_the_gates_and_the_scores(monkeypa
     from posenc.bias.cope import CoPE
 
     seen = []
-    real = CoPE.gates
+    real = CoPE._one_query_positions
     monkeypatch.setattr(
-        CoPE, "gates", lambda self, q, k, ctx: seen.append(ctx.scores is not None) or real(self, q, k, ctx)
+        CoPE,
+        "_one_query_positions",
+        lambda self, q, k, ctx: seen.append(ctx.scores is not None) or real(self, q, k, ctx),
     )
     torch.manual_seed(0)
     model = posenc.LanguageModel(20, encoding="cope", d_model=16, n_heads=2, n_layers=2, max_len=32).double().eval()
@@ -223,6 +225,53 @@ def test_a_decoding_step_computes_q_k_once_for_the_gates_and_the_scores(monkeypa
     assert seen and all(seen)  # every decoding step's gates reused the kernel's q·kᵀ
     assert all(b.attn.last_plan.kernel == "materialised" for b in model.trunk.blocks)
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("gates", ["half", "closed", "open", "mixed"])
+@pytest.mark.parametrize("keys", [3, 40, 301])
+def test_one_query_positions_on_a_window_equal_every_keys(keys, gates, masked, causal):
+    """A decoding step computes the gates, their running sum and the interpolation on a window of the last keys
+    only (every position before it is clamped); its logits and their gradients equal the literal formula's over
+    every key: gates near 1/2 (the window of 2n + 64 keys), near 0 (it grows to every key), near 1 (clamped at
+    once), and a mix, with and without a mask, with the query's position past the keys' or among them."""
+    torch.manual_seed(keys)
+    enc = random_cope(5, causal=causal).double()
+    h, d = 2, 4
+    q = torch.randn(2, h, 1, d, dtype=torch.float64) * 0.1
+    k = torch.randn(2, h, keys, d, dtype=torch.float64)
+    if gates != "half":  # q·k/√d of about -40 (closed), +40 (open), or either per key (mixed)
+        sign = {"closed": -1.0, "open": 1.0, "mixed": torch.randn(1, 1, keys, 1).sign()}[gates]
+        q = torch.ones_like(q) * 10
+        k = k.abs() * sign * 2
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    k_pos = torch.arange(keys)[None]
+    q_pos = torch.tensor([[keys - 1 if causal else keys // 2]])
+    mask = torch.rand(2, 1, 1, keys) > 0.3 if masked else None
+    ctx = dict(q_pos=q_pos, k_pos=k_pos, n_heads=h, head_dim=d, mask=mask)
+    got = enc.logits(q, k, AttentionContext(**ctx))
+    want = enc.logits(q, k, AttentionContext(**ctx, reference=True))
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(got)
+    g_got = torch.autograd.grad((got * w).sum(), [q, k, enc.pos_emb])
+    g_want = torch.autograd.grad((want * w).sum(), [q, k, enc.pos_emb])
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_a_decoding_step_computes_the_gates_of_a_window_not_of_the_whole_cache(monkeypatch):
+    """At a context of 2,000 keys and npos_max 16, a decoding step's sigmoid sees the window of 2·16 + 64 keys (the
+    gates near 1/2 reach the clamp well inside it), not 2,000."""
+    seen = []
+    real = torch.sigmoid
+    monkeypatch.setattr(torch, "sigmoid", lambda x: seen.append(x.shape[-1]) or real(x))
+    enc = posenc.get("cope", head_dim=8, npos_max=16)
+    q, k = torch.randn(1, 2, 1, 8) * 0.1, torch.randn(1, 2, 2000, 8)
+    ctx = AttentionContext(q_pos=torch.tensor([[1999]]), k_pos=torch.arange(2000)[None], n_heads=2, head_dim=8)
+    out = enc.logits(q, k, ctx)
+    assert out.shape == (1, 2, 1, 2000) and seen == [2 * 16 + cope_module.WINDOW_MARGIN]
 
 
 # ---------------------------------------------------------------- the blocked kernel (cope_attention)

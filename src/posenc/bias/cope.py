@@ -139,8 +139,46 @@ class CoPE(PositionalEncoding):
         if q.shape[-1] != self.head_dim:
             raise ConfigError(f"cope was built for head_dim={self.head_dim}, got q with last dimension {q.shape[-1]}")
 
+    def _one_query_positions(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, int]:
+        """One query (a decoding step): the positions of the last ``w`` keys only, ``([B, H, 1, w], w)``.
+
+        The gates are non-negative, so ``p_j`` grows as ``j`` moves away from the query: once the position of the
+        window's first key is clamped at ``n - 1``, every key before it is clamped too, and its term is the one
+        number ``q·e[n - 1]``. The window starts at ``2·npos_max + WINDOW_MARGIN`` keys (gates near 1/2 reach
+        ``n - 1`` in about ``2n``) and grows by half until its first position is clamped (or it holds every key):
+        the sigmoid, the running sum and the interpolation then cost ``O(n)`` per step, not ``O(C)`` for a cache of
+        ``C`` keys. Exact, gradients included (a clamped position has none)."""
+        lk = k.shape[-2]
+        s = self.scale(ctx.head_dim) if self.gate_scale else 1.0
+        scores = ctx.scores if ctx.scores is not None and ctx.scores.shape[-2:] == (1, lk) else None
+        w = min(lk, 2 * self.npos_max + WINDOW_MARGIN)
+        while True:
+            j0 = lk - w
+            qk = scores[..., j0:] if scores is not None else torch.matmul(q, k[..., j0:, :].transpose(-1, -2))
+            g = torch.sigmoid(qk * s)
+            if self.causal:
+                visible = ctx.k_pos[:, None, j0:] <= ctx.q_pos[:, :, None]  # [B|1, 1, w]
+                g = g * visible[:, None].to(g.dtype)
+            if ctx.mask is not None:
+                g = g * ctx.mask[..., j0:].to(g.dtype)
+            p = g.flip(-1).cumsum(-1).flip(-1)
+            if w == lk or bool((p[..., 0] >= self.npos_max - 1).all()):
+                return p.clamp(max=self.npos_max - 1), w
+            w = min(lk, w + max(w // 2, WINDOW_MARGIN))
+
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         self._check(q)
+        if not ctx.reference and q.shape[-2] == 1:  # a decoding step: the positions of a window of keys
+            p, w = self._one_query_positions(q, k, ctx)
+            per_position = torch.matmul(q, self.pos_emb.to(q.dtype))  # [B, H, 1, npos_max]
+            lo = p.floor()
+            frac = p - lo
+            near = per_position.gather(-1, p.ceil().long()) * frac + per_position.gather(-1, lo.long()) * (1 - frac)
+            lk = k.shape[-2]
+            if w == lk:
+                return near / self.scale(ctx.head_dim)
+            far = per_position[..., self.npos_max - 1 :].expand(*near.shape[:-1], lk - w)  # clamped: q·e[n - 1]
+            return torch.cat([far, near], dim=-1) / self.scale(ctx.head_dim)
         p = self.contextual_positions(self.gates(q, k, ctx), literal=ctx.reference)
         lo = p.floor()
         w = p - lo

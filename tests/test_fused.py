@@ -497,3 +497,31 @@ def test_dropout_masks_drawn_again_in_the_backward(save, compact, padded, monkey
             down = (call(*inputs) * weight).sum()
             x.add_(step)
         torch.testing.assert_close((up - down) / 2, (g * step).sum(), rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_compact_table_of_nearly_every_offset_is_expanded_and_its_gradient_folded_back(causal):
+    """A :class:`Rows` table with more than half as many rows as offsets (what the compiled op receives, where
+    offset_table keeps one form for every length) is expanded inside the kernel, as offset_table does eagerly, and
+    its gradient summed back per row: the same outputs and gradients as the table given expanded."""
+    g = torch.Generator().manual_seed(3)
+    b, h, lq, lk, d = 2, 3, 40, 40, 8
+    p = lq + lk - 1
+    index = torch.randint(0, p - 9, (p,), generator=g).sort().values  # p - 9 rows: two offsets share some
+    tabs = [torch.randn(p - 9, 1 if i else h, d, generator=g, dtype=F64) for i in range(3)]
+    q, k, a, c, v = (torch.randn(b, h, n, d, generator=g, dtype=F64) for n in (lq, lk, lq, lk, lk))
+
+    def run(compact: bool):
+        leaves = [t.clone().requires_grad_() for t in (q, k, a, c, v, *tabs)]
+        q_, k_, a_, c_, v_, t1, t2, t3 = leaves
+        tab = (lambda t: Rows(t, index)) if compact else (lambda t: t[index])
+        form = RelativeForm(q=q_, k=k_, query_terms=[(a_, tab(t1))], key_terms=[(c_, tab(t2))], value_table=tab(t3))
+        out = relative_attention(form, v_, 0.3, causal=causal)
+        grads = torch.autograd.grad((out * torch.cos(out)).sum(), leaves)
+        return out, grads
+
+    out_c, grads_c = run(True)
+    out_e, grads_e = run(False)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-12, atol=1e-12)
+    for x, y in zip(grads_c, grads_e):
+        torch.testing.assert_close(x, y, rtol=1e-11, atol=1e-11)

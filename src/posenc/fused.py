@@ -27,18 +27,13 @@ No ``L × L × d`` tensor is ever made. Causal, a block's products stop at the d
 offsets past it reach only masked pairs). A compact table (:class:`Rows`) whose index starts or ends in a long run
 of one row (a clip, DeBERTa's last bucket) costs one number per query (or key) where a whole block sits in the run.
 
-What the backward gets: the forward keeps the probabilities of its first blocks while they fit in a budget per
-call (``SAVE_RATIO`` = 4 times the bytes of ``q`` by default, or ``SAVE_BYTES``), and the backward uses them
-instead of computing those scores again; it recomputes every other block's softmax, flash-attention style. What
-is kept is then ``O(L·d)`` like the model's own activations (keeping every block, ``B·H·L²/2`` floats a causal
-layer, took the 2-layer benchmark model at L = 2048 to 1.9-2.05× the memory of ``none``; this budget keeps it
-under 1.5×). Either way the backward forms every gradient by hand.
+The backward forms every gradient by hand; it reuses the probabilities the forward kept within a budget per call
+(``SAVE_RATIO`` × the bytes of ``q``, or ``SAVE_BYTES``: ``O(L·d)``, like the model's activations; keeping every
+block took the benchmark model at L = 2048 to 1.9-2.05× the memory of ``none``) and recomputes the other blocks.
 
-The same numbers as the materialised formula (float64: 1e-12; tests/test_fused.py) for every mask,
-offset and shape; :class:`~posenc.attention.MultiHeadAttention` uses it on CPU when an encoding returns
-a form (the fast path) and keeps its other paths otherwise. While ``torch.compile`` traces, the kernel is one custom
-op, ``posenc::relative_attention`` (its backward ``posenc::relative_attention_backward``), which the compiled graph
-keeps for every length; that forward keeps no probabilities, and its backward recomputes them.
+The same numbers as the materialised formula (float64: 1e-12; tests/test_fused.py) for every mask, offset and shape.
+While ``torch.compile`` traces, the kernel is one custom op, ``posenc::relative_attention`` (and its ``_backward``),
+kept by the compiled graph for every length; that forward keeps no probabilities.
 """
 
 from __future__ import annotations
@@ -57,9 +52,7 @@ BLOCK_BYTES = 2 * 2**20
 BLOCK_ROWS = 128
 # key chunk width of a key term, as a fraction of the block height (tiles of c × (c + b - 1) per product)
 CHUNK_RATIO = 0.5
-# the forward keeps blocks' probabilities for the backward (which then skips recomputing their scores) while they fit
-# in a budget per call: SAVE_BYTES bytes, or where it is None, SAVE_RATIO times the bytes of q (the memory kept then
-# grows like the model's own activations, O(L·d), not O(L²)); the backward recomputes the others, flash-style
+# the budget of kept probabilities per call: SAVE_BYTES, or where None, SAVE_RATIO × the bytes of q (O(L·d))
 SAVE_BYTES: int | None = None
 SAVE_RATIO = 4.0
 # a compact table's leading / trailing run of one row at least this long is added by broadcasting (see _Table)
@@ -113,20 +106,21 @@ class _Table:
     """One table of a term, all heads at once, in its expanded (``[H|1, P, d]``) or compact (``[H|1, R, d]`` + index)
     form; a shared table (``[1, ...]``) meets the ``H`` heads by broadcasting (:func:`_bmm`, :func:`_acc`).
 
-    ``reverse`` stores it in reversed offset order (key terms read their bands backwards, see ``key_tile``). A compact
-    table whose index starts or ends with a long run of one row (a clip: Shaw, NEZHA; DeBERTa's last bucket) keeps
-    those runs' ends: where every query of a block is in such a run, the term is one number per query (a query term)
-    or per key (a key term), added by broadcasting instead of gathered into (or summed out of) a skewed buffer.
-    """
+    ``reverse``: reversed offset order (key terms read their bands backwards, ``key_tile``). A compact table whose
+    index starts or ends with a long run of one row (a clip; DeBERTa's last bucket) adds, where a whole block is in
+    the run, one number per query (or key) by broadcasting, not through a skewed buffer."""
 
     def __init__(self, table: Tensor, index: Tensor | None, reverse: bool) -> None:
+        # compact with R > P/2 rows (the compiled op's input: offset_table keeps one form for every length): expanded,
+        # as offset_table does eagerly (a key term's per-row gradient [H, R, Lk] would be O(L²)); see table_grad()
+        self.given: tuple[Tensor, int] | None = None
+        if index is not None and 2 * table.shape[0] > index.shape[0]:
+            self.given = (index, table.shape[0])
+            table, index = table.index_select(0, index), None
+        self.reverse = reverse
         self.t = table.permute(1, 0, 2).contiguous()
-        self.idx = index
-        if reverse:
-            if index is None:
-                self.t = self.t.flip(1)
-            else:
-                self.idx = index.flip(0)
+        self.idx = index if not reverse or index is None else index.flip(0)
+        self.t = self.t.flip(1) if reverse and index is None else self.t
         self._grad: Tensor | None = None
         # offsets [0, lead) use row lead_row, [trail, P) row trail_row (runs shorter than MIN_RUN left out)
         self.lead, self.lead_row, self.trail, self.trail_row = (0, 0, 0, 0) if index is None else _end_runs(self.idx)
@@ -137,10 +131,16 @@ class _Table:
 
     @property
     def grad(self) -> Tensor:
-        """The table's gradient in this layout, allocated on first use (the backward only)."""
-        if self._grad is None:
+        if self._grad is None:  # allocated on first use (the backward only)
             self._grad = torch.zeros_like(self.t)
         return self._grad
+
+    def table_grad(self) -> Tensor:
+        """The table's gradient in the layout it was given, ``[P|R, H|1, d]`` (an expanded compact table's summed)."""
+        g = (self.grad.flip(1) if self.reverse and self.idx is None else self.grad).permute(1, 0, 2)
+        if self.given is not None:
+            return g.new_zeros(self.given[1], *g.shape[1:]).index_add_(0, self.given[0], g)
+        return g
 
     def cols(self, plan: _Plan, r0: int, r1: int, ke: int) -> tuple[int, int]:
         """A query term's key columns ``[jl, jr)`` of rows ``[r0, r1)`` that need the skewed product: every query of
@@ -539,9 +539,8 @@ def _attend_backward(w_: _Work, dout: Tensor, out: Tensor, probs: Sequence[Tenso
             if dr is not None:
                 dc[bi].baddbmm_(dr.transpose(1, 2), u.t.expand(plan.h, -1, -1))
                 _acc(u.grad, dr, c[bi])
-    d_tabs = [t.grad.permute(1, 0, 2) for t in w_.q_tabs]
-    d_tabs += [u.grad.flip(1).permute(1, 0, 2) if u.idx is None else u.grad.permute(1, 0, 2) for u in w_.k_tabs]
-    dvt = w_.vtab.grad.permute(1, 0, 2) if w_.vtab is not None else None
+    d_tabs = [t.table_grad() for t in (*w_.q_tabs, *w_.k_tabs)]
+    dvt = w_.vtab.table_grad() if w_.vtab is not None else None
     return dq, dk, dv, de, dbias, dvt, d_qops + d_kops, d_tabs
 
 

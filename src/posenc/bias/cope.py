@@ -168,7 +168,8 @@ class CoPE(PositionalEncoding):
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         self._check(q)
-        if not ctx.reference and q.shape[-2] == 1:  # a decoding step: the positions of a window of keys
+        # a decoding step: the positions of a window of keys (its growth is data-dependent: not while tracing)
+        if not ctx.reference and q.shape[-2] == 1 and not torch.compiler.is_compiling():
             p, w = self._one_query_positions(q, k, ctx)
             per_position = torch.matmul(q, self.pos_emb.to(q.dtype))  # [B, H, 1, npos_max]
             lo = p.floor()

@@ -254,6 +254,9 @@ def test_one_query_positions_on_a_window_equal_every_keys(keys, gates, masked, c
     got = enc.logits(q, k, AttentionContext(**ctx))
     want = enc.logits(q, k, AttentionContext(**ctx, reference=True))
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    handed = AttentionContext(**ctx)  # the materialised kernel hands the step its q·kᵀ: the window slices it
+    handed.scores = torch.matmul(q, k.transpose(-1, -2)).detach()
+    torch.testing.assert_close(enc.logits(q, k, handed), want, rtol=1e-10, atol=1e-10)
     w = torch.randn_like(got)
     g_got = torch.autograd.grad((got * w).sum(), [q, k, enc.pos_emb])
     g_want = torch.autograd.grad((want * w).sum(), [q, k, enc.pos_emb])

@@ -118,9 +118,9 @@ class _Table:
             self.given = (index, table.shape[0])
             table, index = table.index_select(0, index), None
         self.reverse = reverse
-        self.t = table.permute(1, 0, 2).contiguous()
+        t = table.permute(1, 0, 2).contiguous()
+        self.t = t.flip(1) if reverse and index is None else t
         self.idx = index if not reverse or index is None else index.flip(0)
-        self.t = self.t.flip(1) if reverse and index is None else self.t
         self._grad: Tensor | None = None
         # offsets [0, lead) use row lead_row, [trail, P) row trail_row (runs shorter than MIN_RUN left out)
         self.lead, self.lead_row, self.trail, self.trail_row = (0, 0, 0, 0) if index is None else _end_runs(self.idx)

@@ -110,18 +110,21 @@ class CoPE(PositionalEncoding):
         nn.init.zeros_(self.pos_emb)
 
     # ---------------------------------------------------------------- parts
-    def gates(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
-        """``σ(q_i·k_t · s)``, zero for keys after the query when causal and for masked keys: ``[B, H, Lq, Lk]``."""
+    def gates(self, q: Tensor, k: Tensor, ctx: AttentionContext, start: int = 0) -> Tensor:
+        """``σ(q_i·k_t · s)``, zero for keys after the query when causal and for masked keys: ``[B, H, Lq, Lk - start]``
+        for the keys from ``start`` on."""
         s = self.scale(ctx.head_dim) if self.gate_scale else 1.0
         qk = ctx.scores  # the attention's own q·kᵀ where it computed it first (materialised kernel)
         if qk is None or ctx.reference or qk.shape[-2:] != (q.shape[-2], k.shape[-2]):
-            qk = torch.matmul(q, k.transpose(-1, -2))
+            qk = torch.matmul(q, k[..., start:, :].transpose(-1, -2))
+        else:
+            qk = qk[..., start:]
         g = torch.sigmoid(qk * s)
         if self.causal:
-            visible = ctx.k_pos[:, None, :] <= ctx.q_pos[:, :, None]  # [B|1, Lq, Lk]
+            visible = ctx.k_pos[:, None, start:] <= ctx.q_pos[:, :, None]  # [B|1, Lq, Lk - start]
             g = g * visible[:, None].to(g.dtype)
         if ctx.mask is not None:  # padding and other documents' keys are not counted
-            g = g * ctx.mask.to(g.dtype)
+            g = g * ctx.mask[..., start:].to(g.dtype)
         return g
 
     def contextual_positions(self, gates: Tensor, literal: bool) -> Tensor:
@@ -149,51 +152,38 @@ class CoPE(PositionalEncoding):
         the sigmoid, the running sum and the interpolation then cost ``O(n)`` per step, not ``O(C)`` for a cache of
         ``C`` keys. Exact, gradients included (a clamped position has none)."""
         lk = k.shape[-2]
-        s = self.scale(ctx.head_dim) if self.gate_scale else 1.0
-        scores = ctx.scores if ctx.scores is not None and ctx.scores.shape[-2:] == (1, lk) else None
         w = min(lk, 2 * self.npos_max + WINDOW_MARGIN)
         while True:
-            j0 = lk - w
-            qk = scores[..., j0:] if scores is not None else torch.matmul(q, k[..., j0:, :].transpose(-1, -2))
-            g = torch.sigmoid(qk * s)
-            if self.causal:
-                visible = ctx.k_pos[:, None, j0:] <= ctx.q_pos[:, :, None]  # [B|1, 1, w]
-                g = g * visible[:, None].to(g.dtype)
-            if ctx.mask is not None:
-                g = g * ctx.mask[..., j0:].to(g.dtype)
-            p = g.flip(-1).cumsum(-1).flip(-1)
+            p = self.contextual_positions(self.gates(q, k, ctx, start=lk - w), literal=False)
             if w == lk or bool((p[..., 0] >= self.npos_max - 1).all()):
-                return p.clamp(max=self.npos_max - 1), w
+                return p, w
             w = min(lk, w + max(w // 2, WINDOW_MARGIN))
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         self._check(q)
-        # a decoding step: the positions of a window of keys (its growth is data-dependent: not while tracing)
+        lk = k.shape[-2]
+        # a decoding step: the positions of a window of the last w keys (its growth is data-dependent: not while
+        # tracing); the keys before it have the clamped position n - 1
         if not ctx.reference and q.shape[-2] == 1 and not torch.compiler.is_compiling():
             p, w = self._one_query_positions(q, k, ctx)
-            per_position = torch.matmul(q, self.pos_emb.to(q.dtype))  # [B, H, 1, npos_max]
-            lo = p.floor()
-            frac = p - lo
-            near = per_position.gather(-1, p.ceil().long()) * frac + per_position.gather(-1, lo.long()) * (1 - frac)
-            lk = k.shape[-2]
-            if w == lk:
-                return near / self.scale(ctx.head_dim)
-            far = per_position[..., self.npos_max - 1 :].expand(*near.shape[:-1], lk - w)  # clamped: q·e[n - 1]
-            return torch.cat([far, near], dim=-1) / self.scale(ctx.head_dim)
-        p = self.contextual_positions(self.gates(q, k, ctx), literal=ctx.reference)
+        else:
+            p, w = self.contextual_positions(self.gates(q, k, ctx), literal=ctx.reference), lk
         lo = p.floor()
-        w = p - lo
+        frac = p - lo
         lo_i, hi_i = lo.long(), p.ceil().long()
         emb = self.pos_emb.to(q.dtype)
         if ctx.reference:
             # e[p_ij] materialised: [B, H, Lq, Lk, head_dim]
             table = emb.t()
-            e = w[..., None] * table[hi_i] + (1 - w[..., None]) * table[lo_i]
+            e = frac[..., None] * table[hi_i] + (1 - frac[..., None]) * table[lo_i]
             term = (q[..., :, None, :] * e).sum(-1)
         else:
             # q_i·e[n] for every integer n, then gather: [B, H, Lq, npos_max]
             per_position = torch.matmul(q, emb)
-            term = per_position.gather(-1, hi_i) * w + per_position.gather(-1, lo_i) * (1 - w)
+            term = per_position.gather(-1, hi_i) * frac + per_position.gather(-1, lo_i) * (1 - frac)
+            if w < lk:  # the keys before the window: q·e[n - 1]
+                far = per_position[..., self.npos_max - 1 :].expand(*term.shape[:-1], lk - w)
+                term = torch.cat([far, term], dim=-1)
         # added after the temperature, as the reference code: A = s·q·k + q·e[p]
         return term / self.scale(ctx.head_dim)
 

@@ -208,4 +208,5 @@ def _check_piecewise_equals_mlp(seed: int, hidden: int, zeros: int, heads: int) 
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     knots, slope, intercept = enc.piecewise_linear()
-    assert knots.numel() == hidden - min(zeros, hidden) and slope.shape == intercept.shape == (knots.numel() + 1, heads)
+    assert knots.numel() == hidden and slope.shape == intercept.shape == (hidden + 1, heads)
+    assert int(torch.isfinite(knots).sum()) == hidden - min(zeros, hidden)  # a unit that never switches: +inf

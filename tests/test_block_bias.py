@@ -114,20 +114,38 @@ def test_float32_blocks_match_the_formula(causal):
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("c", [0.37, -0.2, 0.0])
-def test_fire_normalised_distances_gradcheck(c):
-    """FIRE's ψ(|i - j|) / n_i with its backward in row sums: gradcheck in float64 (c < 0 enters as |c|; at c = 0
-    |c|'s gradient is 0, as autograd's), and equal to autograd through the formula as written."""
-    from posenc.bias.fire import _PsiOverNorm
+def test_fire_block_gradient_by_hand_equals_autograd(c, kernel):
+    """FIRE's block bias ``A_s x + B_s`` with ``x = ψ(|i - j|) / n_i`` and its gradient written out (what the custom
+    op runs, without autograd): equal to autograd through the formula as written, for ``c``, the normalisers ``n``
+    and the pieces ``A, B`` (c < 0 enters as |c|; at c = 0 |c|'s gradient is 0, as autograd's), on a block that
+    starts past row 0; in C and in PyTorch ops."""
+    from posenc import native
+    from posenc.bias.fire import _BLOCKS
 
-    i = torch.tensor([0.0, 3.0, 4.0, 9.0], dtype=F64)
-    j = torch.tensor([0.0, 1.0, 2.0, 5.0, 7.0, 11.0], dtype=F64)
+    g = torch.Generator().manual_seed(2)
+    q_pos, k_pos = torch.tensor([0, 3, 4, 9, 12]), torch.tensor([0, 1, 2, 5, 7, 11, 13])
+    knots = torch.sort(torch.randn(4, generator=g, dtype=F64)).values
+    knots[-1] = float("inf")  # a unit that never switches
     cc = torch.tensor(c, dtype=F64, requires_grad=True)
-    norm = torch.rand(4, dtype=F64, generator=torch.Generator().manual_seed(1)).add_(0.5).requires_grad_()
-    if c != 0:
-        assert torch.autograd.gradcheck(lambda c_, n_: _PsiOverNorm.apply(c_, n_, i, j), (cc, norm))
-    gx = torch.randn(4, 6, dtype=F64, generator=torch.Generator().manual_seed(2))
-    got = torch.autograd.grad(_PsiOverNorm.apply(cc, norm, i, j), (cc, norm), gx)
-    want = torch.autograd.grad(torch.log1p((cc * (i[:, None] - j).abs()).abs()) / norm[:, None], (cc, norm), gx)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    norm = torch.rand(5, dtype=F64, generator=g).add_(0.5).requires_grad_()
+    a, b = (torch.randn(5, 3, generator=g, dtype=F64, requires_grad=True) for _ in range(2))
+    params = (cc, norm, a, b, q_pos, k_pos, knots)
+    r0, r1, ke = 1, 4, 6
+    dbias = torch.randn(3, r1 - r0, ke, generator=g, dtype=F64)
+    x = torch.log1p((cc * (q_pos[r0:r1, None] - k_pos[None, :ke]).to(F64).abs()).abs()) / norm[r0:r1, None]
+    s = (x.detach()[..., None] > knots).sum(-1)  # the piece of every pair, by a comparison per knot
+    want_bias = a[s].permute(2, 0, 1) * x + b[s].permute(2, 0, 1)
+    want = torch.autograd.grad(want_bias, (cc, norm, a, b), dbias)
+    native.enabled = kernel
+    try:
+        with torch.no_grad():
+            got_bias = _BLOCKS.bias(params, r0, r1, ke)
+            grads = [torch.zeros_like(t) for t in params[:4]] + [None] * 3
+            _BLOCKS.grad(params, r0, r1, ke, dbias, grads)
+    finally:
+        native.enabled = True
+    torch.testing.assert_close(got_bias, want_bias.detach(), rtol=1e-12, atol=1e-12)
+    for got, w in zip(grads, want):
+        torch.testing.assert_close(got, w, rtol=1e-10, atol=1e-12)

@@ -19,7 +19,7 @@ from posenc.attention import MultiHeadAttention
 from posenc.attention.kernels import COMPILABLE_KERNELS
 from posenc.base import AttentionContext, PositionalEncoding
 
-OPS = ("offset_bias_attention", "biased_sdpa", "relative_attention")
+OPS = ("offset_bias_attention", "biased_sdpa", "relative_attention", "block_bias_attention")
 LENGTHS = (300, 517)  # two lengths: one graph for both (error_on_recompile on the second)
 TOL64 = dict(rtol=1e-9, atol=1e-9)
 
@@ -66,11 +66,12 @@ def test_opcheck(op: str, lq: int, lk: int, heads: int, causal: bool, dtype: tor
 
 
 def test_every_op_is_registered_and_named_by_the_plan() -> None:
-    import posenc.offset_bias  # noqa: F401  (the op is registered where its kernel lives)
+    import posenc.block_bias  # noqa: F401  (each op is registered where its kernel lives)
+    import posenc.offset_bias  # noqa: F401
 
     for op in OPS:
         assert hasattr(torch.ops.posenc, op) and hasattr(torch.ops.posenc, f"{op}_backward")
-    assert {"offset-bias", "biased-sdpa", "blocked"} <= set(COMPILABLE_KERNELS)
+    assert {"offset-bias", "biased-sdpa", "blocked", "block-bias"} <= set(COMPILABLE_KERNELS)
 
 
 RELATIVE = {  # the terms of a form, as the op takes them: (query terms, key terms, compact tables, value table ...)
@@ -292,3 +293,49 @@ def test_compiled_dropout_takes_the_blocked_op() -> None:
         assert fast.last_plan is not None and fast.last_plan.kernel == "blocked", str(fast.last_plan)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, **TOL64)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_compiled_fire_keeps_the_block_bias_op(causal: bool) -> None:
+    """FIRE (a bias that is not Toeplitz: rows past its threshold L = 64 have their own normaliser) compiled keeps
+    the ``block-bias`` op, fullgraph, one graph for lengths 300 and 517, with the reference path's numbers and
+    gradients (``c``, the threshold and the MLP through its pieces), not the ``[B, H, L, L]`` MLP of the portable
+    plan."""
+    enc = posenc.get("fire", n_heads=4, init_L=64.0)
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.normal_(generator=torch.Generator().manual_seed(p.numel()))
+    _compiled_keeps(enc, "block-bias", causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize(("lq", "lk", "causal"), [(7, 7, True), (5, 13, True), (13, 6, False)])
+def test_opcheck_block_bias_attention(lq: int, lk: int, causal: bool, dtype: torch.dtype) -> None:
+    """``posenc::block_bias_attention`` with FIRE's block function (the op finds it by name) and its backward: opcheck
+    on odd lengths and several blocks, with and without the parameters' gradients."""
+    import posenc.block_bias as bb
+    from posenc.bias.fire import _BLOCKS
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = _qkv(lq, lk, dtype, True)
+    knots = torch.sort(torch.randn(4, generator=g, dtype=dtype)).values
+    params = [
+        torch.tensor(0.3, dtype=dtype, requires_grad=True),  # c
+        torch.rand(lq, generator=g, dtype=dtype).add_(1.0).requires_grad_(),  # the normalisers
+        torch.randn(5, 3, generator=g, dtype=dtype, requires_grad=True),  # A
+        torch.randn(5, 3, generator=g, dtype=dtype, requires_grad=True),  # B
+        torch.arange(lk - lq, lk),  # query positions (bottom-right aligned)
+        torch.arange(lk),
+        knots,
+    ]
+    old, bb.BLOCK_ROWS = bb.BLOCK_ROWS, 4
+    try:
+        opcheck(torch.ops.posenc.block_bias_attention.default, (q, k, v, params, _BLOCKS.name, 0.3, causal))
+        out = torch.ops.posenc.block_bias_attention(q, k, v, params, _BLOCKS.name, 0.3, causal).detach()
+        dout = torch.randn_like(out)
+        plain = [p.detach() for p in params]
+        for wants in ([True] * 4 + [False] * 3, [False] * 7):
+            args = (dout, q.detach(), k.detach(), v.detach(), out, plain, _BLOCKS.name, 0.3, causal, wants)
+            opcheck(torch.ops.posenc.block_bias_attention_backward.default, args)
+    finally:
+        bb.BLOCK_ROWS = old

@@ -426,7 +426,7 @@ class PositionalEncoding(nn.Module):
         """
         return None
 
-    def bias_blocks(self, ctx: AttentionContext) -> tuple[Callable[..., Tensor], tuple[Tensor, ...]] | None:
+    def bias_blocks(self, ctx: AttentionContext) -> tuple[Any, tuple[Tensor, ...]] | None:
         """This encoding's ``bias`` evaluated one block of query rows at a time: ``(fn, params)``, or ``None``.
 
         Not a hook of the paper: an optional fast form of :meth:`bias` for a bias that is cheap to evaluate on any
@@ -434,6 +434,9 @@ class PositionalEncoding(nn.Module):
         ``[H|1, r1 - r0, ke]`` bias of query rows ``r0 .. r1 - 1`` against keys ``0 .. ke - 1``, differentiable in
         ``params`` (it is evaluated again under autograd in the backward). The attention then runs
         :func:`posenc.block_bias.block_bias_attention`, which never makes the ``[H, Lq, Lk]`` bias or its gradient.
+        ``fn`` may instead be a :class:`posenc.block_bias.BlockFunction` (the function and the gradient of a block
+        written out, registered by name): the kernel is then one custom op, which ``torch.compile`` keeps; a plain
+        function is left out while compiling (the call takes the portable plan with :meth:`bias`).
         """
         return None
 

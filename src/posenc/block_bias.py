@@ -18,11 +18,17 @@ batch while it is in cache) to :func:`torch.autograd.grad` for the encoding's te
 one block at a time (about an L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per
 layer and step), and a causal call evaluates the bias only where a query may look. Equal to the materialised formula up
 to float rounding (tests/test_block_bias.py).
+
+A bias given as a :class:`BlockFunction` (its gradient written out, registered by name with :func:`block_function`:
+FIRE's) is attended by the custom op ``posenc::block_bias_attention`` (and its backward a second op), eager and
+compiled alike: ``torch.compile`` records the op as one node for any length, where it could not trace the row loops
+of an ``autograd.Function``. A plain function keeps the ``autograd.Function`` and its gradient by autograd (eager).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,6 +39,7 @@ from .offset_bias import check_inputs
 BLOCK_ROWS = 128
 
 BlockFn = Callable[[Sequence[Tensor], int, int, int], Tensor]
+BlockGrad = Callable[[Sequence[Tensor], int, int, int, Tensor, list], None]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -57,19 +64,157 @@ def _block_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, 
     return o1.mul_(w1[..., None]).addcmul_(o2, w2[..., None])
 
 
+class BlockFunction(NamedTuple):
+    """A bias evaluated per block with its gradient written out: what ``torch.compile`` keeps as one custom op.
+
+    ``bias(params, r0, r1, ke)`` returns the ``[H|1, r1 - r0, ke]`` bias of query rows ``r0 .. r1 - 1`` against keys
+    ``0 .. ke - 1`` (no autograd needed); ``grad(params, r0, r1, ke, dbias, grads)`` adds the block's share of each
+    parameter's gradient, given the block's ``∂L/∂bias`` (``[H|1, r1 - r0, ke]``), to ``grads[i]`` (a zeroed tensor
+    shaped like ``params[i]``, or ``None`` where that gradient is not wanted). Made by :func:`block_function`, which
+    registers it under its name: the op ``posenc::block_bias_attention`` finds it by name (an op takes tensors,
+    numbers and strings, never a Python function), and its implementation runs without autograd, hence the
+    gradient by hand."""
+
+    name: str
+    bias: BlockFn
+    grad: BlockGrad
+
+
+_FUNCTIONS: dict[str, BlockFunction] = {}
+
+
+def block_function(name: str, bias: BlockFn, grad: BlockGrad) -> BlockFunction:
+    """Register a bias per block (:class:`BlockFunction`) under ``name`` (one per encoding; registering a name again
+    replaces it, as a module reload does) and return it."""
+    fn = BlockFunction(name, bias, grad)
+    _FUNCTIONS[name] = fn
+    return fn
+
+
+def compilable(fn: object) -> bool:
+    """Whether :func:`block_bias_attention` with ``fn`` is one custom op (a :class:`BlockFunction`), which
+    ``torch.compile`` keeps; a plain function is attended through an ``autograd.Function`` that tracing cannot keep."""
+    return isinstance(fn, BlockFunction)
+
+
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, fn: BlockFn, params: Sequence[Tensor], scale: float, causal: bool
+) -> Tensor:
+    """The forward: flash on each block of query rows with that block's bias (:func:`_block_forward`)."""
+    lq, lk = q.shape[2], k.shape[2]
+    out = torch.empty_like(q)
+    for r0 in range(0, lq, BLOCK_ROWS):
+        r1 = min(lq, r0 + BLOCK_ROWS)
+        ke = min(lk, r1 + lk - lq) if causal else lk
+        bias = fn(params, r0, r1, ke).to(q.dtype)[None]  # [1, H|1, b, ke]
+        qb, kb, vb = q[:, :, r0:r1], k[:, :, :ke], v[:, :, :ke]
+        out[:, :, r0:r1] = _block_forward(qb, kb, vb, bias, scale, causal)
+    return out
+
+
+# one block's bias for the backward: (r0, r1, ke) -> (the bias, detached, and a function that takes the block's
+# ∂L/∂bias and adds the parameters' share of their gradients)
+Evaluate = Callable[[int, int, int], tuple[Tensor, Callable[[Tensor], None]]]
+
+
+def _by_autograd(fn: BlockFn, params: Sequence[Tensor], wants: Sequence[bool], grads: list[Tensor | None]) -> Evaluate:
+    """The backward's block bias of a plain function: evaluated under autograd, its gradient by
+    :func:`torch.autograd.grad`."""
+
+    def evaluate(r0: int, r1: int, ke: int) -> tuple[Tensor, Callable[[Tensor], None]]:
+        leaves = [p.detach().requires_grad_(w) for p, w in zip(params, wants)]
+        with torch.enable_grad():
+            bias = fn(leaves, r0, r1, ke)  # recorded for the encoding's gradients
+
+        def finish(dbias: Tensor) -> None:
+            idx = [i for i, w in enumerate(wants) if w]
+            with torch.enable_grad():
+                got = torch.autograd.grad(bias, [leaves[i] for i in idx], dbias.to(bias.dtype), allow_unused=True)
+            for i, g in zip(idx, got):
+                if g is not None:
+                    grads[i].add_(g)  # type: ignore[union-attr]
+
+        return bias.detach(), finish
+
+    return evaluate
+
+
+def _by_hand(fn: BlockFunction, params: Sequence[Tensor], grads: list[Tensor | None]) -> Evaluate:
+    """The backward's block bias of a :class:`BlockFunction`: its gradient by its ``grad``."""
+
+    def evaluate(r0: int, r1: int, ke: int) -> tuple[Tensor, Callable[[Tensor], None]]:
+        return fn.bias(params, r0, r1, ke), lambda dbias: fn.grad(params, r0, r1, ke, dbias, grads)
+
+    return evaluate
+
+
+def _backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    scale: float,
+    causal: bool,
+    evaluate: Evaluate,
+    wanted: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``dq, dk, dv``; the parameters' gradients go where ``evaluate``'s functions put them (``wanted``: any)."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    acc = torch.promote_types(q.dtype, torch.float32)
+    delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
+    dout = dout.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    upper = torch.ones(BLOCK_ROWS, BLOCK_ROWS, dtype=torch.bool, device=q.device).triu_(1) if causal else None
+    dbuf: Tensor | None = None  # one buffer for every block's ∂L/∂bias (its pages mapped once per call)
+    for r0 in range(0, lq, BLOCK_ROWS):
+        r1 = min(lq, r0 + BLOCK_ROWS)
+        m = r1 - r0
+        ke = min(lk, r1 + lk - lq) if causal else lk
+        bias, finish = evaluate(r0, r1, ke)  # [H|1, b, ke]
+        bd = bias.to(q.dtype)
+        hb = bd.shape[0]
+        dbias = None
+        if wanted:
+            if dbuf is None:
+                dbuf = q.new_empty(hb * BLOCK_ROWS * lk)
+            dbias = dbuf[: hb * m * ke].view(hb, m, ke)
+        for hi in range(h):  # a head's bias and ∂L/∂bias stay in cache across the batch
+            for bi in range(b):
+                bh = 0 if hb == 1 else hi
+                qh, kh = q[bi, hi, r0:r1], k[bi, hi, :ke]
+                s = torch.addmm(bd[bh], qh, kh.t(), alpha=scale)
+                if upper is not None:  # the diagonal square's keys past each query
+                    s[:, ke - m :].masked_fill_(upper[:m, :m], float("-inf"))
+                p = torch.softmax(s, dim=-1)  # (faster than exp(s - lse) from the forward's log-sum-exps)
+                do = dout[bi, hi, r0:r1]
+                dv[bi, hi, :ke].addmm_(p.t(), do)
+                ds = torch.mm(do, v[bi, hi, :ke].t())
+                ds.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
+                if dbias is not None:
+                    if bi == 0 and (hi == 0 or hb > 1):  # the first term of this head's (heads') sum
+                        dbias[bh].copy_(ds)
+                    else:
+                        dbias[bh].add_(ds)
+                torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
+                dk[bi, hi, :ke].addmm_(ds.t(), qh, alpha=scale)
+        if dbias is not None:
+            finish(dbias)
+    return dq, dk, dv
+
+
+def _zeroed(params: Sequence[Tensor], wants: Sequence[bool]) -> list[Tensor | None]:
+    return [torch.zeros_like(p) if w else None for p, w in zip(params, wants)]
+
+
 class _BlockBiasAttention(torch.autograd.Function):
+    """A plain block function (not a :class:`BlockFunction`): eager only, its gradient by autograd."""
+
     @staticmethod
     def forward(ctx, meta, q, k, v, *params):  # type: ignore[override]
         fn, scale, causal = meta
-        b, h, lq, _ = q.shape
-        lk = k.shape[2]
-        out = torch.empty_like(q)
-        for r0 in range(0, lq, BLOCK_ROWS):
-            r1 = min(lq, r0 + BLOCK_ROWS)
-            ke = min(lk, r1 + lk - lq) if causal else lk
-            bias = fn(params, r0, r1, ke).to(q.dtype)[None]  # [1, H|1, b, ke]
-            qb, kb, vb = q[:, :, r0:r1], k[:, :, :ke], v[:, :, :ke]
-            out[:, :, r0:r1] = _block_forward(qb, kb, vb, bias, scale, causal)
+        out = _forward(q, k, v, fn, params, scale, causal)
         ctx.meta = meta
         ctx.save_for_backward(q, k, v, out, *params)
         return out
@@ -78,74 +223,91 @@ class _BlockBiasAttention(torch.autograd.Function):
     def backward(ctx, dout):  # type: ignore[override]
         fn, scale, causal = ctx.meta
         q, k, v, out, *params = ctx.saved_tensors
-        b, h, lq, _ = q.shape
-        lk = k.shape[2]
-        acc = torch.promote_types(q.dtype, torch.float32)
-        delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
-        dout = dout.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         wants = [p.requires_grad and need for p, need in zip(params, ctx.needs_input_grad[4:])]
-        dparams: list[Tensor | None] = [torch.zeros_like(p) if w else None for p, w in zip(params, wants)]
-        upper = torch.ones(BLOCK_ROWS, BLOCK_ROWS, dtype=torch.bool, device=q.device).triu_(1) if causal else None
-        dbuf: Tensor | None = None  # one buffer for every block's ∂L/∂bias (its pages mapped once per call)
-        for r0 in range(0, lq, BLOCK_ROWS):
-            r1 = min(lq, r0 + BLOCK_ROWS)
-            m = r1 - r0
-            ke = min(lk, r1 + lk - lq) if causal else lk
-            leaves = [p.detach().requires_grad_(w) for p, w in zip(params, wants)]
-            with torch.enable_grad():
-                bias = fn(leaves, r0, r1, ke)  # [H|1, b, ke], recorded for the encoding's gradients
-            bd = bias.detach().to(q.dtype)
-            hb = bd.shape[0]
-            dbias = None
-            if any(wants):
-                if dbuf is None:
-                    dbuf = q.new_empty(hb * BLOCK_ROWS * lk)
-                dbias = dbuf[: hb * m * ke].view(hb, m, ke)
-            for hi in range(h):  # a head's bias and ∂L/∂bias stay in cache across the batch
-                for bi in range(b):
-                    bh = 0 if hb == 1 else hi
-                    qh, kh = q[bi, hi, r0:r1], k[bi, hi, :ke]
-                    s = torch.addmm(bd[bh], qh, kh.t(), alpha=scale)
-                    if upper is not None:  # the diagonal square's keys past each query
-                        s[:, ke - m :].masked_fill_(upper[:m, :m], float("-inf"))
-                    p = torch.softmax(s, dim=-1)  # (faster than exp(s - lse) from the forward's log-sum-exps)
-                    do = dout[bi, hi, r0:r1]
-                    dv[bi, hi, :ke].addmm_(p.t(), do)
-                    ds = torch.mm(do, v[bi, hi, :ke].t())
-                    ds.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
-                    if dbias is not None:
-                        if bi == 0 and (hi == 0 or hb > 1):  # the first term of this head's (heads') sum
-                            dbias[bh].copy_(ds)
-                        else:
-                            dbias[bh].add_(ds)
-                    torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
-                    dk[bi, hi, :ke].addmm_(ds.t(), qh, alpha=scale)
-            if dbias is not None:
-                idx = [i for i, w in enumerate(wants) if w]
-                with torch.enable_grad():
-                    grads = torch.autograd.grad(bias, [leaves[i] for i in idx], dbias.to(bias.dtype), allow_unused=True)
-                for i, g in zip(idx, grads):
-                    if g is not None:
-                        dparams[i].add_(g)  # type: ignore[union-attr]
-        return (None, dq, dk, dv, *dparams)
+        grads = _zeroed(params, wants)
+        evaluate = _by_autograd(fn, params, wants, grads)
+        dq, dk, dv = _backward(dout, q, k, v, out, scale, causal, evaluate, any(wants))
+        return (None, dq, dk, dv, *grads)
+
+
+# ---------------------------------------------------------------- the custom op (what torch.compile keeps)
+@torch.library.custom_op("posenc::block_bias_attention", mutates_args=())
+def _op(q: Tensor, k: Tensor, v: Tensor, params: list[Tensor], name: str, scale: float, causal: bool) -> Tensor:
+    return _forward(q, k, v, _FUNCTIONS[name].bias, params, scale, causal)
+
+
+@torch.library.custom_op("posenc::block_bias_attention_backward", mutates_args=())
+def _backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    params: list[Tensor],
+    name: str,
+    scale: float,
+    causal: bool,
+    wants: list[bool],
+) -> list[Tensor]:
+    """``[dq, dk, dv, *dparams]``, an empty tensor for a parameter whose gradient is not wanted."""
+    grads = _zeroed(params, wants)
+    evaluate = _by_hand(_FUNCTIONS[name], params, grads)
+    dq, dk, dv = _backward(dout, q, k, v, out, scale, causal, evaluate, any(wants))
+    return [dq, dk, dv, *(p.new_empty(0) if g is None else g for p, g in zip(params, grads))]
+
+
+@_op.register_fake
+def _(q, k, v, params, name, scale, causal):
+    return torch.empty_like(q)
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, out, params, name, scale, causal, wants):
+    grads = [torch.empty_like(p) if w else p.new_empty(0) for p, w in zip(params, wants)]
+    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), *grads]
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, params, name, scale, causal = inputs
+    ctx.save_for_backward(q, k, v, output, *params)
+    ctx.numbers = (name, scale, causal)
+
+
+def _grad(ctx, dout: Tensor):
+    q, k, v, out, *params = ctx.saved_tensors
+    name, scale, causal = ctx.numbers
+    wants = [p.requires_grad for p in params] if ctx.needs_input_grad[3] else [False] * len(params)
+    dq, dk, dv, *dparams = _backward_op(dout, q, k, v, out, params, name, scale, causal, wants)
+    return dq, dk, dv, [g if w else None for g, w in zip(dparams, wants)], None, None, None
+
+
+_op.register_autograd(_grad, setup_context=_setup)
 
 
 def block_bias_attention(
-    q: Tensor, k: Tensor, v: Tensor, fn: BlockFn, params: Sequence[Tensor], scale: float, causal: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    fn: BlockFn | BlockFunction,
+    params: Sequence[Tensor],
+    scale: float,
+    causal: bool = False,
 ) -> Tensor:
     """``softmax(scale · q kᵀ + B) v`` with the bias ``B`` evaluated block by block by ``fn``: ``[B, H, Lq, d]``.
 
     Args:
         q, k, v: ``[B, H, Lq|Lk, d]`` (CPU; float32 or float64).
         fn: ``fn(params, r0, r1, ke)`` -> the ``[H|1, r1 - r0, ke]`` bias of query rows ``r0 .. r1 - 1`` against
-            keys ``0 .. ke - 1``, differentiable in ``params`` (it is called again under autograd in the backward).
+            keys ``0 .. ke - 1``, differentiable in ``params`` (it is called again under autograd in the backward);
+            or a :class:`BlockFunction`, its gradient written out (one custom op, which ``torch.compile`` keeps).
         params: the tensors ``fn`` reads; their gradients flow back.
         scale: the temperature of ``q kᵀ`` (the bias is added after it).
         causal: query ``i`` sees keys ``j <= i + Lk - Lq`` only (bottom-right aligned; needs ``Lk >= Lq``).
     """
     check_inputs(q, k, v, causal, "block_bias_attention")
+    if isinstance(fn, BlockFunction):
+        return _op(q, k, v, list(params), fn.name, float(scale), bool(causal))
     return _BlockBiasAttention.apply((fn, float(scale), bool(causal)), q, k, v, *params)
 
 
-__all__ = ["block_bias_attention", "BLOCK_ROWS"]
+__all__ = ["block_bias_attention", "block_function", "compilable", "BlockFunction", "BLOCK_ROWS"]

@@ -27,9 +27,10 @@ KERNELS = {
 PORTABLE_KERNELS = ("sdpa", "materialised")
 
 #: the CPU kernels ``torch.compile`` keeps: each is one ``torch.library`` custom op (``posenc::...``, with its fake
-#: implementation and its backward a second op), which Dynamo records as it is instead of tracing its row loops. The
-#: other CPU kernels (Python callables of the encoding, the C decode kernel) are left out while compiling.
-COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa", "blocked")
+#: implementation and its backward a second op), which Dynamo records as it is instead of tracing its row loops
+#: (block-bias where the encoding's block function is a :class:`~posenc.block_bias.BlockFunction`: FIRE's). The
+#: other CPU kernels (CoPE's own row blocks, the C decode kernel) are left out while compiling.
+COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa", "blocked", "block-bias")
 
 
 @dataclass(frozen=True)

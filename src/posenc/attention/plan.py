@@ -3,8 +3,8 @@
 :func:`plan_call` reads the facts of one call once (:class:`Facts`), asks the encoding for a fast form only where a
 named predicate says one may apply, and hands what it got to :func:`choose_kernel`: the table whose first rule that
 holds names the kernel and the reason the :class:`~posenc.attention.kernels.Plan` shows the user. Imports
-:mod:`posenc.native` and :mod:`posenc.fused` (kernels) and, of this package, the call and plan records, the
-portability switch and :func:`~posenc.attention.blocked.decodable` (what the decode kernel computes).
+:mod:`posenc.native`, :mod:`posenc.fused` and :mod:`posenc.block_bias` (kernels) and, of this package, the call and
+plan records, the portability switch and :func:`~posenc.attention.blocked.decodable` (what the decode kernel computes).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import native
+from .. import block_bias, native
 from ..fused import RelativeForm
 from .blocked import decodable
 from .call import _Call
@@ -146,6 +146,8 @@ def plan_call(f: Facts, enc: Any, call: _Call) -> tuple[Plan, RelativeForm | Non
     if bias_kernels_may_apply(f):
         offsets = enc.bias_offsets(call.ctx)
         blocks = enc.bias_blocks(call.ctx) if offsets is None and compilable(f, "block-bias") else None
+        if blocks is not None and f.compiling and not block_bias.compilable(blocks[0]):
+            blocks = None  # a plain block function: an autograd.Function, which tracing cannot keep
     if own_blocks_may_apply(f, enc):
         own = enc.blocked_attention(call.ctx)
     has_logits = "logits" in f.hooks and form is None

@@ -30,11 +30,14 @@ position ``i`` once ``i > L``. Each layer has its own FIRE by default
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from .. import native
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
+from ..block_bias import block_function
 from ..errors import ConfigError
 from ..registry import register
 from ..relative._skew import offset_rows
@@ -45,32 +48,58 @@ def _rowdot(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a[:, None, :], b[:, :, None]).view(-1)
 
 
-class _PsiOverNorm(torch.autograd.Function):
-    r"""FIRE's normalised distances of a block of pairs, ``x_ij = ψ(|i - j|) / n_i`` with ``ψ(d) = log(|c| d + 1)``:
-    ``[len(i), len(j)]``, its backward in row sums.
+def _distances(params, r0: int, r1: int, ke: int) -> tuple[Tensor, Tensor]:
+    """``x_ij = ψ(|i - j|) / n_i`` of query rows ``r0 .. r1 - 1`` against keys ``0 .. ke - 1``, and ``ψ(|i - j|)``
+    (``ψ(d) = log(|c| d + 1)``, ``n_i = ψ(max{L, i}) + ε`` given per query): ``[r1 - r0, ke]`` each."""
+    c, norm, _, _, q_pos, k_pos, _ = params
+    i, j = q_pos[r0:r1].to(c.dtype), k_pos[:ke].to(c.dtype)
+    psi = (i[:, None] - j[None, :]).abs_().mul_(c.abs()).log1p_()
+    return psi / norm[r0:r1, None], psi
 
-    Autograd through the formula as written makes, per pair, the gradients of the division, ``log1p``, both ``abs``
-    and the product ``c·d`` (a handful of ``[n, m]`` tensors) only to sum them to the scalar ``c`` and the row
-    norms. Here ``∂L/∂n_i = -Σ_j g_ij ψ_ij / n_i²`` and, as ``∂ψ(d)/∂c = sign(c) d / (1 + |c| d) = -expm1(-ψ(d)) / c``,
-    ``∂L/∂c = -Σ_i (Σ_j g_ij expm1(-ψ_ij)) / (c n_i)``: two batched dot products and one ``expm1`` over the pairs.
-    The gradient the norms carry (``c`` and the threshold through ``ψ(max{L, i})``) is left to autograd."""
 
-    @staticmethod
-    def forward(ctx, c: Tensor, norm: Tensor, i: Tensor, j: Tensor) -> Tensor:  # type: ignore[override]
-        psi = (i[:, None] - j[None, :]).abs_().mul_(c.abs()).log1p_()  # ψ(|i - j|) = log(|c|·|i - j| + 1)
-        ctx.save_for_backward(c, norm, psi)
-        return psi / norm[:, None]
+def _block_bias(params, r0: int, r1: int, ke: int) -> Tensor:
+    """FIRE's bias of a block of pairs from the MLP's pieces: ``[H, r1 - r0, ke]``. ``params`` are ``(c, n, A, B,
+    query positions, key positions, knots)`` with ``n [Lq]`` the normalisers ``ψ(max{L, i}) + ε``."""
+    knots, a, b = params[6], params[2], params[3]
+    x, _ = _distances(params, r0, r1, ke)
+    return FIRE._piecewise(x, knots.to(x.dtype), a.to(x.dtype), b.to(x.dtype))
 
-    @staticmethod
-    def backward(ctx, gx: Tensor):  # type: ignore[override]
-        c, norm, psi = ctx.saved_tensors
-        dc = dnorm = None
-        if ctx.needs_input_grad[1]:
-            dnorm = -_rowdot(gx, psi) / norm.square()
-        if ctx.needs_input_grad[0]:
-            per_row = _rowdot(gx, torch.expm1(psi.neg())) / norm  # Σ_j g_ij expm1(-ψ_ij) / n_i
-            dc = torch.where(c == 0, torch.zeros_like(c), -per_row.sum() / c)  # |c|'s gradient at 0 is 0
-        return dc, dnorm, None, None
+
+def _block_grad(params, r0: int, r1: int, ke: int, dbias: Tensor, grads: list) -> None:
+    r"""The gradients of a block's bias from its ``∂L/∂bias`` ``g`` (``[H, r1 - r0, ke]``), added to ``grads`` for
+    ``(c, n, A, B)``.
+
+    Per pair, ``∂L/∂x_ij = Σ_h g_hij A_{s,h}`` and the pieces' ``∂A_{s,h} = Σ g_hij x_ij``, ``∂B_{s,h} = Σ g_hij``
+    (the C kernel's backward). Then, as ``x = ψ / n`` and ``∂ψ(d)/∂c = \mathrm{sign}(c) d / (1 + |c| d) =
+    -\mathrm{expm1}(-ψ(d)) / c``: ``∂L/∂n_i = -Σ_j ∂x_ij ψ_ij / n_i²`` and ``∂L/∂c = -Σ_i (Σ_j ∂x_ij
+    \mathrm{expm1}(-ψ_ij)) / (c n_i)`` (0 at ``c = 0``, as autograd's ``|c|``): two batched dot products and one
+    ``expm1`` over the pairs. The normalisers' own dependence on ``c`` and the threshold is autograd's, outside."""
+    c, norm, a, _, _, _, knots = params
+    x, psi = _distances(params, r0, r1, ke)
+    kn, a_, b_ = knots.to(x.dtype), a.to(x.dtype), params[3].to(x.dtype)
+    g = dbias.to(x.dtype)
+    got = native.fire_bias_grad(x, kn, a_, b_, g)
+    if got is None:  # PyTorch ops: the piece of every pair, its slope per head
+        seg = torch.searchsorted(kn, x.contiguous()).view(-1)
+        gh = g.reshape(a.shape[1], -1)  # [H, pairs]
+        dx = (a_.t()[:, seg] * gh).sum(0).view_as(x)
+        da = x.new_zeros(a.shape).index_add_(0, seg, (gh * x.view(-1)).t())
+        db = x.new_zeros(a.shape).index_add_(0, seg, gh.t())
+    else:
+        dx, da, db = got
+    for i, d in ((2, da), (3, db)):
+        if grads[i] is not None:
+            grads[i].add_(d.to(grads[i].dtype))
+    n = norm[r0:r1].to(x.dtype)
+    if grads[1] is not None:
+        grads[1][r0:r1] -= (_rowdot(dx, psi) / n.square()).to(grads[1].dtype)
+    if grads[0] is not None:
+        per_row = _rowdot(dx, torch.expm1(psi.neg())) / n  # Σ_j ∂x_ij expm1(-ψ_ij) / n_i
+        cc = c.to(x.dtype)
+        grads[0] += torch.where(cc == 0, torch.zeros_like(cc), -per_row.sum() / cc).to(grads[0].dtype)
+
+
+_BLOCKS = block_function("fire", _block_bias, _block_grad)
 
 
 @register
@@ -168,7 +197,7 @@ class FIRE(PositionalEncoding):
     def bias(self, ctx: AttentionContext) -> Tensor:
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"fire was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
-        if ctx.reference or torch.compiler.is_compiling() or not self._is_relu_mlp():
+        if ctx.reference or not self._is_relu_mlp():
             x = self.normalized_distance(ctx.q_pos, ctx.k_pos)  # [B, Lq, Lk]
             return self.mlp(x[..., None]).permute(0, 3, 1, 2)  # [B, H, Lq, Lk]: the MLP on every pair
         kept = self._kept_bias(ctx)
@@ -243,31 +272,27 @@ class FIRE(PositionalEncoding):
             self.__dict__[name] = memo
         return memo[1]
 
-    def bias_blocks(self, ctx: AttentionContext):  # -> tuple[Callable[..., Tensor], tuple[Tensor, ...]] | None
-        """The bias of a block of query rows from the piecewise-linear MLP: ``(fn, (c, ℓ, A, B))``, or ``None``.
+    def bias_blocks(self, ctx: AttentionContext):  # -> tuple[BlockFunction, tuple[Tensor, ...]] | None
+        """The bias of a block of query rows from the piecewise-linear MLP: ``(fn, params)``, or ``None``.
 
         For positions shared by the batch (``[1, L]``), off the reference path, with the 1 -> hidden -> heads ReLU MLP:
         :func:`posenc.block_bias.block_bias_attention` then evaluates ``f(ψ(|i - j|) / ψ(max{L, i}))`` one block of
         query rows at a time (a causal block only up to its diagonal), and never holds the ``[H, L, L]`` bias or its
-        gradient. The knots are the MLP's, taken once per call (constants, as in :meth:`bias`).
+        gradient. ``fn`` is a :class:`~posenc.block_bias.BlockFunction` (the gradient of a block by hand), so the
+        kernel is one custom op, which ``torch.compile`` keeps. Its parameters are ``(c, n, A, B, query positions,
+        key positions, knots)``: the normalisers ``n_i = ψ(max{L, i}) + ε`` (``[Lq]``, made here under autograd, so
+        the threshold's gradient is autograd's) and the MLP's pieces, its knots constants (as in :meth:`bias`).
         """
-        if ctx.reference or torch.compiler.is_compiling() or not self._is_relu_mlp():
+        if ctx.reference or not self._is_relu_mlp():
             return None
         if ctx.q_pos.shape[0] != 1 or ctx.k_pos.shape[0] != 1:
             return None
         if ctx.n_heads != self.n_heads:
             raise ConfigError(f"fire was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
         knots, slope, intercept = self.piecewise_linear()
-        q_pos, k_pos, l0, eps = ctx.q_pos[0], ctx.k_pos[0], self.L0, self.eps
-
-        def block(params, r0: int, r1: int, ke: int) -> Tensor:
-            c, mult, a, b = params
-            i = q_pos[r0:r1].to(c.dtype)
-            norm = torch.log1p((c * torch.maximum(i, (mult * l0).abs())).abs()) + eps  # ψ(max{L, i}) + ε
-            x = _PsiOverNorm.apply(c, norm, i, k_pos[:ke].to(c.dtype))  # [b, ke]
-            return FIRE._piecewise(x, knots.to(x.dtype), a.to(x.dtype), b.to(x.dtype))  # [H, b, ke]
-
-        return block, (self.c, self.L_multiplier, slope, intercept)
+        q_pos, k_pos = ctx.q_pos[0], ctx.k_pos[0]
+        norm = self.psi(torch.maximum(q_pos.to(self.c.dtype), self.threshold())) + self.eps  # ψ(max{L, i}) + ε
+        return _BLOCKS, (self.c, norm, slope, intercept, q_pos, k_pos, knots)
 
     def _is_relu_mlp(self) -> bool:
         m = self.mlp
@@ -289,19 +314,21 @@ class FIRE(PositionalEncoding):
         then a ``searchsorted`` and one multiply-add per pair and head instead of a ``hidden``-wide MLP per pair (and
         its ``L²·hidden`` activations); the gradients of ``W_2, w_1, b_1, b_2`` flow through ``A`` and ``B``.
 
-        Returns ``(knots [m], A [m + 1, H], B [m + 1, H])``; ``x`` on a knot takes either side (``f`` is continuous).
+        Returns ``(knots [m], A [m + 1, H], B [m + 1, H])`` with ``m = hidden``: a unit that never switches (``w_1 =
+        0``) has its knot at ``+∞``, so its pieces past the last finite knot are never reached; ``x`` on a knot takes
+        either side (``f`` is continuous).
         """
         lin1, lin2 = self.mlp[0], self.mlp[2]
         w1, b1 = lin1.weight[:, 0], lin1.bias
-        with torch.no_grad():
+        with torch.no_grad():  # shapes fixed by the hidden width (no boolean index): torch.compile traces it
             moving = w1 != 0
-            knots = torch.sort(-b1[moving] / w1[moving]).values
-            if knots.numel():  # one point inside every piece, the two unbounded ones included
-                mids = (knots[1:] + knots[:-1]) / 2
-                inside = torch.cat([knots[:1] - 1, mids, knots[-1:] + 1])
-            else:
-                inside = knots.new_zeros(1)
-            active = (inside[:, None] * w1 + b1 > 0).to(w1.dtype)  # [m + 1, hidden]
+            at = torch.where(moving, -b1 / torch.where(moving, w1, torch.ones_like(w1)), torch.full_like(w1, math.inf))
+            knots, order = torch.sort(at)
+            rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+            piece = torch.arange(order.numel() + 1, device=order.device)[:, None]  # piece s: knots[s-1] < x <= knots[s]
+            # unit k is on in piece s: rising (w > 0) past its knot (rank < s), falling before it, flat where b > 0
+            on = torch.where(w1 > 0, rank < piece, torch.where(w1 < 0, rank >= piece, b1 > 0))
+            active = on.to(w1.dtype)  # [hidden + 1, hidden]
         slope = (active * w1) @ lin2.weight.t()
         intercept = (active * b1) @ lin2.weight.t()
         if lin2.bias is not None:

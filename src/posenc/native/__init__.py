@@ -31,8 +31,8 @@ The package, by job (bottom to top; a name with a leading underscore is private 
   :func:`available`, :func:`build`, :func:`status`;
 * :mod:`~posenc.native.threads`: splitting a call over torch's thread count;
 * the wrappers, one module per kernel family: :mod:`~posenc.native.rope` (:func:`rope_rotate`),
-  :mod:`~posenc.native.fire` (:func:`fire_bias`), :mod:`~posenc.native.decode` (:func:`rows_dot`,
-  :func:`decode_attention`).
+  :mod:`~posenc.native.fire` (:func:`fire_bias`, :func:`fire_bias_grad`), :mod:`~posenc.native.decode`
+  (:func:`rows_dot`, :func:`decode_attention`).
 
 Everything is used as ``posenc.native.<name>``. A name set on the package (``posenc.native.enabled = False``, a
 test's ``monkeypatch.setattr(native, "POPULATE_BYTES", ...)``) is set in the module that defines it too, where the
@@ -48,7 +48,7 @@ from typing import Any
 from . import builds, decode, fire, loader, rope, threads
 from .builds import ISA_FLAGS, ISA_NEEDS, cache_dir, flags, isa, supported_isas
 from .decode import DECODE_MAX_HEAD_DIM, decode_attention, rows_dot
-from .fire import fire_bias
+from .fire import fire_bias, fire_bias_grad
 from .loader import available, build, enabled, status
 from .rope import NT_BYTES, POPULATE_BYTES, rope_rotate
 from .threads import PARALLEL_NUMEL
@@ -94,6 +94,7 @@ __all__ = [
     "cache_dir",
     "decode_attention",
     "fire_bias",
+    "fire_bias_grad",
     "rope_rotate",
     "rows_dot",
     "status",

@@ -33,20 +33,38 @@ class _FireBias(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gout: Tensor):  # type: ignore[override]
         x, knots, a = ctx.saved_tensors
-        lib = loader._lib()
-        assert lib is not None
-        n, heads = x.numel(), a.shape[1]
-        g = gout.reshape(heads, n)
-        if g.stride(1) != 1:
-            g = g.contiguous()
-        dx = torch.empty_like(x)
-        parts = _split(n, n * heads)
-        da = torch.zeros((len(parts), *a.shape), dtype=torch.float64)
-        db = torch.zeros((len(parts), *a.shape), dtype=torch.float64)
-        fn = getattr(lib, f"posenc_fire_backward_{_CTYPE[x.dtype]}")
-        head = (x.data_ptr(), knots.data_ptr(), knots.numel(), a.data_ptr(), g.data_ptr(), g.stride(0), dx.data_ptr())
-        _run([(fn, *head, da[i].data_ptr(), db[i].data_ptr(), heads, p0, p1) for i, (p0, p1) in enumerate(parts)])
-        return dx, None, da.sum(0).to(a.dtype), db.sum(0).to(a.dtype)
+        dx, da, db = _grad(x, knots, a, gout)
+        return dx, None, da, db
+
+
+def _grad(x: Tensor, knots: Tensor, a: Tensor, gout: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``∂x, ∂A, ∂B`` from ``∂L/∂out`` (``[H, *x.shape]``), in one pass over the pairs (contiguous ``x``, ``knots``,
+    ``a``)."""
+    lib = loader._lib()
+    assert lib is not None
+    n, heads = x.numel(), a.shape[1]
+    g = gout.reshape(heads, n)
+    if g.stride(1) != 1:
+        g = g.contiguous()
+    dx = torch.empty_like(x)
+    parts = _split(n, n * heads)
+    da = torch.zeros((len(parts), *a.shape), dtype=torch.float64)
+    db = torch.zeros((len(parts), *a.shape), dtype=torch.float64)
+    fn = getattr(lib, f"posenc_fire_backward_{_CTYPE[x.dtype]}")
+    head = (x.data_ptr(), knots.data_ptr(), knots.numel(), a.data_ptr(), g.data_ptr(), g.stride(0), dx.data_ptr())
+    _run([(fn, *head, da[i].data_ptr(), db[i].data_ptr(), heads, p0, p1) for i, (p0, p1) in enumerate(parts)])
+    return dx, da.sum(0).to(a.dtype), db.sum(0).to(a.dtype)
+
+
+def _applies(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> bool:
+    """Whether the kernel runs on these tensors (compiled, enabled, CPU, one float dtype, matching shapes) and it is
+    not ``torch.compile`` tracing."""
+    if not loader.enabled or torch.compiler.is_compiling() or loader._lib() is None:
+        return False
+    ts = (x, knots, slope, intercept)
+    if any(t.device.type != "cpu" or t.dtype != x.dtype for t in ts) or x.dtype not in _CTYPE:
+        return False
+    return knots.dim() == 1 and slope.shape == intercept.shape and slope.shape[0] == knots.numel() + 1
 
 
 def fire_bias(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Tensor | None:
@@ -61,11 +79,16 @@ def fire_bias(x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor) -> Ten
     apply (no compiled kernel, not CPU, mixed or other dtypes, ``torch.compile`` tracing): the caller keeps
     its PyTorch form.
     """
-    if not loader.enabled or torch.compiler.is_compiling() or loader._lib() is None:
-        return None
-    ts = (x, knots, slope, intercept)
-    if any(t.device.type != "cpu" or t.dtype != x.dtype for t in ts) or x.dtype not in _CTYPE:
-        return None
-    if knots.dim() != 1 or slope.shape != intercept.shape or slope.shape[0] != knots.numel() + 1:
+    if not _applies(x, knots, slope, intercept):
         return None
     return _FireBias.apply(x, knots, slope, intercept)
+
+
+def fire_bias_grad(
+    x: Tensor, knots: Tensor, slope: Tensor, intercept: Tensor, gout: Tensor
+) -> tuple[Tensor, ...] | None:
+    """The backward of :func:`fire_bias` by itself (no autograd): ``(∂x, ∂A, ∂B)`` from ``gout = ∂L/∂out``
+    (``[H, *x.shape]``), or ``None`` where the kernel does not apply (as :func:`fire_bias`)."""
+    if not _applies(x, knots, slope, intercept) or gout.dtype != x.dtype or gout.shape != (slope.shape[1], *x.shape):
+        return None
+    return _grad(x.contiguous(), knots.contiguous(), slope.contiguous(), gout)

@@ -12,10 +12,11 @@ is attended by :func:`block_bias_attention`:
 The forward runs the CPU flash kernel on each block of query rows with that block's bias as its mask, read where it
 lies: a causal block is two flash calls, the keys before its diagonal square and the square with flash's own causal
 mask, merged by their log-sum-exps (no copy of the bias to mask a triangle). The backward evaluates each block's bias
-again under autograd, recomputes the block's probabilities (the diagonal square's upper triangle masked in the scores,
-not in a copy of the bias), and hands the block's ``∂L/∂bias`` (one buffer for every block, a head's summed over the
-batch while it is in cache) to :func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist
-one block at a time (about an L2 cache per head), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per
+again under autograd, recomputes the block's probabilities for all heads of a sequence at once (batched products,
+which threads split by head; the diagonal square's upper triangle masked in the scores, not in a copy of the bias),
+and hands the block's ``∂L/∂bias`` (one buffer for every block, summed over the batch) to
+:func:`torch.autograd.grad` for the encoding's tensors: the bias and its gradient exist
+one block at a time (``[H, 128, Lk]``), never as ``[H, Lq, Lk]`` (at L = 4096 and 8 heads, 512 MB each per
 layer and step), and a causal call evaluates the bias only where a query may look. Equal to the materialised formula up
 to float rounding (tests/test_block_bias.py).
 
@@ -167,7 +168,11 @@ def _backward(
     dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     upper = torch.ones(BLOCK_ROWS, BLOCK_ROWS, dtype=torch.bool, device=q.device).triu_(1) if causal else None
-    dbuf: Tensor | None = None  # one buffer for every block's ∂L/∂bias (its pages mapped once per call)
+    # one buffer each for a block's probabilities (all heads of a sequence), their gradient and ∂L/∂bias: the pages
+    # are mapped once per call
+    size = h * min(BLOCK_ROWS, lq) * lk
+    pbuf, gbuf = q.new_empty(size), q.new_empty(size)
+    dbuf: Tensor | None = None
     for r0 in range(0, lq, BLOCK_ROWS):
         r1 = min(lq, r0 + BLOCK_ROWS)
         m = r1 - r0
@@ -178,27 +183,26 @@ def _backward(
         dbias = None
         if wanted:
             if dbuf is None:
-                dbuf = q.new_empty(hb * BLOCK_ROWS * lk)
+                dbuf = q.new_empty(hb * min(BLOCK_ROWS, lq) * lk)
             dbias = dbuf[: hb * m * ke].view(hb, m, ke)
-        for hi in range(h):  # a head's bias and ∂L/∂bias stay in cache across the batch
-            for bi in range(b):
-                bh = 0 if hb == 1 else hi
-                qh, kh = q[bi, hi, r0:r1], k[bi, hi, :ke]
-                s = torch.addmm(bd[bh], qh, kh.t(), alpha=scale)
-                if upper is not None:  # the diagonal square's keys past each query
-                    s[:, ke - m :].masked_fill_(upper[:m, :m], float("-inf"))
-                p = torch.softmax(s, dim=-1)  # (faster than exp(s - lse) from the forward's log-sum-exps)
-                do = dout[bi, hi, r0:r1]
-                dv[bi, hi, :ke].addmm_(p.t(), do)
-                ds = torch.mm(do, v[bi, hi, :ke].t())
-                ds.sub_(delta[bi, hi, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
-                if dbias is not None:
-                    if bi == 0 and (hi == 0 or hb > 1):  # the first term of this head's (heads') sum
-                        dbias[bh].copy_(ds)
-                    else:
-                        dbias[bh].add_(ds)
-                torch.mm(ds, kh, out=dq[bi, hi, r0:r1]).mul_(scale)
-                dk[bi, hi, :ke].addmm_(ds.t(), qh, alpha=scale)
+        for bi in range(b):  # all heads of a sequence at once: batched products, which threads split by head
+            qb, kb, vb, do = q[bi, :, r0:r1], k[bi, :, :ke], v[bi, :, :ke], dout[bi, :, r0:r1]
+            p = pbuf[: h * m * ke].view(h, m, ke)
+            torch.baddbmm(bd.expand(h, m, ke), qb, kb.transpose(1, 2), alpha=scale, out=p)
+            if upper is not None:  # the diagonal square's keys past each query
+                p[:, :, ke - m :].masked_fill_(upper[:m, :m], float("-inf"))
+            torch.ops.aten._softmax.out(p, -1, False, out=p)  # in place (faster than exp(s - lse) from the forward)
+            dv[bi, :, :ke].baddbmm_(p.transpose(1, 2), do)
+            ds = torch.bmm(do, vb.transpose(1, 2), out=gbuf[: h * m * ke].view(h, m, ke))
+            ds.sub_(delta[bi, :, r0:r1, None]).mul_(p)  # dS = P ∘ (dP − Δ)
+            if dbias is not None:
+                g = ds.sum(0, keepdim=True) if hb == 1 else ds
+                if bi == 0:
+                    dbias.copy_(g)
+                else:
+                    dbias.add_(g)
+            torch.bmm(ds, kb, out=dq[bi, :, r0:r1]).mul_(scale)
+            dk[bi, :, :ke].baddbmm_(ds.transpose(1, 2), qb, alpha=scale)
         if dbias is not None:
             finish(dbias)
     return dq, dk, dv

@@ -198,6 +198,60 @@ def test_fire_keeps_no_table_under_autograd_or_in_training():
     assert not any(k in fast.encoding.__dict__ for k in ("_psi_memo", "_bias_memo", "_pieces_memo"))
 
 
+@settings(max_examples=16, deadline=None)
+@given(
+    name=st.sampled_from(["kerple-log", "kerple-power"]),
+    constraint=st.sampled_from(["clamp", "softplus"]),
+    context=st.integers(1, 90),
+    heads=st.integers(1, 3),
+    batch=st.integers(1, 2),
+    padded=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_kerple_decoding_steps_from_the_kept_table_equal_the_reference_path(
+    name, constraint, context, heads, batch, padded, seed
+):
+    """KERPLE's decoding steps read the kernel per offset from a table kept between steps (grown past 64 offsets
+    within a decode of up to 97 tokens): equal to the reference path's kernel of every pair, then again after each
+    parameter changed in place, once out of range (the clamp runs when the table is rebuilt, as on every call of
+    the reference path)."""
+    torch.manual_seed(seed)
+    enc = posenc.get(name, n_heads=heads, constraint=constraint)
+    fast = posenc.MultiHeadAttention(4 * heads, heads, encoding=enc).double().eval()
+    ref = posenc.MultiHeadAttention(4 * heads, heads, encoding=enc, path="reference").double().eval()
+    ref.load_state_dict(fast.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, context + 7, 4 * heads, generator=g, dtype=torch.float64)
+    mask = torch.ones(batch, context + 7, dtype=torch.bool)
+    if padded and batch > 1:
+        mask[1, : min(3, context)] = False
+    rows = mask[:, :, None]
+    with torch.no_grad():
+        for change in (None, 1.7, -0.5):  # -0.5: r1 below eps (clamped) or a softplus argument below 0
+            if change is not None:
+                enc.raw_r1.mul_(change)
+                enc.raw_r2.mul_(abs(change))
+            got = _decode(fast, x, context, mask)
+            assert "_offsets_memo" in enc.__dict__
+            want = _decode(ref, x, context, mask)
+            torch.testing.assert_close(got * rows, want * rows, rtol=1e-10, atol=1e-11)
+    assert enc.__dict__["_offsets_memo"][1].shape[-1] >= 2 * (context + 6) + 1  # every offset of the last step
+
+
+def test_kerple_keeps_no_table_under_autograd_or_in_training():
+    """A step that records a gradient, or in training mode, computes the kernel per offset (its gradient reaches
+    ``raw_r1`` and ``raw_r2``), and leaves no table behind."""
+    enc = posenc.get("kerple-log", n_heads=2)
+    fast = posenc.MultiHeadAttention(8, 2, encoding=enc).double().eval()
+    x = torch.randn(1, 12, 8, dtype=torch.float64)
+    mask = torch.ones(1, 12, dtype=torch.bool)
+    _decode(fast, x, 4, mask).sum().backward()
+    assert enc.raw_r1.grad is not None and enc.raw_r2.grad is not None
+    with torch.no_grad():
+        _decode(fast.train(), x, 4, mask)
+    assert "_offsets_memo" not in enc.__dict__
+
+
 @pytest.mark.parametrize("name", ["contextual-1", "contextual-2"])
 def test_contextual_decoding_keeps_its_projected_tables_while_the_weights_hold(name):
     """contextual-1/2 decoding steps project their bucket tables once and keep them (and the offsets' buckets)

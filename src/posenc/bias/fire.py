@@ -40,7 +40,7 @@ from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..block_bias import block_function
 from ..errors import ConfigError
 from ..registry import register
-from ..relative._skew import offset_rows
+from ..relative._skew import kept_offset_table, offset_rows
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
@@ -260,17 +260,9 @@ class FIRE(PositionalEncoding):
         return memo[1]
 
     def _kept_table(self, name: str, n: int, of_distance, params: list[Tensor]) -> Tensor:
-        """``of_distance(|o|)`` at the offsets ``o = -N .. N`` (``N >= n``; offset 0 in the middle of the last
-        dimension), kept under ``name`` while ``params`` do not change (version counters); rebuilt a half larger
-        when an offset falls outside."""
-        key = tuple((id(t), t._version, t.dtype, t.device) for t in params) + (self.L0._version,)
-        memo = self.__dict__.get(name)
-        if memo is None or memo[0] != key or memo[1].shape[-1] < 2 * n + 1:
-            size = max(64, n + n // 2, memo[1].shape[-1] // 2 if memo is not None and memo[0] == key else 0)
-            d = torch.arange(-size, size + 1, dtype=self.c.dtype, device=self.c.device).abs()
-            memo = (key, of_distance(d), params)  # params kept: their ids stay theirs
-            self.__dict__[name] = memo
-        return memo[1]
+        """``of_distance(|o|)`` at the offsets ``-N .. N`` (``N >= n``), kept while ``params`` and the threshold's
+        ``L0`` do not change (:func:`~posenc.relative._skew.kept_offset_table`)."""
+        return kept_offset_table(self, name, n, of_distance, [*params, self.L0], self.c)
 
     def bias_blocks(self, ctx: AttentionContext):  # -> tuple[BlockFunction, tuple[Tensor, ...]] | None
         """The bias of a block of query rows from the piecewise-linear MLP: ``(fn, params)``, or ``None``.

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import register
-from ..relative._skew import offset_rows, offsets, toeplitz
+from ..relative._skew import kept_offset_table, offset_rows, offsets, toeplitz
 
 CONSTRAINTS = ("clamp", "softplus")
 
@@ -147,9 +147,34 @@ class _Kerple(PositionalEncoding):
         if ctx.reference or not offset_rows(ctx):
             return None
         self._check_heads(ctx)
+        kept = self._kept_offsets(ctx)
+        if kept is not None:
+            return kept
         r1, r2 = self.parameters_in_range()
         dist = offsets(ctx).abs().to(r1.dtype)[None, :]  # [1, P]
         return self.kernel(dist, r1[:, None], r2[:, None])  # [H, P]
+
+    def _kept_offsets(self, ctx: AttentionContext) -> Tensor | None:
+        """The kernel at the call's offsets from a table of it per offset kept between calls: ``[H, P]``, or ``None``
+        (under autograd, in training, while ``torch.compile`` traces).
+
+        A decoding step's ``Lk`` offsets are one run of a table over ``-N .. N``: the step reads a slice instead of a
+        ``log1p`` (or ``pow``) per cached key and head. The table gains offsets as the cache grows (a half more at a
+        time) and is rebuilt when ``raw_r1`` or ``raw_r2`` changed (version counters); the range clamp runs when it
+        is built (a parameter that has not changed since is still in range)."""
+        if torch.is_grad_enabled() or self.training or torch.compiler.is_compiling():
+            return None
+        lq, lk = ctx.q_pos.shape[-1], ctx.k_pos.shape[-1]
+        low = int(ctx.k_pos[0, 0]) - int(ctx.q_pos[0, -1])  # the first offset j - i; the others follow one by one
+        n = max(abs(low), abs(low + lq + lk - 2))
+
+        def of_distance(d: Tensor) -> Tensor:
+            r1, r2 = self.parameters_in_range()
+            return self.kernel(d[None, :], r1[:, None], r2[:, None])  # [H, 2N + 1]
+
+        table = kept_offset_table(self, "_offsets_memo", n, of_distance, [self.raw_r1, self.raw_r2], self.raw_r1)
+        mid = table.shape[-1] // 2  # offset 0
+        return table[:, mid + low : mid + low + lq + lk - 1]
 
     def bias(self, ctx: AttentionContext) -> Tensor:
         self._check_heads(ctx)

@@ -243,6 +243,24 @@ class _Toeplitz(torch.autograd.Function):
         return out, None, None
 
 
+def kept_offset_table(
+    owner: Any, name: str, n: int, of_distance: Callable[[Tensor], Tensor], params: list[Tensor], like: Tensor
+) -> Tensor:
+    """``of_distance(|o|)`` at the offsets ``o = -N .. N`` (``N >= n``; offset 0 in the middle of the last dimension),
+    kept in ``owner.__dict__[name]`` between calls while ``params`` do not change (their ids, version counters, dtypes
+    and devices): a decoding step's offsets are one run, so it reads a slice. Rebuilt a half larger when an offset
+    falls outside; the distances in ``like``'s dtype and device. For calls without autograd (the caller's check): the
+    table is built from the parameters' values, not recorded."""
+    key = tuple((id(t), t._version, t.dtype, t.device) for t in params)
+    memo = owner.__dict__.get(name)
+    if memo is None or memo[0] != key or memo[1].shape[-1] < 2 * n + 1:
+        size = max(64, n + n // 2, memo[1].shape[-1] // 2 if memo is not None and memo[0] == key else 0)
+        d = torch.arange(-size, size + 1, dtype=like.dtype, device=like.device).abs()
+        memo = (key, of_distance(d), list(params))  # params kept: their ids stay theirs
+        owner.__dict__[name] = memo
+    return memo[1]
+
+
 def toeplitz(vals: Tensor, lq: int, lk: int) -> Tensor:
     """``[1, H, Lq, Lk]`` with ``out[0, h, i, j] = vals[h, j - i + Lq - 1]`` from ``vals [H, Lq + Lk - 1]``.
 

@@ -136,6 +136,17 @@ def _fire(path: str, heads: int, threshold: float) -> posenc.MultiHeadAttention:
     return posenc.MultiHeadAttention(4 * heads, heads, encoding=enc, path=path).double().eval()
 
 
+def _steps_input(batch: int, context: int, total: int, width: int, padded: bool, seed: int):
+    """Float64 inputs ``[batch, total, width]``, their mask (the second sequence left-padded by up to 3 tokens when
+    ``padded``) and the rows to compare (``[batch, total, 1]``: a padded query sees no key in the reference)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, total, width, generator=g, dtype=torch.float64)
+    mask = torch.ones(batch, total, dtype=torch.bool)
+    if padded and batch > 1:
+        mask[1, : min(3, context)] = False
+    return x, mask, mask[:, :, None]
+
+
 def _decode(attn: posenc.MultiHeadAttention, x: torch.Tensor, context: int, mask: torch.Tensor) -> torch.Tensor:
     """A prefill of ``context`` tokens, then one step per token left."""
     cache = posenc.KVCache()
@@ -159,12 +170,7 @@ def test_fire_decoding_steps_equal_the_reference_path(context, threshold, heads,
     ``i <= L``, ``ψ`` per distance past it), equal the MLP on every pair, across the threshold ``L``, native on and
     off; then again after each parameter changed in place (the tables follow the version counters)."""
     fast, ref = _fire("auto", heads, threshold), _fire("reference", heads, threshold)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, context + 8, 4 * heads, generator=g, dtype=torch.float64)
-    mask = torch.ones(batch, context + 8, dtype=torch.bool)
-    if padded and batch > 1:
-        mask[1, : min(3, context)] = False
-    rows = mask[:, :, None]
+    x, mask, rows = _steps_input(batch, context, context + 8, 4 * heads, padded, seed)
     with torch.no_grad():
         for change in (None, "mlp", "c", "L_multiplier"):
             if change is not None:  # the same change in both models
@@ -220,12 +226,7 @@ def test_kerple_decoding_steps_from_the_kept_table_equal_the_reference_path(
     fast = posenc.MultiHeadAttention(4 * heads, heads, encoding=enc).double().eval()
     ref = posenc.MultiHeadAttention(4 * heads, heads, encoding=enc, path="reference").double().eval()
     ref.load_state_dict(fast.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, context + 7, 4 * heads, generator=g, dtype=torch.float64)
-    mask = torch.ones(batch, context + 7, dtype=torch.bool)
-    if padded and batch > 1:
-        mask[1, : min(3, context)] = False
-    rows = mask[:, :, None]
+    x, mask, rows = _steps_input(batch, context, context + 7, 4 * heads, padded, seed)
     with torch.no_grad():
         for change in (None, 1.7, -0.5):  # -0.5: r1 below eps (clamped) or a softplus argument below 0
             if change is not None:

@@ -18,13 +18,27 @@ a table.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import sys
 
 
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("context", type=int, help="tokens in the KV cache before the timed steps (e.g. 4096, 16384)")
+    ap.add_argument("encodings", help="comma-separated posenc encodings, none first for the ratios (none,t5,deberta)")
+    ap.add_argument("rounds", type=int, nargs="?", default=20, help="timed steps per encoding (default 20)")
+    ap.add_argument("threads", type=int, nargs="?", default=1, help="torch threads (default 1)")
+    args = ap.parse_args(argv)
+    if args.context < 1 or args.rounds < 1 or args.threads < 1:
+        ap.error(f"context, rounds and threads must be >= 1, got {args.context}, {args.rounds}, {args.threads}")
+    return args
+
+
 def main() -> None:
+    args = _args()
     here = os.path.dirname(os.path.abspath(__file__))
     bench = os.environ.get("BENCH_DIR", here)
     sys.path[:0] = [bench, here]
@@ -36,9 +50,10 @@ def main() -> None:
     else:  # a checkout from before the harness: the loop was bench_models._decoder
         from bench_models import _decoder as decoder
 
-    context, encs = int(sys.argv[1]), sys.argv[2].split(",")
-    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 20
-    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    from posenc.registry import check_names
+
+    context, encs, rounds, threads = args.context, args.encodings.split(","), args.rounds, args.threads
+    check_names(encs, "decode_interleaved")
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     ctx = torch.randint(0, 1024, (1, context))

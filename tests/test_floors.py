@@ -263,3 +263,25 @@ def test_attention_floor_given_bias_is_attention_with_that_bias(floors):
     # median 1.6 s, × flash 1.6 / 1.1; floor 1.1 + 0.2 s; implied 1 + 2 layers × 0.5 s / 2 s
     assert row == f"| relative: query term | 1.600 | {1.6 / 1.1:.2f} | 1.300 | {1.6 / 1.3:.2f} | 1.500 |"
     assert "one elementwise pass over a layer's causal pairs 0.250 s (+0.250 on the model step)" in text
+
+
+def test_decode_interleaved_arguments(floors):
+    """benchmarks/decode_interleaved.py: its positional arguments with their defaults, and a clear error (not a
+    bare ValueError or IndexError) for a context that is not a number, a missing encoding list, a round count of
+    0, or an encoding name it does not know (with the close match)."""
+    import decode_interleaved
+
+    args = decode_interleaved._args(["4096", "none,t5"])
+    assert (args.context, args.encodings, args.rounds, args.threads) == (4096, "none,t5", 20, 1)
+    assert decode_interleaved._args(["512", "none", "7", "2"]).threads == 2
+    for bad in (["4k", "none"], ["4096"], ["4096", "none", "0"]):
+        with pytest.raises(SystemExit) as e:
+            decode_interleaved._args(bad)
+        assert e.value.code == 2  # argparse's usage error
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "decode_interleaved.py"), "64", "none,alibbi", "2"], capture_output=True, text=True
+    )
+    assert run.returncode != 0 and "unknown encoding 'alibbi'. Did you mean: alibi?" in run.stderr, run.stderr

@@ -285,3 +285,26 @@ def test_decode_interleaved_arguments(floors):
         [sys.executable, str(BENCH / "decode_interleaved.py"), "64", "none,alibbi", "2"], capture_output=True, text=True
     )
     assert run.returncode != 0 and "unknown encoding 'alibbi'. Did you mean: alibi?" in run.stderr, run.stderr
+
+
+def test_layer_threads_table(floors, capsys):
+    """benchmarks/layer_threads.py on a short sequence: a row per encoding (none added) with the plan's kernel, the
+    ratios to none at each thread count, the speedup and the ratio's change, consistent with the seconds printed."""
+    import layer_threads
+
+    layer_threads.main(["--length", "96", "--encodings", "alibi", "shaw", "--threads", "1", "1", "--repeats", "1"])
+    rows = {line.split(" | ")[0][2:]: line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith("| encoding")}  # fmt: skip
+    assert set(rows) == {"none", "alibi", "shaw"}
+    from posenc.attention.kernels import KERNELS
+
+    assert rows["none"][1] == "sdpa" and all(cells[1] in KERNELS for cells in rows.values())
+    for cells in rows.values():
+        s1, s2, r1, r2, speedup, delta = (float(c) for c in cells[2:])
+        none1, none2 = (float(c) for c in rows["none"][2:4])
+        # (printed to 4 decimals: steps of a few ms carry up to ~3 % of rounding)
+        assert r1 == pytest.approx(s1 / none1, rel=0.03, abs=0.006)
+        assert r2 == pytest.approx(s2 / none2, rel=0.03, abs=0.006)
+        assert speedup == pytest.approx(s1 / s2, rel=0.03, abs=0.006) and delta == pytest.approx(r2 - r1, abs=0.011)
+    with pytest.raises(SystemExit):
+        layer_threads._args(["--threads", "0"])

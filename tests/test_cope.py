@@ -4,6 +4,7 @@ gates from q·k/√d, position term added after the temperature). Tolerance 1e-1
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -382,15 +383,26 @@ def test_kernel_window_past_which_positions_are_clamped():
     answer is still the formula's (the keys past it all sit at the last embedding)."""
     q, k, v, emb, opts = kernel_case(3, 1, 2, 300, 0, 4, 4, True, False, False, 1.0)
     leaves = [t.requires_grad_() for t in (q, k, v, emb)]
-    with rows_per_block(32, margin=cope_module.WINDOW_MARGIN):
+    windows: list[tuple[bool, int]] = []
+    block_logits = cope_module._block_logits
+
+    def recorded(*args):
+        out = block_logits(*args)
+        windows.append(out[1])
+        return out
+
+    spy = mock.patch.object(cope_module, "_block_logits", recorded)
+    with rows_per_block(32, margin=cope_module.WINDOW_MARGIN), spy:
         got = cope_attention(q, k, v, emb, 0.5, **opts)
-        skewed = [w for skew, w in got.grad_fn.windows if skew]
+        skewed = [w for skew, w in windows if skew]
         assert skewed and max(skewed) < 300 // 2  # most blocks: a window of its own, far shorter than the keys
+        forward = list(windows)
         expect = formula(q, k, v, emb, 0.5, **opts)
         torch.testing.assert_close(got, expect, rtol=1e-10, atol=1e-10)
         dout = torch.randn(got.shape, dtype=got.dtype, generator=torch.Generator().manual_seed(0))
         for a, e in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(expect, leaves, dout)):
             torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-9)
+    assert windows[len(forward) :] == forward  # the backward found each block's window again: the same
 
 
 def test_kernel_never_holds_a_query_by_key_tensor():

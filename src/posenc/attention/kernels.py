@@ -28,9 +28,10 @@ PORTABLE_KERNELS = ("sdpa", "materialised")
 
 #: the CPU kernels ``torch.compile`` keeps: each is one ``torch.library`` custom op (``posenc::...``, with its fake
 #: implementation and its backward a second op), which Dynamo records as it is instead of tracing its row loops
-#: (block-bias where the encoding's block function is a :class:`~posenc.block_bias.BlockFunction`: FIRE's). The
-#: other CPU kernels (CoPE's own row blocks, the C decode kernel) are left out while compiling.
-COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa", "blocked", "block-bias")
+#: (block-bias where the encoding's block function is a :class:`~posenc.block_bias.BlockFunction`: FIRE's;
+#: own-blocked for CoPE's ``posenc::cope_attention``, at contiguous positions). The C decode kernel is left out while
+#: compiling.
+COMPILABLE_KERNELS = ("offset-bias", "biased-sdpa", "blocked", "block-bias", "own-blocked")
 
 
 @dataclass(frozen=True)

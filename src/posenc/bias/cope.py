@@ -193,16 +193,19 @@ class CoPE(PositionalEncoding):
 
         Not a hook of the paper: an optional fast form of :meth:`logits` (the attention's plan kernel
         ``own-blocked``). Returns ``run(q, k, v, scale, causal, mask)`` -> ``[B, H, Lq, Dh]``, which
-        :func:`cope_attention` computes without any ``[B, H, Lq, Lk]`` tensor. ``None`` on the reference path,
-        while compiling, and where the keys' positions are not in order (the sum runs over key *indices*, so
+        :func:`cope_attention` computes without any ``[B, H, Lq, Lk]`` tensor (one custom op, which
+        ``torch.compile`` keeps). ``None`` on the reference path, while compiling at positions that are not
+        contiguous, and where the keys' positions are not in order (the sum runs over key *indices*, so
         with unordered keys the positions' causality is no prefix of them: :meth:`logits` then computes it).
         """
-        if ctx.reference or torch.compiler.is_compiling() or ctx.head_dim != self.head_dim:
+        compiling = torch.compiler.is_compiling()
+        if ctx.reference or ctx.head_dim != self.head_dim or (compiling and not ctx.contiguous):
             return None
         gate_end = None
         if self.causal:  # key t counts for query i where pos(t) <= pos(i): a prefix of the keys when they are in order
             k_pos, q_pos = ctx.k_pos, ctx.q_pos
-            if k_pos.shape[1] > 1 and not bool((k_pos[:, 1:] >= k_pos[:, :-1]).all()):
+            # (keys at contiguous positions are in order: while compiling, no data-dependent check is traced)
+            if not ctx.contiguous and k_pos.shape[1] > 1 and not bool((k_pos[:, 1:] >= k_pos[:, :-1]).all()):
                 return None
             common = torch.promote_types(k_pos.dtype, q_pos.dtype)
             rows = max(k_pos.shape[0], q_pos.shape[0])
@@ -357,90 +360,152 @@ def _reversed(t: Tensor) -> Tensor:
     return t.flip(2).contiguous()
 
 
-class _CoPEAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, meta, q, k, v, table):  # type: ignore[override]
-        b, h, lq, dh = q.shape
-        lk = k.shape[2]
-        qc = q.contiguous()
-        qs, kr, vr = qc * meta[0], _reversed(k), _reversed(v)
-        out = torch.empty(b, h, lq, dh, dtype=q.dtype, device=q.device)
-        windows = []
-        rows = _rows(b, h, lq, lk)
-        for r0 in range(0, lq, rows):
-            blk = _Block(meta, lq, lk, r0, min(lq, r0 + rows), q.device)
-            a, window = _block_logits(qs, qc, kr, table, meta, blk, None)[:2]
-            windows.append(window)
-            p = torch.softmax(a, dim=-1)
-            del a
-            ob = torch.bmm(p.flatten(0, 1), vr[:, :, lk - blk.ke :].flatten(0, 1))
-            out[:, :, blk.r0 : blk.r1] = ob.view(b, h, blk.r1 - blk.r0, dh)
-        ctx.meta, ctx.windows, ctx.rows = meta, windows, rows
-        ctx.save_for_backward(q, k, v, table, out)
-        return out
+def _forward(meta: tuple, q: Tensor, k: Tensor, v: Tensor, table: Tensor) -> Tensor:
+    """The forward of :func:`cope_attention`, block by block: ``[B, H, Lq, Dh]`` (contiguous)."""
+    b, h, lq, dh = q.shape
+    lk = k.shape[2]
+    qc = q.contiguous()
+    qs, kr, vr = qc * meta[0], _reversed(k), _reversed(v)
+    out = torch.empty(b, h, lq, dh, dtype=q.dtype, device=q.device)
+    rows = _rows(b, h, lq, lk)
+    for r0 in range(0, lq, rows):
+        blk = _Block(meta, lq, lk, r0, min(lq, r0 + rows), q.device)
+        a = _block_logits(qs, qc, kr, table, meta, blk, None)[0]
+        p = torch.softmax(a, dim=-1)
+        del a
+        ob = torch.bmm(p.flatten(0, 1), vr[:, :, lk - blk.ke :].flatten(0, 1))
+        out[:, :, blk.r0 : blk.r1] = ob.view(b, h, blk.r1 - blk.r0, dh)
+    return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout):  # type: ignore[override]
-        meta = ctx.meta
-        scale, ga, top = meta[0], meta[1] / meta[0], meta[2]
-        q, k, v, table, out = ctx.saved_tensors
-        b, h, lq, dh = q.shape
-        lk = k.shape[2]
-        qc = q.contiguous()
-        qs, kr, vr = qc * scale, _reversed(k), _reversed(v)
-        acc = torch.promote_types(q.dtype, torch.float32)
-        delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)[..., None]  # [B, H, Lq, 1]: rowsum(dO ∘ O)
-        dout = dout.contiguous()
-        dqs = torch.empty(b, h, lq, dh, dtype=q.dtype, device=q.device)  # through s·q
-        dq = torch.empty_like(dqs)  # through the position term's q·e
-        dkr, dvr = torch.zeros_like(kr), torch.zeros_like(vr)
-        dtable = torch.zeros_like(table) if ctx.needs_input_grad[4] else None
-        rows = ctx.rows
-        for r0, window in zip(range(0, lq, rows), ctx.windows):
-            blk = _Block(meta, lq, lk, r0, min(lq, r0 + rows), q.device)
-            r1, ke = blk.r1, blk.ke
-            n = r1 - r0
-            skew, width = window
-            a, _, sig, lo, w, dstep = _block_logits(qs, qc, kr, table, meta, blk, window)
-            p = torch.softmax(a, dim=-1)
-            del a
-            kb, vb = kr[:, :, lk - ke :].flatten(0, 1), vr[:, :, lk - ke :].flatten(0, 1)
-            dob = dout[:, :, r0:r1].flatten(0, 1)
-            p3 = p.flatten(0, 1)
-            dvr[:, :, lk - ke :].view(b * h, ke, dh).baddbmm_(p3.transpose(1, 2), dob)
-            da = torch.bmm(dob, vb.transpose(1, 2)).view(b, h, n, ke)
-            da.sub_(delta[:, :, r0:r1]).mul_(p)  # dA = P ∘ (dP − Δ)
-            del p, p3
-            # the position term (1 - w)·z[lo] + w·z[lo + 1] - z[top] on the window: its gradient to z by
-            # position, then to q and e
-            dap = _window(da, n, width, skew)
-            upper = dap * w
-            dz = q.new_zeros(b, h, n, top + 1)
-            dz.scatter_add_(-1, lo, dap - upper)
-            dz_next = torch.zeros_like(dz)  # [m]: what goes to z[m + 1] (nothing from m = top: w = 0 there)
-            dz_next.scatter_add_(-1, lo, upper)
-            del upper
-            dz[..., 1:] += dz_next[..., :-1]
-            dz[..., top] -= dap.sum(-1)
-            dq[:, :, r0:r1] = torch.matmul(dz, table.t())
-            if dtable is not None:
-                dtable += torch.matmul(qc[:, :, r0:r1].transpose(-1, -2), dz).sum((0, 1))
-            # to the positions (w; the clamped ones have slope 0), through their cumulative sum (a reversed one)
-            # and the gates σ(ga·s·q·k)
-            dg = (dap * dstep).flip(-1).cumsum(-1).flip(-1)
-            dgate = torch.ops.aten.sigmoid_backward(dg, sig)
-            del dg, sig
-            if blk.square is not None and not skew:
-                dgate[..., :n].masked_fill_(blk.square[:, :width], 0.0)
-            if blk.gates_off is not None:
-                dgate.masked_fill_(_window(blk.gates_off, n, width, skew), 0.0)
-            dap.add_(dgate, alpha=ga)  # the gates read s·q·k too
-            da3 = da.flatten(0, 1)
-            dqs[:, :, r0:r1] = torch.bmm(da3, kb).view(b, h, n, dh)
-            dkr[:, :, lk - ke :].view(b * h, ke, dh).baddbmm_(da3.transpose(1, 2), qs[:, :, r0:r1].flatten(0, 1))
-        dq.add_(dqs, alpha=scale)
-        return None, dq, dkr.flip(2), dvr.flip(2), dtable
+
+def _backward(
+    meta: tuple, q: Tensor, k: Tensor, v: Tensor, table: Tensor, out: Tensor, dout: Tensor, want_table: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``dq, dk, dv`` and (``want_table``) ``∂L/∂table``: each block recomputed, its window of gates found again
+    (the same search on the same numbers as the forward's: the same window), its gradients by hand."""
+    scale, ga, top = meta[0], meta[1] / meta[0], meta[2]
+    b, h, lq, dh = q.shape
+    lk = k.shape[2]
+    qc = q.contiguous()
+    qs, kr, vr = qc * scale, _reversed(k), _reversed(v)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)[..., None]  # [B, H, Lq, 1]: rowsum(dO ∘ O)
+    dout = dout.contiguous()
+    dqs = torch.empty(b, h, lq, dh, dtype=q.dtype, device=q.device)  # through s·q
+    dq = torch.empty_like(dqs)  # through the position term's q·e
+    dkr, dvr = torch.zeros_like(kr), torch.zeros_like(vr)
+    dtable = torch.zeros_like(table) if want_table else None
+    rows = _rows(b, h, lq, lk)
+    for r0 in range(0, lq, rows):
+        blk = _Block(meta, lq, lk, r0, min(lq, r0 + rows), q.device)
+        r1, ke = blk.r1, blk.ke
+        n = r1 - r0
+        a, (skew, width), sig, lo, w, dstep = _block_logits(qs, qc, kr, table, meta, blk, None)
+        p = torch.softmax(a, dim=-1)
+        del a
+        kb, vb = kr[:, :, lk - ke :].flatten(0, 1), vr[:, :, lk - ke :].flatten(0, 1)
+        dob = dout[:, :, r0:r1].flatten(0, 1)
+        p3 = p.flatten(0, 1)
+        dvr[:, :, lk - ke :].view(b * h, ke, dh).baddbmm_(p3.transpose(1, 2), dob)
+        da = torch.bmm(dob, vb.transpose(1, 2)).view(b, h, n, ke)
+        da.sub_(delta[:, :, r0:r1]).mul_(p)  # dA = P ∘ (dP − Δ)
+        del p, p3
+        # the position term (1 - w)·z[lo] + w·z[lo + 1] - z[top] on the window: its gradient to z by
+        # position, then to q and e
+        dap = _window(da, n, width, skew)
+        upper = dap * w
+        dz = q.new_zeros(b, h, n, top + 1)
+        dz.scatter_add_(-1, lo, dap - upper)
+        dz_next = torch.zeros_like(dz)  # [m]: what goes to z[m + 1] (nothing from m = top: w = 0 there)
+        dz_next.scatter_add_(-1, lo, upper)
+        del upper
+        dz[..., 1:] += dz_next[..., :-1]
+        dz[..., top] -= dap.sum(-1)
+        dq[:, :, r0:r1] = torch.matmul(dz, table.t())
+        if dtable is not None:
+            dtable += torch.matmul(qc[:, :, r0:r1].transpose(-1, -2), dz).sum((0, 1))
+        # to the positions (w; the clamped ones have slope 0), through their cumulative sum (a reversed one)
+        # and the gates σ(ga·s·q·k)
+        dg = (dap * dstep).flip(-1).cumsum(-1).flip(-1)
+        dgate = torch.ops.aten.sigmoid_backward(dg, sig)
+        del dg, sig
+        if blk.square is not None and not skew:
+            dgate[..., :n].masked_fill_(blk.square[:, :width], 0.0)
+        if blk.gates_off is not None:
+            dgate.masked_fill_(_window(blk.gates_off, n, width, skew), 0.0)
+        dap.add_(dgate, alpha=ga)  # the gates read s·q·k too
+        da3 = da.flatten(0, 1)
+        dqs[:, :, r0:r1] = torch.bmm(da3, kb).view(b, h, n, dh)
+        dkr[:, :, lk - ke :].view(b * h, ke, dh).baddbmm_(da3.transpose(1, 2), qs[:, :, r0:r1].flatten(0, 1))
+    dq.add_(dqs, alpha=scale)
+    return dq, dkr.flip(2), dvr.flip(2), dtable
+
+
+# one custom op (and its backward another), so that torch.compile keeps the blocked kernel as one node for any
+# length instead of the materialised logits
+@torch.library.custom_op("posenc::cope_attention", mutates_args=())
+def _op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor,
+    gate_end: Tensor | None,
+    mask: Tensor | None,
+    scale: float,
+    gate_scale: float,
+    top: int,
+    causal: bool,
+) -> Tensor:
+    return _forward((scale, gate_scale, top, causal, gate_end, mask), q, k, v, table)
+
+
+@torch.library.custom_op("posenc::cope_attention_backward", mutates_args=())
+def _backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor,
+    out: Tensor,
+    gate_end: Tensor | None,
+    mask: Tensor | None,
+    scale: float,
+    gate_scale: float,
+    top: int,
+    causal: bool,
+    want_table: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``dq, dk, dv, ∂L/∂table`` (an empty tensor where the table's is not wanted)."""
+    meta = (scale, gate_scale, top, causal, gate_end, mask)
+    dq, dk, dv, dtable = _backward(meta, q, k, v, table, out, dout, want_table)
+    return dq, dk, dv, table.new_empty(0) if dtable is None else dtable
+
+
+@_op.register_fake
+def _(q, k, v, table, gate_end, mask, scale, gate_scale, top, causal):
+    return q.new_empty(q.shape)
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, table, out, gate_end, mask, scale, gate_scale, top, causal, want_table):
+    dtable = table.new_empty(table.shape if want_table else 0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, table, gate_end, mask, scale, gate_scale, top, causal = inputs
+    ctx.save_for_backward(q, k, v, table, output, gate_end, mask)  # (None where there is none)
+    ctx.numbers = (scale, gate_scale, top, causal)
+
+
+def _grad(ctx, dout: Tensor):
+    q, k, v, table, out, gate_end, mask = ctx.saved_tensors
+    want = ctx.needs_input_grad[3]
+    dq, dk, dv, dtable = _backward_op(dout, q, k, v, table, out, gate_end, mask, *ctx.numbers, want)
+    return dq, dk, dv, dtable if want else None, None, None, None, None, None, None
+
+
+_op.register_autograd(_grad, setup_context=_setup)
 
 
 def cope_attention(
@@ -507,7 +572,11 @@ def cope_attention(
             raise ConfigError(f"cope_attention: gate_end must be [{b}|1, Lq={lq}], got {tuple(gate_end.shape)}")
         if gate_end.is_floating_point() or gate_end.dtype == torch.bool:
             raise ConfigError(f"cope_attention: gate_end must hold integers (key indices), got {gate_end.dtype}")
-        if causal and bool((gate_end == torch.arange(lk - lq + 1, lk + 1, device=gate_end.device)).all()):
+        if (
+            causal
+            and not torch.compiler.is_compiling()  # (a data-dependent branch: kept while tracing, exact either way)
+            and bool((gate_end == torch.arange(lk - lq + 1, lk + 1, device=gate_end.device)).all())
+        ):
             gate_end = None  # the causal mask itself (positions in arange order): each block's diagonal square
     if mask is not None:
         if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h):
@@ -517,5 +586,4 @@ def cope_attention(
             )
         if mask.shape[2] not in (1, lq) or mask.shape[3] != lk:
             raise ConfigError(f"cope_attention: mask must be [{b}|1, {h}|1, {lq}|1, {lk}], got {tuple(mask.shape)}")
-    meta = (float(scale), float(gate_scale), npos_max - 1, bool(causal), gate_end, mask)
-    return _CoPEAttention.apply(meta, q, k, v, emb.to(q.dtype))
+    return _op(q, k, v, emb.to(q.dtype), gate_end, mask, float(scale), float(gate_scale), npos_max - 1, bool(causal))

@@ -303,18 +303,16 @@ def _positions(s: Tensor, ga: float, blk: _Block, skew: bool) -> tuple[Tensor, T
     return sig, torch.cumsum(g, dim=-1)
 
 
-def _block_logits(
-    qs: Tensor, qc: Tensor, kr: Tensor, table: Tensor, meta: tuple, blk: _Block, window: tuple[bool, int] | None
-) -> tuple:
+def _block_logits(qs: Tensor, qc: Tensor, kr: Tensor, table: Tensor, meta: tuple, blk: _Block) -> tuple:
     """The block's logits ``[B, H, n, ke]`` less ``q_i·e[top]`` on every row, and what the backward needs.
 
     ``qs`` is ``s·q``, ``qc`` is ``q``, ``top = npos_max - 1``. A row's positions only grow from its nearest key
     back, and past the column where every row's has reached ``top`` each position term is ``q_i·e[top]`` (clamped:
     no gradient to the gates either), a constant of the row that the softmax does not see. So the gates, their
     sum and the interpolation are computed on a window of columns only, each row's starting at its diagonal key
-    where the block is causal (``skew``): the window is found here (``window=None``: growing from
-    ``2·npos_max + WINDOW_MARGIN`` columns until every row is clamped at its last one) or given (the backward takes the
-    forward's). Exact, not an approximation: the columns past it are the clamped ones. Its width depends on the
+    where the block is causal (``skew``): the window is found by growing it from ``2·npos_max + WINDOW_MARGIN``
+    columns until every row is clamped at its last one (the backward finds it again: the same search on the same
+    numbers). Exact, not an approximation: the columns past it are the clamped ones. Its width depends on the
     gates (about ``2·npos_max`` where they are near ½, all the keys where they are near 0).
     """
     ga, top = meta[1] / meta[0], meta[2]  # the gates' multiplier of s·q·k
@@ -323,21 +321,17 @@ def _block_logits(
     n, ke = blk.r1 - blk.r0, blk.ke
     kb = kr[:, :, lk - ke :]
     a = torch.bmm(qs[:, :, blk.r0 : blk.r1].flatten(0, 1), kb.flatten(0, 1).transpose(1, 2)).view(b, h, n, ke)
-    if window is None:
-        skew = blk.square is not None and ke - n + 1 > 0
-        widest = ke - n + 1 if skew else ke
-        width = min(widest, 2 * (top + 1) + WINDOW_MARGIN)
-        while True:
-            sig, c = _positions(_window(a, n, width, skew), ga, blk, skew)
-            if bool((c[..., -1] >= top).all()) or (width == widest and not skew):
-                break
-            if width == widest:  # a skewed window cannot reach the last rows' last keys: all the columns
-                skew, widest, width = False, ke, ke
-            else:
-                width = min(widest, width + max(1, WINDOW_MARGIN, width // 2))
-    else:
-        skew, width = window
+    skew = blk.square is not None and ke - n + 1 > 0
+    widest = ke - n + 1 if skew else ke
+    width = min(widest, 2 * (top + 1) + WINDOW_MARGIN)
+    while True:
         sig, c = _positions(_window(a, n, width, skew), ga, blk, skew)
+        if bool((c[..., -1] >= top).all()) or (width == widest and not skew):
+            break
+        if width == widest:  # a skewed window cannot reach the last rows' last keys: all the columns
+            skew, widest, width = False, ke, ke
+        else:
+            width = min(widest, width + max(1, WINDOW_MARGIN, width // 2))
     c.clamp_(max=top)
     lo = c.long()  # floor (p >= 0)
     w = c.sub_(lo)  # p - floor(p)
@@ -370,7 +364,7 @@ def _forward(meta: tuple, q: Tensor, k: Tensor, v: Tensor, table: Tensor) -> Ten
     rows = _rows(b, h, lq, lk)
     for r0 in range(0, lq, rows):
         blk = _Block(meta, lq, lk, r0, min(lq, r0 + rows), q.device)
-        a = _block_logits(qs, qc, kr, table, meta, blk, None)[0]
+        a = _block_logits(qs, qc, kr, table, meta, blk)[0]
         p = torch.softmax(a, dim=-1)
         del a
         ob = torch.bmm(p.flatten(0, 1), vr[:, :, lk - blk.ke :].flatten(0, 1))
@@ -400,7 +394,7 @@ def _backward(
         blk = _Block(meta, lq, lk, r0, min(lq, r0 + rows), q.device)
         r1, ke = blk.r1, blk.ke
         n = r1 - r0
-        a, (skew, width), sig, lo, w, dstep = _block_logits(qs, qc, kr, table, meta, blk, None)
+        a, (skew, width), sig, lo, w, dstep = _block_logits(qs, qc, kr, table, meta, blk)
         p = torch.softmax(a, dim=-1)
         del a
         kb, vb = kr[:, :, lk - ke :].flatten(0, 1), vr[:, :, lk - ke :].flatten(0, 1)

@@ -81,8 +81,8 @@ def kernel_path() -> str:
         if name is not None:
             extra = " ".join(native.ISA_FLAGS.get(name, ()))
             return f"native C ({name}: {extra})" if extra else f"native C ({name})"
-    except Exception as exc:  # noqa: BLE001 -- a record must not fail for this
-        return f"PyTorch (native kernels failed: {type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 -- a record must not fail for this; it says why (POSENC_NATIVE=maybe ...)
+        return f"PyTorch (native kernels failed: {type(exc).__name__}: {str(exc)[:200]})"
     why = str(getattr(native, "_state", {}).get("error", "unavailable"))
     return f"PyTorch (native kernels off: {why[:200]})"
 

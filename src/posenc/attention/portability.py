@@ -3,20 +3,20 @@
 On a non-CPU device the plan takes only the kernels that exist wherever torch runs
 (:data:`~posenc.attention.kernels.PORTABLE_KERNELS`); this module lets a CPU-only machine ask for the same plan, to test
 what another device would compute. It holds process-wide state (a stack of settings) and imports only
-:mod:`posenc.native` (whose ``enabled`` switch it turns off inside the block).
+:mod:`posenc.native` (whose ``enabled`` switch it turns off inside the block) and :mod:`posenc.settings`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .. import native
+from ..settings import env_flag
 
-_TRUE = ("1", "true", "yes", "on")
-# the portable plan forced on CPU: ``POSENC_PORTABLE=1`` at import, or inside ``with portable():``
-_forced: list[bool] = [os.environ.get("POSENC_PORTABLE", "0").strip().lower() in _TRUE]
+# the portable plan forced on CPU: ``POSENC_PORTABLE=1`` at import, or inside ``with portable():``; a value that is
+# not a yes/no word (``POSENC_PORTABLE=banana``) is a ConfigError here, not taken as "off"
+_forced: list[bool] = [env_flag("POSENC_PORTABLE", default=False)]
 if _forced[0]:
     native.enabled = False  # the portable plan runs no native C code either
 

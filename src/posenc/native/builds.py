@@ -4,8 +4,9 @@ and the compile into the cache.
 One C source (:mod:`posenc.native.source`), compiled with portable flags in one of a few builds chosen at run time
 from the CPU's flags (``/proc/cpuinfo``), or the one ``POSENC_NATIVE_ISA`` forces. A file name carrying the hash of
 the source, the compiler and the flags keeps builds apart; a build is written to a temporary name and renamed, so
-concurrent processes never load half a file. Imports :mod:`posenc.errors` and :mod:`posenc.native.source` only (no
-torch, no ctypes: loading is :mod:`posenc.native.loader`'s job).
+concurrent processes never load half a file, and its SHA-256 is written beside it, so that a cached file damaged
+later (truncated, overwritten) is built again rather than loaded. Imports :mod:`posenc.errors` and
+:mod:`posenc.native.source` only (no torch, no ctypes: loading is :mod:`posenc.native.loader`'s job).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -125,9 +127,27 @@ def flags(name: str) -> list[str]:
     return [*_COMMON_FLAGS, *ISA_FLAGS[name]]
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(lib_path: Path) -> bool:
+    """Whether a cached build is whole: its SHA-256 is the one written beside it (``<file>.sha256``) when it was
+    built. A truncated or damaged file fails (loading one can kill the process with a bus error, not an
+    exception), and so does a build cached before the digests were written (it is built again, once)."""
+    try:
+        return lib_path.with_name(lib_path.name + ".sha256").read_text().strip() == _digest(lib_path)
+    except OSError:
+        return False
+
+
 def _compile(cc: str, name: str) -> tuple[Path | None, str]:
     """Compile the build ``name`` into the cache (once: the file name carries the hash of the source, compiler and
-    flags) and return ``(path, "")``, or ``(None, why)``."""
+    flags) and return ``(path, "")``, or ``(None, why)``.
+
+    A cached build is used only where it is whole (:func:`_intact`); a damaged one is built again, saying so on
+    stderr. Where the cache directory cannot be written, the build goes to a private folder under the temporary
+    directory, saying so too."""
     opts = flags(name)
     parts = [SOURCE, cc, *opts, platform.machine()] + ([_cpu_tag()] if name == "native" else [])
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()
@@ -137,7 +157,10 @@ def _compile(cc: str, name: str) -> tuple[Path | None, str]:
     for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"posenc-{os.getuid() if hasattr(os, 'getuid') else 0}"):
         lib_path = folder / file
         if lib_path.exists():
-            return lib_path, ""
+            if _intact(lib_path):
+                return lib_path, ""
+            if lib_path.with_name(file + ".sha256").exists():  # damaged since (one from before the digests: quietly)
+                sys.stderr.write(f"posenc: the cached kernel build {lib_path} is damaged (truncated?); rebuilding\n")
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
@@ -148,7 +171,13 @@ def _compile(cc: str, name: str) -> tuple[Path | None, str]:
                 if res.returncode:
                     why = res.stderr.strip()[:500] or "no message"
                     return None, f"{cc} exited with status {res.returncode} building the {name} kernels: {why}"
-                os.replace(so, lib_path)  # atomic: a concurrent process loads the old file or the new one
+                digest = Path(tmp) / "digest"
+                digest.write_text(_digest(so) + "\n")
+                # atomic, the digest first: a concurrent process loads the old file or the new one, never half of one
+                os.replace(digest, lib_path.with_name(file + ".sha256"))
+                os.replace(so, lib_path)
+            if errors:
+                sys.stderr.write(f"posenc: {errors[0]}; built the {name} kernels in {folder} instead\n")
             return lib_path, ""
         except OSError as exc:
             errors.append(f"could not build in {folder}: {exc}")

@@ -3,8 +3,9 @@ first use, under a lock), the ctypes signatures of its functions, and what :func
 :func:`status` say about it.
 
 Where there is no compiler or the build fails, :func:`available` is ``False``, one line on stderr says so, and
-every caller keeps its PyTorch path; ``POSENC_NATIVE=0`` turns the kernels off without that line. Imports
-:mod:`posenc.native.builds` (which build, and the compile).
+every caller keeps its PyTorch path; ``POSENC_NATIVE=0`` turns the kernels off without that line (a value that is
+not a yes/no word, ``POSENC_NATIVE=maybe``, is a :class:`~posenc.errors.ConfigError`: :func:`posenc.settings.env_flag`).
+Imports :mod:`posenc.native.builds` (which build, and the compile) and :mod:`posenc.settings`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..settings import env_flag
 from .builds import _compile, _compiler, flags, isa, supported_isas
 
 # set to False to keep every caller on its PyTorch path (tests compare the two)
@@ -24,14 +26,14 @@ enabled = True
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
-_OFF = ("0", "false", "no", "off")
 # the C name of the kernels for a dtype (posenc_<kernel>_float, posenc_<kernel>_double)
 _CTYPE = {torch.float32: "float", torch.float64: "double"}
 
 
 def _build() -> ctypes.CDLL | None:
-    if os.environ.get("POSENC_NATIVE", "1").strip().lower() in _OFF:
-        _state["error"] = "disabled by POSENC_NATIVE"
+    # POSENC_NATIVE=maybe is a ConfigError (each call that reaches the kernels says so), never taken as on or off
+    if not env_flag("POSENC_NATIVE", default=True):
+        _state["error"] = f"disabled by POSENC_NATIVE={os.environ.get('POSENC_NATIVE', '').strip()}"
         return None
     want = isa()  # raises ConfigError for a POSENC_NATIVE_ISA this CPU cannot run
     cc = _compiler()
@@ -47,7 +49,10 @@ def _build() -> ctypes.CDLL | None:
             break
     else:
         return _off(why)
-    lib = _load(lib_path)
+    try:
+        lib = _load(lib_path)
+    except (OSError, AttributeError) as exc:  # not a loadable build of this source (a foreign file, a missing symbol)
+        return _off(f"cannot load {lib_path}: {exc}; delete it to build it again")
     _state["path"], _state["isa"] = str(lib_path), chosen
     return lib
 

@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 echo "test: ruff check ."
 .venv/bin/ruff check .
+echo "test: mkdocs build --strict (the documentation site, offline, into site/)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
 echo "test: pytest ($(.venv/bin/python -c 'from posenc import native; print(native.status())' 2>&1 | tail -1))"
 status=0
 if [ "$#" -gt 0 ]; then

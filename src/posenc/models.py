@@ -25,6 +25,7 @@ from .attention import KVCache, MultiHeadAttention, check_int, check_probability
 from .base import PositionalEncoding, as_position_rows, check_positions, mark_arange
 from .errors import ConfigError, PositionError
 from .registry import build, resolve
+from .schedule import LayerSpec, Schedule, _AtLayer, as_schedule
 
 NORMS = ("pre", "post")
 
@@ -53,12 +54,13 @@ class Block(nn.Module):
         dropout: float = 0.0,
         path: str = "auto",
         layer: int = 0,
+        span: tuple[str, int] | None = None,
     ):
         super().__init__()
         if norm not in NORMS:
             raise ConfigError(f"norm must be one of {NORMS}, got {norm!r}")
         self.norm = norm
-        self.attn = MultiHeadAttention(d_model, n_heads, encoding, dropout=dropout, path=path, layer=layer)
+        self.attn = MultiHeadAttention(d_model, n_heads, encoding, dropout=dropout, path=path, layer=layer, span=span)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
@@ -79,13 +81,49 @@ class TransformerOutput:
     memory: list[Tensor] | None = None  # per-layer inputs to keep for the next segment (detached)
 
 
+def _per_layer(enc: PositionalEncoding, n: int) -> list[PositionalEncoding | None]:
+    """The encoding of each of ``n`` layers that have ``enc`` with its options: ``None`` where it acts outside the
+    attention alone (``embed`` / ``positions``), else ``enc`` itself where one instance serves every layer
+    (``shared_across_layers``) and for the first layer, a fresh copy for each later one."""
+    if not (enc.hooks() - {"embed", "positions"}) and enc.key_projection:
+        return [None] * n
+    return [enc if enc.shared_across_layers or i == 0 else enc.fresh_copy() for i in range(n)]
+
+
+def _check_model_hooks(specs: tuple[LayerSpec, ...]) -> None:
+    """Refuse a schedule whose layers differ while one of them acts once for the whole model: an ``embed`` hook
+    (absolute codes added to the token embeddings) or a ``positions`` hook (randomized positions) runs before
+    the first layer, for all of them, so it cannot be one layer's alone."""
+    for i, spec in enumerate(specs):
+        cls = type(spec.encoding) if isinstance(spec.encoding, PositionalEncoding) else resolve(spec.encoding)
+        model_hooks = sorted(cls.hooks() & {"embed", "positions"})
+        if not model_hooks:
+            continue
+        other = next((j for j, s in enumerate(specs) if not s.same_encoding(spec)), None)
+        if other is None:
+            return
+        hooks = " and ".join(f"{h!r}" for h in model_hooks)
+        raise ConfigError(
+            f"layer {i}: {str(spec)!r} acts once for the whole model (its {hooks} hook: on the token embeddings or "
+            f"the positions, before the first layer), so a schedule may use it only if every layer has it with the "
+            f"same options, but layer {other} is {str(specs[other])!r}. Mix encodings that act inside attention "
+            "(rope, nope, alibi, t5 ...), or give every layer this one (spans may still differ)"
+        )
+
+
 class Transformer(nn.Module):
     """An encoder (``causal=False``) or decoder (``causal=True``) trunk.
 
     Args:
         vocab_size: number of token ids.
-        encoding: a registered name (``"rope"``, ``"t5"`` ...) or an encoding instance.
-        encoding_options: settings for the encoding (e.g. ``{"base": 500000}``); the
+        encoding: a registered name (``"rope"``, ``"t5"`` ...) or an encoding instance; or a schedule of encodings
+            per layer (:mod:`posenc.schedule`): a :class:`~posenc.schedule.Schedule`, a list of layers or a string
+            such as ``"rope@w64*3+nope"`` (three RoPE layers with a sliding window of 64 keys, then a NoPE layer,
+            repeated over ``n_layers``). Each layer then builds its own encoding with its own options and span;
+            an encoding that acts once for the whole model (an ``embed`` or ``positions`` hook: absolute codes,
+            randomized positions) must then be the same on every layer.
+        encoding_options: settings for the encoding (e.g. ``{"base": 500000}``; not with a schedule, whose layers
+            carry their own options); the
             model passes ``d_model``, ``n_heads``, ``head_dim``, ``max_len``, ``vocab_size``,
             ``n_layers``, ``causal`` and ``embedding_std`` to encodings that take them.
         d_model, n_layers, n_heads, d_ff: sizes (``d_ff`` defaults to ``4 * d_model``).
@@ -105,7 +143,7 @@ class Transformer(nn.Module):
         self,
         vocab_size: int,
         *,
-        encoding: str | PositionalEncoding | None = "sinusoidal",
+        encoding: str | PositionalEncoding | Schedule | list[Any] | None = "sinusoidal",
         encoding_options: dict[str, Any] | None = None,
         d_model: int = 128,
         n_layers: int = 2,
@@ -134,11 +172,26 @@ class Transformer(nn.Module):
             raise ConfigError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
         self.causal, self.norm_kind, self.max_len = causal, norm, max_len
+        sched = as_schedule(encoding)
+        #: the encodings per layer (:mod:`posenc.schedule`), ``n_layers`` long; ``None`` for one encoding throughout
+        self.schedule: Schedule | None = None
+        specs: tuple[LayerSpec, ...] | None = None
+        if sched is not None:
+            if encoding_options:
+                raise ConfigError(
+                    f"encoding_options={encoding_options!r} go with one encoding name; in a schedule each layer "
+                    "carries its own options: 'rope(base=500000.0)*3+nope', or ('rope', {'base': 500000.0}) "
+                    "in posenc.schedule(...)"
+                )
+            specs = sched.for_layers(n_layers)
+            self.schedule = Schedule(specs)
+            _check_model_hooks(specs)
         if embedding_scale is None:
-            if isinstance(encoding, PositionalEncoding):
-                embedding_scale = encoding.scale_token_embeddings
+            first = specs[0].encoding if specs is not None else encoding
+            if isinstance(first, PositionalEncoding):
+                embedding_scale = first.scale_token_embeddings
             else:
-                embedding_scale = resolve("none" if encoding is None else encoding).scale_token_embeddings
+                embedding_scale = resolve("none" if first is None else first).scale_token_embeddings
         dims = dict(
             d_model=d_model,
             n_heads=n_heads,
@@ -149,9 +202,27 @@ class Transformer(nn.Module):
             causal=causal,
             embedding_std=1.0 if embedding_scale else 0.02,
         )
-        self.encoding = build(encoding, dims=dims, options=encoding_options)
-        # a hand-built encoding (or options naming a size) of other sizes than the model's fails here
-        self.encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, vocab_size=vocab_size)
+        sizes = dict(d_model=d_model, n_heads=n_heads, head_dim=d_model // n_heads, vocab_size=vocab_size)
+        # each encoding built and the layers it serves (copied per layer, below, after the token embedding)
+        groups: list[tuple[PositionalEncoding, list[int]]] = []
+        if specs is None:
+            self.encoding = build(encoding, dims=dims, options=encoding_options)
+            # a hand-built encoding (or options naming a size) of other sizes than the model's fails here
+            self.encoding.check_sizes(**sizes)
+            groups.append((self.encoding, list(range(n_layers))))
+        else:
+            firsts: list[int] = []  # the first layer of each group of layers with one encoding and options
+            for i, spec in enumerate(specs):
+                if any(specs[f].same_encoding(spec) for f in firsts):
+                    continue
+                firsts.append(i)
+                group = [j for j in range(n_layers) if specs[j].same_encoding(spec)]
+                with _AtLayer(i):
+                    enc = build(spec.encoding, dims=dims, options=spec.built_options() or None)
+                    enc.check_sizes(**sizes)
+                if i == 0:
+                    self.encoding = enc
+                groups.append((enc, group))
         if embedding_size is None or embedding_size == d_model:
             self.tok = nn.Embedding(vocab_size, d_model)
             self.factor: nn.Module = nn.Identity()
@@ -164,21 +235,31 @@ class Transformer(nn.Module):
         self.embed_scale = size**0.5 if embedding_scale else 1.0
         nn.init.normal_(self.tok.weight, std=size**-0.5 if embedding_scale else 0.02)
         self.drop = nn.Dropout(dropout)
-        enc = self.encoding
-        uses_attention = bool(enc.hooks() - {"embed", "positions"}) or not enc.key_projection
-        layer_encodings: list[PositionalEncoding | None] = []
-        for i in range(n_layers):
-            if not uses_attention:
-                layer_encodings.append(None)
-            elif enc.shared_across_layers or i == 0:
-                layer_encodings.append(enc)
-            else:
-                layer_encodings.append(enc.fresh_copy())
-        self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, d_ff or 4 * d_model, e, norm=norm, dropout=dropout, path=path, layer=i)
-            for i, e in enumerate(layer_encodings)
-        )
+        layer_encodings: list[PositionalEncoding | None] = [None] * n_layers
+        for enc, group in groups:
+            for j, e in zip(group, _per_layer(enc, len(group))):
+                layer_encodings[j] = e
+        ff = d_ff or 4 * d_model
+        blocks = []
+        for i, e in enumerate(layer_encodings):
+            span = specs[i].span.as_tuple() if specs is not None else None
+            blocks.append(Block(d_model, n_heads, ff, e, norm=norm, dropout=dropout, path=path, layer=i, span=span))
+        self.blocks = nn.ModuleList(blocks)
         self.final_norm: nn.Module = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
+
+    @property
+    def encoding_name(self) -> str:
+        """The encoding's registered name, or the schedule's string (``"rope@w64*3+nope"``)."""
+        return str(self.schedule) if self.schedule is not None else self.encoding.info.name
+
+    def distinct_encodings(self) -> list[PositionalEncoding]:
+        """Every encoding instance of the model once: the model's own (``encoding``), then each layer's."""
+        out: list[PositionalEncoding] = [self.encoding]
+        for block in self.blocks:
+            enc = block.attn.encoding
+            if enc is not None and all(enc is not e for e in out):
+                out.append(enc)
+        return out
 
     def embed_tokens(self, tokens: Tensor, positions: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Token embeddings plus the encoding's ``embed`` hook; ``attention_mask`` ``[B, M + L]`` is the key padding.
@@ -263,7 +344,7 @@ class Transformer(nn.Module):
                 f"the KVCache holds layers {layers} but this model has {self.n_layers} layers "
                 f"(0..{self.n_layers - 1}); it was filled by another model: start a new posenc.KVCache()"
             )
-        lengths = {kv_cache.layers[i][0].shape[-2] for i in layers}
+        lengths = {kv_cache.seen(i) for i in layers}  # a local layer holds fewer keys than it has taken in
         if len(lengths) != 1:
             raise ConfigError(
                 f"the KVCache's layers hold different numbers of positions ({sorted(lengths)}): a forward failed "
@@ -548,7 +629,7 @@ def _check_generate_length(model: LanguageModel, prompt: int, longest: int, devi
         fix = f"the prompt alone is longer: use prompt length + max_new_tokens - 1 <= {low}"
     raise ConfigError(
         f"generate feeds the model up to {longest} tokens (the prompt's {prompt} + max_new_tokens - 1), but "
-        f"its encoding {model.trunk.encoding.info.name!r} takes at most {low}: {fix}. ({error})"
+        f"its encoding {model.trunk.encoding_name!r} takes at most {low}: {fix}. ({error})"
     ) from error
 
 
@@ -610,13 +691,17 @@ class LanguageModel(nn.Module):
             return "recompute", "use_cache=False"
         if not self.trunk.causal:
             return "recompute", "causal=False: earlier tokens attend to the tokens generated after them"
-        encoding = self.trunk.encoding
-        why = encoding.cache_problem(prompt_length, prompt_length + max(max_new_tokens, 1) - 1)
-        if why is not None:
-            return "recompute", why
-        inner = encoding.inner if isinstance(encoding, Randomized) else encoding
-        if isinstance(inner, TransformerXL):
-            return "memory", f"{inner.info.name}: Transformer-XL's segment memory holds every layer's inputs so far"
+        encodings = self.trunk.distinct_encodings()
+        for encoding in encodings:
+            why = encoding.cache_problem(prompt_length, prompt_length + max(max_new_tokens, 1) - 1)
+            if why is not None:
+                return "recompute", why
+        for encoding in encodings:
+            inner = encoding.inner if isinstance(encoding, Randomized) else encoding
+            if isinstance(inner, TransformerXL):
+                return "memory", (
+                    f"{inner.info.name}: Transformer-XL's segment memory holds every layer's inputs so far"
+                )
         return "cache", "the keys, values and positions of earlier tokens do not change as the sequence grows"
 
     @torch.no_grad()

@@ -8,6 +8,7 @@ The cache keeps the rules of its use (one model's, one batch, positions that con
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,9 +19,10 @@ from ..errors import ConfigError, PositionError
 
 class _KVBuffer:
     """Storage for one layer of a :class:`KVCache`: ``[B, H, capacity, Dh]`` keys and values, ``[B', capacity]``
-    positions, of which the first ``filled`` slots are in use."""
+    positions, of which the slots ``start .. filled`` are in use (``start`` moves on in a local layer's rolling
+    cache, which drops its oldest keys: :meth:`drop_to`)."""
 
-    __slots__ = ("k", "v", "pos", "filled")
+    __slots__ = ("k", "v", "pos", "start", "filled")
 
     def __init__(self, pk: Tensor, pv: Tensor, ppos: Tensor, capacity: int):
         n = pk.shape[2]
@@ -30,24 +32,31 @@ class _KVBuffer:
         self.k[:, :, :n] = pk
         self.v[:, :, :n] = pv
         self.pos[:, :n] = ppos
+        self.start = 0
         self.filled = n
 
-    def holds(self, pk: Tensor, pv: Tensor, ppos: Tensor, needed: int) -> bool:
-        """Whether ``pk, pv, ppos`` are the views this buffer last handed out and ``needed`` slots fit."""
-        n = self.filled
-        views = ((pk, self.k[:, :, :n]), (pv, self.v[:, :, :n]), (ppos, self.pos[:, :n]))
-        return needed <= self.k.shape[2] and all(
+    def holds(self, pk: Tensor, pv: Tensor, ppos: Tensor, added: int) -> bool:
+        """Whether ``pk, pv, ppos`` are the views this buffer last handed out and ``added`` more slots fit."""
+        a, n = self.start, self.filled
+        views = ((pk, self.k[:, :, a:n]), (pv, self.v[:, :, a:n]), (ppos, self.pos[:, a:n]))
+        return n + added <= self.k.shape[2] and all(
             t.shape == b.shape and t.stride() == b.stride() and t.data_ptr() == b.data_ptr() and t.dtype == b.dtype
             for t, b in views
         )
 
     def write(self, k: Tensor, v: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        n, m = self.filled, k.shape[2]
+        n, m, a = self.filled, k.shape[2], self.start
         self.k[:, :, n : n + m] = k
         self.v[:, :, n : n + m] = v
         self.pos[:, n : n + m] = k_pos
         self.filled = n + m
-        return self.k[:, :, : n + m], self.v[:, :, : n + m], self.pos[:, : n + m]
+        return self.k[:, :, a : n + m], self.v[:, :, a : n + m], self.pos[:, a : n + m]
+
+    def drop_to(self, keep: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Keep only the last ``keep`` slots in use; their views."""
+        self.start = self.filled - keep
+        a, n = self.start, self.filled
+        return self.k[:, :, a:n], self.v[:, :, a:n], self.pos[:, a:n]
 
 
 @dataclass
@@ -57,6 +66,11 @@ class KVCache:
     Keys are stored *after* the ``rotate`` hook, so a cached step is never
     rotated twice; positions are stored with them, so a hook always sees the
     true positions of every key.
+
+    A local layer (a sliding window or chunks, :mod:`posenc.schedule`) keeps only the keys a later query may still
+    see: the last ``W - 1`` of a window of ``W``, the current chunk's of a chunk. Its entry then holds fewer keys
+    than the layer has taken in: :meth:`seen` counts those, :meth:`cached` what is held. The positions stay the
+    tokens' true positions (never places in the rolling storage).
     """
 
     layers: dict[int, tuple[Tensor, Tensor, Tensor, Tensor | None]] = field(default_factory=dict)
@@ -67,17 +81,45 @@ class KVCache:
     _buffers: dict[int, _KVBuffer] = field(default_factory=dict, repr=False, compare=False)
     # layer -> the sizes of the attention module that filled it, in words (named when another module reads it)
     _sizes: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
+    # layer -> how many tokens it has taken in (more than it holds where it is local); absent: as many as it holds
+    _seen: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
 
+    def seen(self, layer: int) -> int:
+        """How many tokens ``layer`` has taken in (0 for a layer not filled yet); its entry may hold fewer."""
+        entry = self.layers.get(layer)
+        if entry is None:
+            return 0
+        return self._seen.get(layer, entry[0].shape[-2])
+
+    def cached(self, layer: int) -> int:
+        """How many keys ``layer``'s entry holds (at most its window, or its chunk, where it is local)."""
+        entry = self.layers.get(layer)
+        return 0 if entry is None else entry[0].shape[-2]
+
+    def _fork(self) -> KVCache:
+        """A copy whose entries are these (not copied) and whose later steps write storage of their own."""
+        return KVCache(dict(self.layers), dict(self.owners), _sizes=dict(self._sizes), _seen=dict(self._seen))
+
     def _extend(
-        self, layer: int, owner: int, sizes: str, k: Tensor, v: Tensor, ctx: AttentionContext
+        self,
+        layer: int,
+        owner: int,
+        sizes: str,
+        k: Tensor,
+        v: Tensor,
+        ctx: AttentionContext,
+        span: Any = None,
     ) -> tuple[Tensor, Tensor]:
         """All keys and values so far: the cached ones of ``layer`` followed by ``k, v`` (stored, with
         ``ctx.k_pos`` and ``ctx.k_segments`` extended the same way). ``owner`` is the ``id()`` of the attention
         module calling, ``sizes`` its sizes in words: a layer filled by another module is refused, as are keys of
-        another batch, shape, dtype or device, and positions that do not continue after the cached ones."""
+        another batch, shape, dtype or device, and positions that do not continue after the cached ones.
+
+        ``span`` (a :class:`posenc.schedule.Span`, or ``None``: global): what is stored is then only the keys a
+        later query may still see (:meth:`~posenc.schedule.Span.keep`); this call still gets them all."""
         past = self.get(layer)
         filled_by = self.owners.get(layer)
         if past is not None and filled_by is not None and filled_by != owner:
@@ -110,13 +152,40 @@ class KVCache:
                         f"KVCache holds (up to {last.max().item()}); positions must continue after the cached "
                         "ones (the default does): pass positions > the cached ones, or start a new posenc.KVCache()"
                     )
+        seen = self.seen(layer) + k.shape[2]
+        if past is not None:
             k, v, ctx.k_pos = self._append(layer, past, k, v, ctx.k_pos)
             if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
                 ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
-        self.update(layer, k, v, ctx.k_pos, ctx.k_segments)
+        held = k.shape[2]
+        keep = held if span is None else span.keep(seen, held)
+        if keep < held:
+            self._store_suffix(layer, k, v, ctx.k_pos, ctx.k_segments, keep)
+        else:
+            self.update(layer, k, v, ctx.k_pos, ctx.k_segments)
+        self._seen[layer] = seen
         self.owners[layer] = owner
         self._sizes[layer] = sizes
         return k, v
+
+    def _store_suffix(
+        self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None, keep: int
+    ) -> None:
+        """Store only the last ``keep`` keys (a local layer's rolling cache): in the layer's buffer when ``k`` is its
+        view (the buffer's start moves on), else as copies, so that the dropped keys' storage is freed."""
+        buf = self._buffers.get(layer)
+        seg = k_segments[:, k_segments.shape[1] - keep :] if k_segments is not None else None
+        if buf is not None and buf.holds(k, v, k_pos, 0):
+            self.update(layer, *buf.drop_to(keep), seg)
+            return
+        n = k.shape[2]
+        self.update(
+            layer,
+            k[:, :, n - keep :].clone(),
+            v[:, :, n - keep :].clone(),
+            k_pos[:, k_pos.shape[1] - keep :].clone(),
+            None if seg is None else seg.clone(),
+        )
 
     def _append(
         self, layer: int, past: tuple[Tensor, Tensor, Tensor, Tensor | None], k: Tensor, v: Tensor, k_pos: Tensor
@@ -143,7 +212,7 @@ class KVCache:
         ):
             return torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), torch.cat([ppos, k_pos], dim=1)
         buf = self._buffers.get(layer)
-        if buf is None or not buf.holds(pk, pv, ppos, n + m):
+        if buf is None or not buf.holds(pk, pv, ppos, m):
             buf = _KVBuffer(pk, pv, ppos, max(n + m + 64, 3 * (n + m) // 2))  # grows by half: amortised O(m)
             self._buffers[layer] = buf
         return buf.write(k, v, k_pos)
@@ -151,9 +220,11 @@ class KVCache:
     def update(self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None = None) -> None:
         """Store all keys so far (rotated), their values, positions and segment ids (if any)."""
         self.layers[layer] = (k, v, k_pos, k_segments)
+        self._seen.pop(layer, None)  # a layer stored by hand has taken in the keys it holds
 
     def length(self) -> int:
-        """Number of cached key positions (0 when empty)."""
+        """Number of positions the cache has taken in (0 when empty): the first layer's :meth:`seen` (a local layer
+        holds fewer keys: :meth:`cached`)."""
         if not self.layers:
             return 0
-        return next(iter(self.layers.values()))[0].shape[-2]
+        return self.seen(next(iter(self.layers)))

@@ -1,5 +1,6 @@
 """The mask of an attention call: :func:`build_mask` folds causality, key padding, packed documents and a custom
-boolean mask into one boolean tensor (``True`` where a query may attend), checking each input.
+boolean mask into one boolean tensor (``True`` where a query may attend), checking each input; :func:`span_mask` is a
+local layer's span (a sliding window or chunks: :mod:`posenc.schedule`).
 
 Imports only :mod:`posenc.errors`.
 """
@@ -83,3 +84,36 @@ def build_mask(
             )
         _and(mask)
     return out
+
+
+def span_needed(kind: str, size: int, *, lq: int, lk: int, key_start: int) -> bool:
+    """Whether a span hides any key from any query of a call (else no mask is needed): a window once the keys reach
+    farther back than ``size`` from some query, chunks once the keys cross a chunk boundary."""
+    if kind == "window":
+        return lk > size
+    return key_start // size != (key_start + lk - 1) // size
+
+
+def span_mask(kind: str, size: int, *, lq: int, lk: int, key_start: int, device: torch.device, causal: bool) -> Tensor:
+    """``[1, 1, Lq, Lk]``, ``True`` where a query may see a key under a local span (:mod:`posenc.schedule`).
+
+    The keys are ``Lk`` consecutive tokens of the sequence from index ``key_start`` on; the queries are the last
+    ``Lq`` of them (bottom-right aligned, as the causal mask: a KV cache's or memory's keys come first). ``kind``:
+
+    * ``"window"``: query ``i`` sees key ``j`` when ``0 <= i - j < size`` (causal) or ``|i - j| < size``;
+    * ``"chunk"``: when ``i // size == j // size`` (and ``j <= i`` when causal).
+    """
+    if kind not in ("window", "chunk"):
+        raise ConfigError(f"a span mask is 'window' or 'chunk', got {kind!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"a {kind} span needs a size that is an integer >= 1, got {size!r}")
+    j = torch.arange(lk, device=device)
+    i = j[lk - lq :, None]
+    if kind == "window":
+        d = i - j[None, :]
+        ok = (d < size) & (d >= 0) if causal else d.abs() < size
+    else:
+        ok = (i + key_start) // size == (j[None, :] + key_start) // size
+        if causal:
+            ok = ok & (j[None, :] <= i)
+    return ok[None, None]

@@ -21,12 +21,13 @@ from ..base import (
     mark_arange,
 )
 from ..errors import ConfigError, PositionError
+from ..schedule import Span
 from .cache import KVCache
 from .call import _Call
 from .checks import check_encoding, check_int
 from .core import AttentionCore
 from .kernels import Plan
-from .masks import build_mask
+from .masks import build_mask, span_mask, span_needed
 
 
 @dataclass
@@ -66,6 +67,10 @@ class MultiHeadAttention(AttentionCore):
         bias: whether the q/k/v/o projections have a bias.
         path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
         layer: this layer's index (the key of its entry in a :class:`KVCache`).
+        span: which keys a query sees (:mod:`posenc.schedule`): ``None`` / ``"global"`` (all), ``("window", W)``
+            (the last ``W``, its own included) or ``("chunk", C)`` (its chunk of ``C`` tokens). The span is one more
+            boolean mask, so the call keeps its kernel (SDPA with the mask for RoPE and NoPE); a local layer's KV
+            cache keeps only the keys a later query may see.
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class MultiHeadAttention(AttentionCore):
         bias: bool = True,
         path: str = "auto",
         layer: int = 0,
+        span: Span | tuple[str, int] | str | None = None,
     ):
         check_int("d_model", d_model)
         check_int("n_heads", n_heads)
@@ -92,6 +98,8 @@ class MultiHeadAttention(AttentionCore):
             encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=head_dim)
         super().__init__(n_heads, head_dim, encoding, dropout=dropout, path=path, layer=layer)
         self.d_model = d_model
+        given = Span.of(span)
+        self.span: Span | None = None if given.is_global else given
         self.inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, self.inner, bias=bias)
         if encoding is not None and not encoding.key_projection:
@@ -168,7 +176,7 @@ class MultiHeadAttention(AttentionCore):
         """Prepend the cached keys / values / positions (and store the extended ones): :meth:`KVCache._extend`."""
         if kv_cache is None:
             return k, v
-        return kv_cache._extend(self.layer, id(self), self._sizes(), k, v, ctx)
+        return kv_cache._extend(self.layer, id(self), self._sizes(), k, v, ctx, self.span)
 
     def _sizes(self) -> str:
         """This module's sizes in words (the width first), for messages about a KV cache of another model."""
@@ -196,8 +204,15 @@ class MultiHeadAttention(AttentionCore):
                 )
             self._check_input(memory, "memory", batch=b, empty_ok=True)
             src = torch.cat([memory, src], dim=1)
-        past = kv_cache.get(self.layer) if kv_cache is not None else None
-        n_past = 0 if past is None else past[0].shape[-2]
+        if self.span is not None and key_value is not None:
+            raise ConfigError(
+                f"this attention has a {self.span.kind} span ({self.span}), which orders queries and keys in one "
+                "sequence; cross-attention (key_value=) has no such order: build it with span=None"
+            )
+        # tokens taken in before this call (the default positions go on from there), and how many of them a local
+        # layer's cache still holds: the keys of this call are the sequence's tokens from n_past - n_cached on
+        n_past = kv_cache.seen(self.layer) if kv_cache is not None else 0
+        n_cached = kv_cache.cached(self.layer) if kv_cache is not None else 0
         q_pos, k_pos = self._positions(x, src, positions, key_positions, key_value is not None, n_past, cache)
         ctx = AttentionContext(
             q_pos=q_pos,
@@ -228,13 +243,19 @@ class MultiHeadAttention(AttentionCore):
             document_ids=document_ids,
             mask=mask,
         )
+        local = self.span is not None and span_needed(
+            self.span.kind, self.span.size or 1, lq=lq, lk=lk, key_start=n_past - n_cached
+        )
+        if local:
+            allowed = self._span_mask(lq, lk, n_past - n_cached, causal, x.device, cache, allowed)
         if allowed is not None and allowed.shape[1] not in (1, self.n_heads):
             raise ConfigError(
                 f"mask has {allowed.shape[1]} heads but this attention has n_heads={self.n_heads}; "
                 "give it 1 or n_heads entries in that dimension"
             )
         ctx.mask = allowed
-        padding = attention_mask is not None or document_ids is not None or mask is not None
+        # a span is a mask beyond the causal one: kernels that would skip to the causal mask take the whole mask
+        padding = attention_mask is not None or document_ids is not None or mask is not None or local
         return _Call(
             q,
             k,
@@ -245,6 +266,23 @@ class MultiHeadAttention(AttentionCore):
             causal=causal and lk >= lq,
             any_padding=padding,
         )
+
+    def _span_mask(
+        self, lq: int, lk: int, key_start: int, causal: bool, device: torch.device, cache: dict, allowed: Tensor | None
+    ) -> Tensor:
+        """``allowed`` and this layer's span mask (the span's mask kept in the forward's ``cache`` for the layers
+        that share it)."""
+        span = self.span
+        assert span is not None and span.size is not None
+        key = ("posenc:span", span.kind, span.size, lq, lk, key_start, causal, str(device))
+        got = cache.get(key)
+        if got is None:
+            got = span_mask(span.kind, span.size, lq=lq, lk=lk, key_start=key_start, device=device, causal=causal)
+            cache[key] = got
+        return got if allowed is None else allowed & got
+
+    def extra_repr(self) -> str:
+        return "" if self.span is None else f"span={self.span}"
 
     def _check_input(self, t: Any, what: str, batch: int | None = None, empty_ok: bool = False) -> None:
         """A hidden-state input: a ``[batch, length, d_model]`` float tensor of the module's dtype and device."""
@@ -275,7 +313,7 @@ class MultiHeadAttention(AttentionCore):
         ``kv_cache`` passed here is left unchanged)."""
         kv_cache = kwargs.pop("kv_cache", None)
         if kv_cache is not None:
-            kv_cache = KVCache(dict(kv_cache.layers), dict(kv_cache.owners))
+            kv_cache = kv_cache._fork()
         grad = torch.is_grad_enabled()
         with torch.no_grad():
             call = self._prepare(x, _Inputs(**kwargs, kv_cache=kv_cache))

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 HOOKS = ("positions", "embed", "rotate", "logits", "bias", "values", "scale")
 
-FAMILIES = ("none", "absolute", "rotary", "relative", "bias")
+FAMILIES = ("none", "absolute", "rotary", "relative", "bias", "temperature")
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,9 @@ class AttentionContext:
     attention: nn.Module | None = None  # the calling attention module (its projections)
     caching: bool = False  # keys are stored in a KV cache after the rotate hook (and reused later)
     mask: Tensor | None = None  # [B|1, 1|H, Lq, Lk] True where query i may attend key j (set before logits/bias)
+    # ``mask`` is this call's already when the rotate hook runs (``None`` then: every key may be attended), as
+    # MultiHeadAttention sets it; False where it is set only after rotating (posenc.hf), so rotate must not read it
+    mask_ready: bool = False
     # every row of q_pos and k_pos is ``start + arange`` and ``k_start - q_start`` is one number for all rows, so
     # j - i takes the Lq + Lk - 1 values of row 0 and an offset-only term is a Toeplitz matrix (skew / fused forms);
     # decided once per forward from what the positions are (:func:`contiguous_positions`)

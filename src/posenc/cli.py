@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("list", help="list every registered encoding", description="List every registered encoding.")
     pl.add_argument("--markdown", action="store_true", help="print a Markdown table (name, family, paper, reference)")
-    pl.add_argument("--family", choices=["none", "absolute", "rotary", "relative", "bias"], help="only this family")
+    families = ["none", "absolute", "rotary", "relative", "bias", "temperature"]
+    pl.add_argument("--family", choices=families, help="only this family")
     pl.set_defaults(func=_cmd_list)
 
     pi = sub.add_parser(

@@ -25,7 +25,7 @@ from .errors import ConfigError, UnknownNameError
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 _ALIASES: dict[str, str] = {}
-_FAMILY_PACKAGES = ("absolute", "rotary", "relative", "bias")
+_FAMILY_PACKAGES = ("absolute", "rotary", "relative", "bias", "temperature")
 _loaded = False  # loading has started (guards against re-entry)
 _ready = False  # every encoding module is imported: randomized variants are added as classes register
 # called with each class that declares ``randomized_variant`` (installed by posenc.bias.randomized_registry)
@@ -94,7 +94,7 @@ def _load_all() -> None:
 def available() -> list[str]:
     """The registered encoding names, sorted by family then name."""
     _load_all()
-    order = {f: i for i, f in enumerate(("none", "absolute", "rotary", "relative", "bias"))}
+    order = {f: i for i, f in enumerate(("none", "absolute", "rotary", "relative", "bias", "temperature"))}
     return sorted(_REGISTRY, key=lambda n: (order.get(_REGISTRY[n].info.family, 9), n))
 
 

@@ -227,12 +227,9 @@ class MultiHeadAttention(AttentionCore):
             attention=self,
             caching=kv_cache is not None,
         )
-        q, k, v = self._project_rotate(x, src, ctx)
-        k, v = self._extend_cache(k, v, ctx, kv_cache)
-        # once per forward and pair of position tensors (memoised in the shared cache), after the cache has
-        # prepended its keys' positions: the decision every hook and the plan read
-        ctx.contiguous = contiguous_positions(ctx.q_pos, ctx.k_pos, cache)
-        lk = k.shape[2]
+        # the mask before the rotate hook, so that every hook may read it (SSMax counts the keys each query sees):
+        # the keys are the cached ones followed by this call's
+        lk = n_cached + src.shape[1]
         allowed = build_mask(
             batch=b,
             lq=lq,
@@ -253,7 +250,12 @@ class MultiHeadAttention(AttentionCore):
                 f"mask has {allowed.shape[1]} heads but this attention has n_heads={self.n_heads}; "
                 "give it 1 or n_heads entries in that dimension"
             )
-        ctx.mask = allowed
+        ctx.mask, ctx.mask_ready = allowed, True
+        q, k, v = self._project_rotate(x, src, ctx)
+        k, v = self._extend_cache(k, v, ctx, kv_cache)
+        # once per forward and pair of position tensors (memoised in the shared cache), after the cache has
+        # prepended its keys' positions: the decision every hook and the plan read
+        ctx.contiguous = contiguous_positions(ctx.q_pos, ctx.k_pos, cache)
         # a span is a mask beyond the causal one: kernels that would skip to the causal mask take the whole mask
         padding = attention_mask is not None or document_ids is not None or mask is not None or local
         return _Call(

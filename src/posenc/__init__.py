@@ -37,6 +37,8 @@ _LAZY: dict[str, str] = {
     "get": "registry",
     "register": "registry",
     "resolve": "registry",
+    "Schedule": "schedule",
+    # ``schedule`` is the submodule itself, which is callable: posenc.schedule("rope*3+nope")
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
@@ -52,6 +54,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         TransformerOutput,
     )
     from .registry import available, card, get, register, resolve
+    from .schedule import Schedule, schedule
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)
@@ -69,6 +72,7 @@ __all__ = [
     "PosencError",
     "PositionError",
     "PositionalEncoding",
+    "Schedule",
     "SequenceClassifier",
     "TokenTagger",
     "Transformer",
@@ -81,4 +85,5 @@ __all__ = [
     "get",
     "register",
     "resolve",
+    "schedule",
 ]

@@ -151,3 +151,92 @@ def test_inspect_help_lists_what_the_library_offers():
     assert tuple(sorted(RENDERERS)) == tuple(sorted(names.CARD_FORMATS))
     assert FORMATS == names.FORMATS
     assert PROPERTY_KEYS == tuple(k for k, _, _ in names.PROPERTIES)
+
+
+# ---------------------------------------------------------------------------- usage errors before torch (issue 40)
+# the PROBE with torch made impossible to import: a usage error must be found without it
+BLOCKED = (
+    "import sys\n"
+    "class _NoTorch:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'torch' or name.startswith('torch.'):\n"
+    "            raise ImportError('torch is blocked in this test')\n"
+    "sys.meta_path.insert(0, _NoTorch())\n"
+) + PROBE
+
+USAGE_ERRORS = [
+    (["bench", "--encodings", "ropee"], ["--encodings: unknown encoding 'ropee'", "Did you mean: rope"]),
+    (["bench", "--encodings", "rope", "alibii", "sinusiodal"], ["'alibii' (did you mean: alibi", "sinusoidal"]),
+    (["bench", "--encodings", "yarnn"], ["Did you mean: rope-yarn?"]),  # by its alias yarn, named as listed
+    (["bench", "--tasks", "ordr"], ["unknown task 'ordr'", "Did you mean: order"]),
+    (["bench", "--suite", "quik"], ["unknown suite 'quik'", "Did you mean: quick"]),
+    (["bench", "--suite", "no-such-file.toml"], ["suite file no-such-file.toml does not exist"]),
+    (["bench", "--suite", "quick", "--encodings", "ropee"], ["not in suite 'quick': 'ropee' (did you mean: rope"]),
+    (["bench", "--suite", "shaw-k", "--encodings", "shaw k=44"], ["'shaw k=44' (did you mean: shaw k=4"]),
+    (["bench", "--suite", "quick", "--tasks", "ordr"], ["not in suite 'quick': 'ordr' (did you mean: order"]),
+    (["bench", "--steps", "0"], ["--steps must be an integer >= 1, got 0"]),
+    (["inspect", "ropee"], ["posenc inspect: error: unknown encoding 'ropee'", "Did you mean: rope"]),
+]
+
+
+@pytest.fixture(scope="module")
+def names_cached(tmp_path_factory):
+    """The environment of a cache folder that holds the cards and the task names (as any earlier `posenc` command
+    leaves them)."""
+    return dict(os.environ, POSENC_CACHE=str(tmp_path_factory.mktemp("cache")))
+
+
+def _cached_run(env: dict, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """``args`` run with the names cached for posenc's files as they are. The cache's key follows those files: where
+    one changed while the command ran (someone editing the tree), the cache is filled again and the command rerun."""
+    from posenc import _cards
+
+    fill = "from posenc import _cards\nassert _cards.cards() and _cards.task_names()\n"
+    for _ in range(5):
+        key = _cards.source_key()
+        proc = _run([sys.executable, "-c", fill], env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        got = _run(args, env)
+        if _cards.source_key() == key:
+            return got
+    return got
+
+
+@pytest.mark.parametrize(("argv", "says"), USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_a_usage_error_is_found_before_torch_is_imported(names_cached, argv, says):
+    probe = _cached_run(names_cached, [sys.executable, "-c", BLOCKED, *argv])
+    assert "TORCH-MODULES: []" in probe.stdout and "EXIT: 2" in probe.stdout, probe.stdout + probe.stderr
+    assert "Traceback" not in probe.stderr and "blocked" not in probe.stderr, probe.stderr
+    for text in says:
+        assert text in probe.stderr, probe.stderr
+    # the same command, its imports recorded by Python itself
+    proc = _cached_run(names_cached, [sys.executable, "-X", "importtime", "-m", "posenc.cli", *argv])
+    assert proc.returncode == 2 and _torch_lines(proc.stderr) == [], proc.stderr[-3000:]
+
+
+def test_a_typo_suggests_only_names_posenc_list_shows(names_cached):
+    import posenc
+    from posenc import _cards, registry
+
+    listed = set(posenc.available())
+    aliases = registry.aliases()
+    assert aliases  # the registry has aliases: the test below would be empty without
+    for alias, target in aliases.items():
+        close = registry.unknown_encoding(alias + "x").close_matches
+        assert close and set(close) <= listed, (alias, close)
+        assert target in close, (alias, close)  # the alias typed with a slip leads to what it stands for
+        assert close == _cards.close_names(alias + "x", listed, aliases)
+    with pytest.raises(posenc.UnknownNameError) as exc:
+        posenc.get("rope-pii")
+    assert "rope-pi" not in str(exc.value).replace("'rope-pii'", "") and "rope-linear" in str(exc.value)
+
+
+def test_a_command_that_loaded_the_names_leaves_them_for_the_next(tmp_path):
+    env = dict(os.environ, POSENC_CACHE=str(tmp_path))
+    argv = ["bench", "--report-only", "--out", str(tmp_path / "r"), "--encodings", "rope", "--tasks", "order"]
+    probe = _run([sys.executable, "-c", PROBE, *argv], env)
+    assert "EXIT: 0" in probe.stdout, probe.stdout + probe.stderr
+    # (more than one of each where posenc's files changed while it ran: the key follows them)
+    assert list(tmp_path.glob("cards-*.json")) and list(tmp_path.glob("tasks-*.json"))
+    again = _cached_run(env, [sys.executable, "-c", BLOCKED, "bench", "--encodings", "ropee"])
+    assert "EXIT: 2" in again.stdout and "Did you mean: rope" in again.stderr, again.stdout + again.stderr

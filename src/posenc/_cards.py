@@ -1,21 +1,31 @@
-"""The registered encodings' cards for ``posenc list``, kept on disk so that a listing imports no torch.
+"""The registered encodings' cards and the built-in task names, kept on disk so that a listing imports no torch.
 
-Building the registry imports every encoding module, and with them torch (about 1.5 s). The cards it
-yields depend only on posenc's own source files, so they are stored once per state of those files in
-``$POSENC_CACHE/cards-<key>.json`` (default ``~/.cache/posenc``), ``<key>`` hashing posenc's version and the
-path, size and modification time of every source file. Any edit (a new encoding file included) gives a new
-key and the registry is built again; a cache that cannot be read or written is ignored.
+Building the registry imports every encoding module, and with them torch (about 1.5 s; 13-24 s on a busy
+machine). The cards it yields depend only on posenc's own source files, so they are stored once per state of
+those files in ``$POSENC_CACHE/cards-<key>.json`` (default ``~/.cache/posenc``), ``<key>`` hashing posenc's
+version and the path, size and modification time of every source file. Any edit (a new encoding file included)
+gives a new key and the registry is built again; a cache that cannot be read or written is ignored. The names of
+the benchmark's tasks are kept the same way (``tasks-<key>.json``, :func:`task_names`).
+
+``posenc list`` reads the cards, and the command line checks the names a user typed against them before any
+command imports torch (:func:`unknown_encodings`: the close matches of a typo, among the names ``posenc list``
+shows; the registry's own errors use the same function). ``posenc`` stores both files after any command that
+loaded the registry or the tasks anyway (:func:`keep`), so a first ``posenc bench`` leaves them for the next.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from .errors import UnknownNameError
 
 FIELDS = ("name", "family", "position", "learnable", "paper", "year", "summary", "reference", "aliases")
 _PACKAGE = Path(__file__).resolve().parent
@@ -50,16 +60,16 @@ def _build() -> list[dict[str, Any]]:
     return out
 
 
-def cards() -> list[dict[str, Any]]:
-    """Every registered encoding's card (``FIELDS``), in ``posenc.available()`` order."""
-    path = cache_folder() / f"cards-{source_key()}.json"
+def _cached(kind: str, build: Callable[[], Any], valid: Callable[[Any], bool], key: str | None = None) -> Any:
+    """``$POSENC_CACHE/<kind>-<key>.json`` where it holds a valid value, else ``build()``, stored there."""
+    path = cache_folder() / f"{kind}-{key or source_key()}.json"
     try:
         got = json.loads(path.read_text())
-        if isinstance(got, list) and all(isinstance(c, dict) and set(FIELDS) <= set(c) for c in got):
+        if valid(got):
             return got
     except (OSError, ValueError):
         pass
-    built = _build()
+    built = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
@@ -68,3 +78,100 @@ def cards() -> list[dict[str, Any]]:
     except OSError:
         pass
     return built
+
+
+def cards() -> list[dict[str, Any]]:
+    """Every registered encoding's card (``FIELDS``), in ``posenc.available()`` order."""
+    return _cached(
+        "cards",
+        _build,
+        lambda got: isinstance(got, list) and all(isinstance(c, dict) and set(FIELDS) <= set(c) for c in got),
+    )
+
+
+# ---------------------------------------------------------------------------- names and their close matches
+def normalized(name: str) -> str:
+    """A name as the registry looks it up: stripped, lower case, ``_`` as ``-``."""
+    return name.strip().lower().replace("_", "-")
+
+
+def close_names(name: str, names: Iterable[str], aliases: Mapping[str, str], n: int = 5) -> list[str]:
+    """The names closest to ``name`` (a typo), each a name ``posenc list`` shows: the listed names close to it
+    first, then those whose alias is close to it (``yarnn`` -> ``rope-yarn``, by its alias ``yarn``), never the
+    alias itself, and no name twice."""
+    key = normalized(name)
+    names = sorted(names)
+    out = difflib.get_close_matches(key, names, n=n)
+    for match in difflib.get_close_matches(key, sorted(aliases), n=len(aliases)):
+        if aliases[match] not in out:
+            out.append(aliases[match])
+    return out[:n]
+
+
+def unknown_encodings(
+    bad: list[str], names: Iterable[str], aliases: Mapping[str, str], where: str = ""
+) -> UnknownNameError:
+    """The error for the unknown encoding names ``bad`` (one or more): each with its close matches
+    (:func:`close_names`), and where the whole list is (``posenc list``), not the ~90 names themselves."""
+    names = list(names)
+    exc = UnknownNameError("encoding", bad[0], names)
+    exc.close_matches = close_names(bad[0], names, aliases)
+    if len(bad) == 1:
+        msg = f"unknown encoding {bad[0]!r}."
+        if exc.close_matches:
+            msg += f" Did you mean: {', '.join(exc.close_matches)}?"
+        msg += " `posenc list` (or posenc.available()) lists every encoding."
+    else:
+        parts = []
+        for b in bad:
+            close = close_names(b, names, aliases)
+            parts.append(f"{b!r}" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
+        msg = f"unknown encodings: {', '.join(parts)}. `posenc list` lists every encoding."
+    exc.args = (f"{where}: {msg}" if where else msg,)
+    return exc
+
+
+def check_encodings(names: list[str], where: str = "") -> None:
+    """Raise :func:`unknown_encodings`'s error for the names of ``names`` that are neither a registered encoding
+    nor an alias, from the cards (no torch once they are cached)."""
+    listed = cards()
+    known = [c["name"] for c in listed]
+    aliases = {a: c["name"] for c in listed for a in c.get("aliases") or ()}
+    bad = [n for n in names if normalized(n) not in aliases and normalized(n) not in known]
+    if bad:
+        raise unknown_encodings(bad, known, aliases, where)
+
+
+# ---------------------------------------------------------------------------- the benchmark's tasks
+TASK_GROUP = "posenc.tasks"
+
+
+def _builtin_tasks() -> list[str]:
+    from .bench.types import _TASKS, is_builtin, load_builtin_tasks
+
+    load_builtin_tasks()
+    return sorted(n for n, t in _TASKS.items() if is_builtin(type(t)))
+
+
+def task_names() -> list[str] | None:
+    """The names of the built-in tasks, from the cache (built once per state of posenc's files), or None where
+    installed packages declare tasks of their own (entry points: their names are known only once loaded)."""
+    from importlib.metadata import entry_points
+
+    if list(entry_points(group=TASK_GROUP)):
+        return None
+    return _cached("tasks", _builtin_tasks, lambda got: isinstance(got, list) and all(isinstance(t, str) for t in got))
+
+
+def keep() -> None:
+    """Store the cards and the task names where this process has loaded the registry or the tasks anyway (a
+    command that needed them): then the next command's name checks and ``posenc list`` import no torch."""
+    registry = sys.modules.get("posenc.registry")
+    try:
+        if registry is not None and getattr(registry, "_ready", False):
+            cards()
+        types = sys.modules.get("posenc.bench.types")
+        if types is not None and getattr(types, "_loaded", False):
+            task_names()
+    except Exception:  # noqa: BLE001 -- a cache is a convenience: never an error of the command
+        pass

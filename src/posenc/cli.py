@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .errors import PosencError
@@ -117,6 +118,101 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# ---------------------------------------------------------------------------- usage errors before torch
+def _preflight(args: argparse.Namespace) -> None:
+    """The usage errors that the arguments alone show, found before a command imports torch (seconds; 13-24 s on
+    a busy machine): an unknown encoding (checked against the cards of :mod:`._cards`, with its close matches among
+    the names ``posenc list`` shows), an unknown suite or task, an encoding or task not in the suite named, and the
+    bench's numbers. Each command checks its arguments again in full when it runs; this is the early, cheap part.
+    """
+    from . import _cards
+
+    if args.command == "inspect" and getattr(args, "name", None) and not getattr(args, "all", False):
+        _cards.check_encodings([args.name])
+    if args.command != "bench":
+        return
+    from .bench import cli as bench_cli
+
+    for check in ("_check_numbers", "_check_text"):  # torch-free checks of the bench's own (bench/cli.py)
+        if callable(fn := getattr(bench_cli, check, None)):
+            fn(args)
+    if args.list_suites or args.list_tasks or args.imports:  # a module of the user's may register names
+        return
+    in_suite = _suite_names(args.suite) if args.suite else None
+    if args.encodings and args.encodings != ["all"]:
+        if in_suite is None and not args.suite:
+            _cards.check_encodings(args.encodings, "--encodings")
+        elif in_suite is not None:
+            _not_in_suite("--encodings", args.encodings, in_suite["name"], in_suite["encodings"])
+    if args.tasks:
+        if in_suite is not None:
+            _not_in_suite("--tasks", args.tasks, in_suite["name"], in_suite["tasks"])
+        elif not args.suite and (known := _cards.task_names()) is not None:
+            bad = [t for t in args.tasks if t not in known]
+            if bad:
+                from .errors import UnknownNameError
+
+                exc = UnknownNameError("task", bad[0], known)
+                exc.args = (
+                    f"--tasks: {exc.args[0]} A task of your own is found when its module is imported: "
+                    "posenc bench --import my_tasks (a module name or a .py file)",
+                )
+                raise exc
+
+
+def _suite_names(given: str) -> dict[str, Any] | None:
+    """The name, encodings (names and labels) and tasks of the suite ``--suite`` names, read from its TOML file
+    without building it (no torch); an unknown suite or a missing file is an error. None where the file cannot be
+    read here as a suite (the full check, when the command runs, says why)."""
+    import tomllib
+    from pathlib import Path
+
+    from .bench.types import default_label
+    from .errors import ConfigError, UnknownNameError
+
+    p = Path(given)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise ConfigError(f"suite file {p} does not exist")
+    else:
+        folder = Path(__file__).resolve().parent / "bench" / "suites"
+        builtin = sorted(q.stem for q in folder.glob("*.toml"))
+        if given not in builtin:
+            raise UnknownNameError("suite", given, builtin)
+        p = folder / f"{given}.toml"
+    try:
+        data = tomllib.loads(p.read_text())
+        encodings: set[str] = set()
+        tasks: set[str] = set()
+        for part in [data, *data.get("grid", [])]:
+            tasks |= {str(t) for t in part.get("tasks", [])}
+            for e in part.get("encodings", []):
+                if isinstance(e, str):
+                    encodings.add(e)
+                else:
+                    encodings |= {e["name"], e.get("label") or default_label(e["name"], e.get("options", {}))}
+        return {"name": data.get("name", p.stem), "encodings": sorted(encodings), "tasks": sorted(tasks)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _not_in_suite(flag: str, given: list[str], suite: str, have: list[str]) -> None:
+    """A usage error naming every one of ``given`` that suite ``suite`` does not have (with close matches)."""
+    import difflib
+
+    from .errors import ConfigError
+
+    bad = [g for g in given if g not in have]
+    if bad:
+        said = [
+            f"{g!r}"
+            + (f" (did you mean: {', '.join(close)}?)" if (close := difflib.get_close_matches(g, have)) else "")
+            for g in bad
+        ]
+        kind = "encodings" if flag == "--encodings" else "tasks"
+        raise ConfigError(f"{flag}: not in suite {suite!r}: {', '.join(said)}; its {kind}: {', '.join(have)}")
+
+
 def _quiet_stdout() -> None:
     import os
 
@@ -134,6 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _preflight(args)
+    except PosencError as exc:
+        where = "posenc inspect" if args.command == "inspect" else "posenc"
+        print(f"{where}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         return int(args.func(args) or 0)
     except BrokenPipeError:
         # the reader of a pipe stopped early (`posenc inspect t5 | head`): not an error of ours; stdout is pointed
@@ -146,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nposenc: interrupted; finished runs are kept and the next run resumes from them", file=sys.stderr)
         return 130
+    finally:
+        from ._cards import keep
+
+        keep()  # the names this command loaded anyway, for the next command's checks (no torch then)
 
 
 if __name__ == "__main__":

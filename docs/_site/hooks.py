@@ -13,8 +13,10 @@ site carries the same pages and must have no broken link, so these hooks do thre
   -> ``benchmarks.md#x``); a link to any other file of the repository that is not Markdown (an image, a script)
   goes to a copy of it that the site carries under ``repo/``. A link to a missing file, a folder or a Markdown
   file no page includes is left as it is, so that ``mkdocs build --strict`` reports it.
-* **reST roles.** The docstrings that the API reference shows (mkdocstrings) write ``:class:`~posenc.X```; the
-  rendered ``:class:`` prefix is dropped (and a ``~`` keeps the last dotted part, as Sphinx does).
+* **reST in docstrings.** The docstrings that the API reference shows (mkdocstrings) write ``:class:`~posenc.X```;
+  the rendered ``:class:`` prefix is dropped (and a ``~`` keeps the last dotted part, as Sphinx does). A
+  ``.. math::`` paragraph is shown as its LaTeX source in a block of its own (rendering it would need MathJax,
+  which the site does not fetch).
 
 Nothing here downloads anything. :func:`rewrite_links` is a plain function, tested in tests/test_docs_site.py.
 """
@@ -35,6 +37,7 @@ INCLUDE = re.compile(r"^<!--\s*include:\s*(\S+?)\s*-->[ \t]*$", re.M)
 # an inline link or image: [text](target) / ![alt](target "title"); the target has no spaces
 LINK = re.compile(r"(\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})")
+MATH = re.compile(r"<p>\.\. math::\s*(.*?)</p>", re.S)
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|data|mod|attr|exc|obj|const):<code>(~?)([^<]*)</code>")
 
 # the included file (absolute) -> the docs page that shows it (its src_uri)
@@ -164,5 +167,15 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return expand(markdown, Path(page.file.abs_src_path), page.file.src_uri, _included, set())
 
 
+def docstring_html(html: str) -> str:
+    """The rendered reST of the docstrings made readable: roles dropped, ``.. math::`` paragraphs as blocks."""
+    html = ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
+
+    def math(m: re.Match[str]) -> str:
+        return f'<pre class="math-source"><code>{re.sub(r"<[^>]+>", "", m.group(1)).strip()}</code></pre>'
+
+    return MATH.sub(math, html)
+
+
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
-    return ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html)
+    return docstring_html(html)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._cards import unknown_encodings
 from .base import Card, NoPositionalEncoding, PositionalEncoding
-from .errors import ConfigError, UnknownNameError
+from .errors import ConfigError, PosencError, UnknownNameError
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 _ALIASES: dict[str, str] = {}
@@ -127,7 +127,16 @@ def check_names(names: list[str], where: str = "") -> None:
     """Raise one :class:`~posenc.errors.UnknownNameError` that names every unknown encoding of ``names`` (each with
     its close matches), instead of stopping at the first."""
     _load_all()
-    bad = [n for n in names if registered_class(n) is None]
+    from .schedule import Schedule, is_schedule_text  # a schedule names encodings per layer: parsed as one
+
+    for n in names:
+        if is_schedule_text(n):
+            try:
+                Schedule.parse(n)
+            except PosencError as exc:
+                exc.args = (f"{where + ': ' if where else ''}{n!r}: {exc.args[0]}", *exc.args[1:])
+                raise
+    bad = [n for n in names if not is_schedule_text(n) and registered_class(n) is None]
     if bad:
         raise unknown_encodings(bad, list(_REGISTRY), _ALIASES, where)
 

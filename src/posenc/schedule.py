@@ -56,7 +56,6 @@ This module imports :mod:`posenc.errors` only; the registry (and torch) on first
 from __future__ import annotations
 
 import ast
-import difflib
 import math
 import re
 import sys
@@ -66,7 +65,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, PosencError, UnknownNameError
+from .errors import ConfigError, PosencError
 
 if TYPE_CHECKING:
     from .base import PositionalEncoding
@@ -258,12 +257,10 @@ def _canonical_name(name: str) -> str:
 
     cls = registered_class(name)
     if cls is None:
-        from .registry import aliases, available
+        from .registry import unknown_encoding
 
-        known = sorted({*available(), *aliases()})
-        close = difflib.get_close_matches(name.strip().lower().replace("_", "-"), known, n=5)
-        exc = UnknownNameError("encoding", name, known)
-        exc.close_matches = close
+        exc = unknown_encoding(name)  # its close matches: names `posenc list` shows (an alias's target)
+        close = list(exc.close_matches)
         hint = f" (close matches: {', '.join(close)})" if close else ""
         exc.args = (f"unknown encoding {name!r}{hint}; `posenc list` (or posenc.available()) lists every encoding",)
         raise exc

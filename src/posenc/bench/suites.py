@@ -303,7 +303,21 @@ def check_reach(cfg: RunConfig) -> None:
     through its position hooks (cheap: no attention), so that a table too short
     (``learned`` with a small ``max_len``, ``binary`` with too few bits) fails before
     anything is trained. Whatever cannot be known without a model is left to the run.
+    A schedule (:mod:`posenc.schedule`) is checked layer encoding by layer encoding.
     """
+    from ..schedule import Schedule, is_schedule_text
+
+    if not is_schedule_text(cfg.encoding):
+        _check_reach(cfg, cfg.encoding, cfg.encoding_options)
+        return
+    done: list[Any] = []
+    for spec in Schedule.parse(cfg.encoding).for_layers(cfg.n_layers):
+        if not any(spec.same_encoding(d) for d in done):
+            done.append(spec)
+            _check_reach(cfg, spec.name, spec.built_options())
+
+
+def _check_reach(cfg: RunConfig, encoding: str, options: dict[str, Any]) -> None:
     import torch
 
     from ..registry import build
@@ -318,14 +332,14 @@ def check_reach(cfg: RunConfig) -> None:
         n_layers=cfg.n_layers,
         causal=cfg.model == "decoder",
     )
-    enc = build(cfg.encoding, dims=dims, options=cfg.encoding_options or None)
+    enc = build(encoding, dims=dims, options=options or None)
     sample = getattr(enc, "sample", None)
     if callable(sample):  # randomized positions: the random range must hold the training length
         try:
             sample(torch.arange(cfg.train_lengths[1])[None])
         except PositionError as exc:
             raise ConfigError(
-                f"encoding {cfg.encoding!r} cannot train at length {cfg.train_lengths[1]}: {exc}"
+                f"encoding {encoding!r} cannot train at length {cfg.train_lengths[1]}: {exc}"
             ) from None
         except Exception:  # noqa: BLE001 -- not knowable up front
             pass
@@ -335,13 +349,21 @@ def check_reach(cfg: RunConfig) -> None:
             enc.embed(torch.zeros(1, longest, cfg.d_model), pos)
     except PositionError as exc:
         raise ConfigError(
-            f"encoding {cfg.encoding!r} with options {cfg.encoding_options} cannot reach test length {longest}: {exc}"
+            f"encoding {encoding!r} with options {options} cannot reach test length {longest}: {exc}"
         ) from None
     except Exception:  # noqa: BLE001 -- e.g. an embed hook that needs tokens: left to the run
         pass
 
 
 def _encoding(where: str, e: Any) -> EncodingSpec:
+    from ..schedule import Schedule, is_schedule_text
+
+    if isinstance(e, str) and is_schedule_text(e):  # a schedule of encodings per layer, named by its string
+        try:
+            name = str(Schedule.parse(e))
+        except PosencError as exc:
+            raise type(exc)(f"{where}: {e!r}: {exc}") from None
+        return EncodingSpec(name, name, {})
     if isinstance(e, str):
         resolve(e)
         return EncodingSpec(e, e, {})
@@ -350,6 +372,14 @@ def _encoding(where: str, e: Any) -> EncodingSpec:
     _check_keys(where, e, ENCODING_KEYS)
     if "name" not in e:
         raise ConfigError(f"{where}: an encoding table needs a name, got {e!r}")
+    if is_schedule_text(e["name"]):
+        if e.get("options"):
+            raise ConfigError(
+                f"{where}: the schedule {e['name']!r} takes no options table; give each layer its own in the "
+                "string (rope(base=500000.0)@w64*3+nope)"
+            )
+        spec = _encoding(where, e["name"])
+        return EncodingSpec(spec.name, str(e.get("label") or spec.label), {})
     resolve(e["name"])
     options = e.get("options", {})
     if not isinstance(options, dict):

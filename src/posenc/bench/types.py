@@ -65,6 +65,15 @@ class Task:
         """
         return None
 
+    def examples(self, cfg: RunConfig, label: str) -> int | None:
+        """How many examples the metric at evaluation ``label`` counts, where it is the share of them answered right.
+
+        The report then compares two encodings on those examples, pooled over seeds and lengths
+        (:mod:`posenc.bench.reporting.separation`), not on the seeds' scores alone. ``None`` (the default): the
+        metric is not such a share (perplexity, F1, a share of tokens) or the count is unknown.
+        """
+        return None
+
     def training_lengths(self, cfg: RunConfig) -> tuple[int, int] | None:
         """The lengths the model is trained on, ``(shortest, longest)``, as the report states them.
 
@@ -222,6 +231,8 @@ class RunConfig:
     the longest training length: in distribution; the rest are extrapolation).
     ``model`` is ``"encoder"`` (bidirectional), ``"decoder"`` (causal) or ``"auto"``
     (the task's default). ``task_options`` are passed to the task as they are.
+    ``encoding`` may be a schedule string (``"rope@w64*3+nope"``, :mod:`posenc.schedule`), kept in its canonical
+    form, so that the key tells schedules apart and equal schedules spelled two ways share their runs.
     ``task_version`` is filled in from the task (:func:`task_version`):
     ``None`` for a built-in task that declares no version, whose keys are those of
     posenc 0.1; else it is part of the key, so a task whose code changed gives new runs.
@@ -253,7 +264,20 @@ class RunConfig:
         task = get_task(self.task)
         if self.task_version is None:
             object.__setattr__(self, "task_version", task_version(self.task))
-        resolve(self.encoding)
+        from ..schedule import Schedule, is_schedule_text
+
+        if is_schedule_text(self.encoding):  # a schedule of encodings per layer: its canonical string is the key
+            sched = Schedule.parse(self.encoding)
+            if self.encoding_options:
+                raise ConfigError(
+                    f"encoding options {self.encoding_options} go with one encoding name; the schedule "
+                    f"{str(sched)!r} gives each layer its own (rope(base=500000.0)@w64*3+nope)"
+                )
+            if isinstance(self.n_layers, int) and self.n_layers >= 1:
+                sched.for_layers(self.n_layers)
+            object.__setattr__(self, "encoding", str(sched))
+        else:
+            resolve(self.encoding)
         if self.model not in MODELS:
             raise ConfigError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.model == "auto":

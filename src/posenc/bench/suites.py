@@ -338,9 +338,7 @@ def _check_reach(cfg: RunConfig, encoding: str, options: dict[str, Any]) -> None
         try:
             sample(torch.arange(cfg.train_lengths[1])[None])
         except PositionError as exc:
-            raise ConfigError(
-                f"encoding {encoding!r} cannot train at length {cfg.train_lengths[1]}: {exc}"
-            ) from None
+            raise ConfigError(f"encoding {encoding!r} cannot train at length {cfg.train_lengths[1]}: {exc}") from None
         except Exception:  # noqa: BLE001 -- not knowable up front
             pass
     try:

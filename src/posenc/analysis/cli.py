@@ -1,6 +1,7 @@
 """The ``posenc inspect`` subcommand: :func:`add_parser` adds it to an argparse parser, :func:`run` runs it.
 
 posenc inspect NAME [--dim 64 --length 128 --heads 4 --out DIR --format text]
+posenc inspect SCHEDULE [...]   (e.g. "rope@w64*3+nope": each distinct layer encoding of the schedule in turn)
 posenc inspect --all [--out DIR]
 """
 
@@ -35,7 +36,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "  posenc inspect rope --dim 256 --heads 2 --out rope-pictures\n  posenc inspect --all --out gallery",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", nargs="?", metavar="NAME", help="a registered encoding (see `posenc list`)")
+    p.add_argument(
+        "name",
+        nargs="?",
+        metavar="NAME",
+        help="a registered encoding (see `posenc list`), or a schedule of encodings per layer such as "
+        "'rope@w64*3+nope' (each distinct layer encoding is inspected in turn)",
+    )
     p.add_argument("--all", action="store_true", help="inspect every registered encoding and write the gallery")
     p.add_argument("--dim", type=int, default=64, help="model width d_model (default 64)")
     p.add_argument("--heads", type=int, default=4, help="attention heads; head_dim = dim / heads (default 4)")
@@ -128,6 +135,10 @@ def _run(args: argparse.Namespace) -> int:
             print((out / "comparison.md").read_text())
         print(f"wrote {out / 'index.md'}, {out / 'index.html'} and the pictures of {len(reports)} encodings")
         return 0
+    from ..schedule import is_schedule_text
+
+    if is_schedule_text(args.name):
+        return _run_schedule(args, formats, sizes)
     options = _parse_options(args.option)
     out = None if args.no_plots else Path(args.out or Path(DEFAULT_OUT) / args.name)
     report, pictures = inspect(args.name, out, options=options or None, formats=formats, strict=True, **sizes)
@@ -135,4 +146,50 @@ def _run(args: argparse.Namespace) -> int:
     if out is not None and args.format == "text":
         drawn = [n for n, v in pictures.items() if isinstance(v, list)]
         print(f"\n  pictures ({', '.join(drawn) or 'none'}) and card.md / card.html written to {out}")
+    return 0
+
+
+def _run_schedule(args: argparse.Namespace, formats: tuple[str, ...], sizes: dict[str, int]) -> int:
+    """``posenc inspect SCHEDULE``: the card of each distinct encoding (with its options) of the schedule's pattern,
+    headed by the layers that have it and their spans (a span is a mask on top of the encoding's scores: the cards
+    measure the encoding itself). Pictures go to ``OUT/<k>-<name>``; ``--format json`` prints one list."""
+    import json
+    import re
+
+    from ..schedule import Schedule
+    from .report import RENDERERS, inspect
+
+    if args.option:
+        raise ConfigError(
+            "--option goes with one encoding; in a schedule each layer carries its own options: "
+            "'rope(base=500000.0)@w64*3+nope'"
+        )
+    sched = Schedule.parse(args.name)
+    groups: list[tuple[Any, list[int]]] = []
+    for i, spec in enumerate(sched.layers):
+        for first, layers in groups:
+            if first.same_encoding(spec):
+                layers.append(i)
+                break
+        else:
+            groups.append((spec, [i]))
+    root = Path(args.out or Path(DEFAULT_OUT) / re.sub(r"[^A-Za-z0-9._-]+", "_", str(sched)))
+    cards: list[dict[str, Any]] = []
+    for k, (spec, layers) in enumerate(groups):
+        spans = sorted({str(sched.layers[i].span) or "global" for i in layers})
+        where = f"layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))} of {str(sched)!r}"
+        out = None if args.no_plots else root / f"{k}-{spec.name}"
+        report, pictures = inspect(
+            spec.name, out, options=spec.built_options() or None, formats=formats, strict=True, **sizes
+        )
+        if args.format == "json":
+            cards.append({"layers": layers, "spans": spans, "encoding": str(spec), "card": report.as_dict()})
+            continue
+        print(f"== {where}: {spec.name} (span: {', '.join(spans)}) ==")
+        print(RENDERERS[args.format](report))
+        if out is not None and args.format == "text":
+            drawn = [n for n, v in pictures.items() if isinstance(v, list)]
+            print(f"\n  pictures ({', '.join(drawn) or 'none'}) and card.md / card.html written to {out}\n")
+    if args.format == "json":
+        print(json.dumps({"schedule": str(sched), "encodings": cards}, indent=2, default=str))
     return 0

@@ -221,11 +221,10 @@ def _all_buildable(suite: Any) -> list[str | dict[str, Any]]:
 def _text_options(args: argparse.Namespace) -> dict[str, Any]:
     """Task ``text``'s options from ``--data`` / ``--tokenizer``: the file (absolute), its digest (in the run key, so
     that another text is another run) and the tokenizer."""
-    from .tasks.text import file_digest
+    from .tasks.text import file_digest, read_text_file
 
     path = Path(args.data).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"--data {args.data}: no such file; give a UTF-8 text file")
+    read_text_file(path, f"--data {args.data}")  # missing, a folder, empty, binary or not UTF-8: said before any run
     opts: dict[str, Any] = {"path": str(path.resolve()), "digest": file_digest(path)}
     if args.tokenizer:
         opts["tokenizer"] = args.tokenizer
@@ -281,6 +280,44 @@ def _stored_suite(args: argparse.Namespace) -> str | None:
     return name
 
 
+def _stored_report(
+    store: Any, jobs: list[Any], suite_name: str, by_suite: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """``--report-only``: the stored runs to report, the failures, and the suite's name for the title.
+
+    ``by_suite``: the runs of ``jobs`` (what the flags select); else every stored run as it is (a store of
+    ``--task/--encodings`` runs, or of a suite file not at hand, is not reported as "0 of the quick suite's runs").
+    A selection that finds none of the stored runs is a :class:`ConfigError`, and the report on disk is left as it
+    was; an empty store gives an empty report, with a warning on stderr."""
+    stored = store.load()
+    all_failures = store.failures()
+    if not stored and not all_failures:  # nothing to lose: the (empty) report of an empty store, said on stderr
+        print(
+            f"posenc bench: warning: --report-only: {store.path} holds no runs, so the report is empty; give the --out "
+            "(or --store) of a run that finished",
+            file=sys.stderr,
+        )
+        return [], [], suite_name
+    if by_suite:
+        res = [{**stored[j.key], "label": j.label} for j in jobs if j.key in stored]
+        keys = {j.key for j in jobs} - set(stored)
+        failures = [f for f in all_failures if f["key"] in keys]
+        if not res and not failures:
+            suites = sorted({str(r.get("suite")) for r in stored.values()})
+            raise ConfigError(
+                f"--report-only: none of the {len(jobs)} runs of suite {suite_name!r} that these flags select is in "
+                f"{store.path}, which holds {len(stored)} runs (of {', '.join(suites)}): give the flags that ran "
+                "them, or none to report every stored run (the report was not rewritten)"
+            )
+        print(f"posenc bench: {len(res)} of {len(jobs)} runs of suite {suite_name!r} are in {store.path}")
+        return res, failures, suite_name
+    res = [{**r, "label": r.get("label") or r.get("config", {}).get("encoding", "?")} for r in stored.values()]
+    failures = [f for f in all_failures if f["key"] not in stored]
+    name = " + ".join(sorted({str(r.get("suite") or "runs") for r in res})) or suite_name
+    print(f"posenc bench: {len(res)} runs in {store.path} (suite {name}), reported as stored")
+    return res, failures, name
+
+
 def run(args: argparse.Namespace) -> int:
     from .report import leaderboard, learning_warnings, markdown_table, write_report
     from .runner import run_suite
@@ -310,7 +347,8 @@ def run(args: argparse.Namespace) -> int:
             task = get_task(t)
             print(f"{t:<{width}}  {task.metric:<12} {task.description}")
         return 0
-    if args.report_only and not (args.suite or args.tasks or args.encodings or args.seeds or args.encoding_option):
+    selected = bool(args.suite or args.tasks or args.encodings or args.seeds or args.encoding_option or args.data)
+    if args.report_only and not selected:
         args.suite = _stored_suite(args)
     suite, filters = _suite(args)
     overrides: dict[str, Any] = {}
@@ -330,11 +368,10 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.store or out / "results.sqlite")
     t0 = time.perf_counter()
     if args.report_only:
-        stored = store.load()
-        res = [{**stored[j.key], "label": j.label} for j in jobs if j.key in stored]
-        print(f"posenc bench: {len(res)} of {len(jobs)} runs of suite {suite.name!r} are in {store.path}")
-        keys = {j.key for j in jobs} - set(stored)
-        failures: list[dict[str, Any]] = [f for f in store.failures() if f["key"] in keys]
+        # by the suite's runs where flags select them or the store's suite is known; else every stored run as it is
+        res, failures, name = _stored_report(store, jobs, suite.name, by_suite=selected or args.suite is not None)
+        if name != suite.name:
+            suite.name, suite.published, suite.description = name, {}, ""
     else:
         tasks = sorted({j.config.task for j in jobs})
         labels = sorted({j.label for j in jobs})

@@ -218,6 +218,37 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+def read_text_file(path: str | Path, what: str = "task 'text'") -> str:
+    """The text of a UTF-8 file (a byte-order mark dropped). A file that is missing, a folder, empty, binary (a NUL
+    byte) or not UTF-8 is a :class:`ConfigError` that says where (the line and the byte) and what to give instead:
+    text is never taken with its bad bytes replaced."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"{what}: {path} is a folder; give a UTF-8 text file")
+    if not p.is_file():
+        raise ConfigError(f"{what}: no such file {str(path)!r}; give a UTF-8 text file")
+    try:
+        data = p.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{what}: {path} cannot be read ({err.strerror or err})") from None
+    if not data.strip():
+        raise ConfigError(f"{what}: {path} is empty{' (only white space)' if data else ''}; give a text to train on")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise ConfigError(
+            f"{what}: {path} is a binary file, not text (a NUL byte at byte {nul}, line {line}); give a UTF-8 text file"
+        )
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is not text
+    except UnicodeDecodeError as err:
+        at, line = err.start, data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(
+            f"{what}: {path} is not UTF-8 text (byte {at}, line {line}, is "
+            f"{data[at:at + 1]!r}); convert it first, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+        ) from None
+
+
 def load_tokenizer(name: str) -> Any:
     """A transformers tokenizer: a local folder or file's, a packaged model's (``"smollm2-135m"``, through
     :mod:`posenc.pretrained` where it is installed), or a hub id's (where the hub is reachable)."""
@@ -239,6 +270,16 @@ def load_tokenizer(name: str) -> Any:
         aliases = getattr(pretrained, "ALIASES", {}) if pretrained is not None else {}
         if name in packaged or name in aliases:
             return pretrained.load_pretrained(name)[1]  # type: ignore[union-attr]
+        unreachable = pretrained.hub_unreachable() if pretrained is not None else None
+        if unreachable is not None:  # the hub's local cache only: said in a moment, not after a minute of retries
+            try:
+                return AutoTokenizer.from_pretrained(name, local_files_only=True)
+            except Exception:  # noqa: BLE001 -- not cached: the error below says why it cannot be fetched
+                raise ConfigError(
+                    f"--tokenizer {name}: not a local folder or a packaged model ({', '.join(packaged)}), and no hub "
+                    f"can be reached ({unreachable}) to fetch it; give a local transformers folder, or leave it out "
+                    "for characters"
+                ) from None
         return AutoTokenizer.from_pretrained(name)
     except PosencError:
         raise
@@ -256,14 +297,12 @@ def encoded_text(path: str, tokenizer: str, digest: str) -> tuple[int, dict[str,
     training part's characters, ``<pad>``, ``<unk>`` first) or ``tokenizer``'s ids; the first 90 % of the text
     is the training part, the next 5 % validation, the last 5 % test (split by characters, before tokenizing)."""
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"task 'text': no such file {path!r}; give a UTF-8 text file: --data PATH")
+    text = read_text_file(p)
     if digest and file_digest(p) != digest:
         raise ConfigError(
             f"task 'text': {path} changed since this run was planned (its SHA-256 starts {file_digest(p)}, the run "
             f"key says {digest}); run the command again to plan runs of the new text"
         )
-    text = p.read_text(encoding="utf-8", errors="replace")
     a = int(len(text) * TEXT_SPLITS[0])
     b = a + int(len(text) * TEXT_SPLITS[1])
     parts = {"train": text[:a], "valid": text[a:b], "test": text[b:]}

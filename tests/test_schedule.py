@@ -298,3 +298,70 @@ def test_compiled_schedule_model_is_one_graph() -> None:
     want = model(x)
     got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ bench, inspect
+
+
+def test_run_config_keeps_the_canonical_schedule_in_its_key() -> None:
+    from posenc.bench.types import RunConfig
+
+    a = RunConfig(task="order", encoding="rope@w8+nope")
+    b = RunConfig(task="order", encoding=" rotary@w8 + nope@g")
+    assert a.encoding == b.encoding == "rope@w8+nope" and a.key() == b.key()
+    assert a.key() != RunConfig(task="order", encoding="rope@w4+nope").key()
+    assert RunConfig(task="order", encoding="rope").encoding == "rope"  # a plain name (and its key) as before
+    with pytest.raises(ConfigError, match=r"pattern of 4 layers.*n_layers=2"):
+        RunConfig(task="order", encoding="rope*3+nope")
+    with pytest.raises(ConfigError, match="go with one encoding name"):
+        RunConfig(task="order", encoding="rope+nope", encoding_options={"base": 5.0})
+    with pytest.raises(UnknownNameError, match="layer 1: unknown encoding 'nop'"):
+        RunConfig(task="order", encoding="rope+nop")
+
+
+def test_bench_builds_a_schedule_model() -> None:
+    from posenc.bench.steps import model_options
+    from posenc.bench.suites import check_reach
+    from posenc.bench.types import RunConfig
+
+    cfg = RunConfig(task="order", encoding="rope@w8+nope", model="decoder")
+    check_reach(cfg)
+    model = posenc.LanguageModel(20, **model_options(cfg))
+    assert model.trunk.encoding_name == "rope@w8+nope"
+    with pytest.raises(ConfigError, match="cannot reach test length"):
+        check_reach(RunConfig(task="order", encoding="learned(max_len=20)+learned(max_len=20)@w4"))
+
+
+def test_inspect_takes_a_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    from posenc.cli import main
+
+    assert main(["inspect", "rope(base=100.0)@w8*3+nope", "--no-plots", "--dim", "16", "--length", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "== layers 0, 1, 2 of 'rope(base=100.0)@w8*3+nope': rope (span: w8) ==" in out
+    assert "== layer 3 of 'rope(base=100.0)@w8*3+nope': nope (span: global) ==" in out
+    assert main(["inspect", "rope+ropee", "--no-plots"]) == 2
+    assert "layer 1: unknown encoding 'ropee'" in capsys.readouterr().err
+
+
+def test_bench_schedule_quick_runs_and_says_what_it_measured() -> None:
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_schedule.py"
+    env = {"OMP_NUM_THREADS": "1", "PATH": ""}
+    got = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert got.returncode == 0, got.stderr
+    result = json.loads(got.stdout.splitlines()[0])
+    assert result["schedules"] == {"hybrid": "rope@w16*3+nope", "all-rope": "rope"}
+    assert all(len(v) == 2 for step in result["times"].values() for v in step.values())
+    assert result["plans"]["hybrid"] == ["sdpa"] * 4
+    assert result["cached_keys"]["hybrid"][:3] == [15, 15, 15]
+    assert result["cached_keys"]["hybrid"][3] == result["cached_keys"]["all-rope"][0] > 15
+    assert "| train |" in got.stdout and "| decode |" in got.stdout
+    usage = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and "--quick" in usage.stdout
+    bad = subprocess.run([sys.executable, str(script), "--n-layers", "6"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "multiple of 4" in bad.stderr

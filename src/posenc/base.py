@@ -140,9 +140,10 @@ class AttentionContext:
     attention: nn.Module | None = None  # the calling attention module (its projections)
     caching: bool = False  # keys are stored in a KV cache after the rotate hook (and reused later)
     mask: Tensor | None = None  # [B|1, 1|H, Lq, Lk] True where query i may attend key j (set before logits/bias)
-    # ``mask`` is this call's already when the rotate hook runs (``None`` then: every key may be attended), as
-    # MultiHeadAttention sets it; False where it is set only after rotating (posenc.hf), so rotate must not read it
-    mask_ready: bool = False
+    # the number of keys of this call (the cached ones and any memory included), set with ``mask`` before the rotate
+    # hook, as MultiHeadAttention does (``mask`` is then this call's: ``None``, every key may be attended); ``None``
+    # where both are known only after rotating (posenc.hf sets the mask then), so that rotate must not read them
+    n_keys: int | None = None
     # every row of q_pos and k_pos is ``start + arange`` and ``k_start - q_start`` is one number for all rows, so
     # j - i takes the Lq + Lk - 1 values of row 0 and an offset-only term is a Toeplitz matrix (skew / fused forms);
     # decided once per forward from what the positions are (:func:`contiguous_positions`)

@@ -250,7 +250,7 @@ class MultiHeadAttention(AttentionCore):
                 f"mask has {allowed.shape[1]} heads but this attention has n_heads={self.n_heads}; "
                 "give it 1 or n_heads entries in that dimension"
             )
-        ctx.mask, ctx.mask_ready = allowed, True
+        ctx.mask, ctx.n_keys = allowed, lk
         q, k, v = self._project_rotate(x, src, ctx)
         k, v = self._extend_cache(k, v, ctx, kv_cache)
         # once per forward and pair of position tensors (memoised in the shared cache), after the cache has

@@ -61,9 +61,9 @@ class Llama4Temperature(QueryTemperature):
         reference="HF transformers Llama4TextAttention (attn_temperature_tuning on a NoPE layer)",
         aliases=("attn-temperature-tuning", "llama4-temperature"),
     )
-    # the factor is one number per block of floor_scale positions: positions inside a block are not told apart
-    # (no unique code), and with the default F = 8192 the probes' lengths see a factor of 1 everywhere
-    claims = dict(unique=None, relative_only=None)
+    # the factor is a function of the absolute query position (scores change when every position shifts), one
+    # number per block of floor_scale positions: positions inside a block are not told apart (no unique code)
+    claims = dict(unique=None, relative_only=False)
     # a model built for max_len: blocks of an eighth of it, so that the factor changes within the trained length
     example_options = staticmethod(lambda dims: {"floor_scale": float(max(1, dims["max_len"] // 8))})
     option_limits = {

@@ -64,9 +64,9 @@ class Mistral3Temperature(QueryTemperature):
         reference="HF transformers Ministral3Attention (get_llama_4_attn_scale)",
         aliases=("mistral3-temperature", "llama-4-scaling-beta"),
     )
-    # one factor per whole trained context L_0: positions inside one are not told apart (no unique code), and the
-    # probes' lengths, within L_0 = max_len, see a factor of 1 everywhere
-    claims = dict(unique=None, relative_only=None)
+    # the factor is a function of the absolute query position (scores change when every position shifts), one
+    # number per whole trained context L_0: positions inside one are not told apart (no unique code)
+    claims = dict(unique=None, relative_only=False)
     # a model built for max_len positions from one trained on max_len / 2 (as the RoPE scalings' examples)
     example_options = staticmethod(lambda dims: {"original_max_len": max(1, dims["max_len"] // 2)})
     option_limits = {

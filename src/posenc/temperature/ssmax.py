@@ -16,7 +16,7 @@ layer and head), is ``learn_bias=True``.
 ``n`` is the number of keys query ``i`` attends: ``i + 1`` for causal attention at positions ``0, 1, ...``, the
 sequence length for a bidirectional encoder, and with padding or packed documents the keys the mask leaves it
 (the size of the softmax's input, as the paper defines it). posenc's attention (:class:`posenc.MultiHeadAttention`
-and the models) knows the mask when the query is scaled (``ctx.mask_ready``) and counts it; where the mask is not
+and the models) knows the mask when the query is scaled (``ctx.n_keys``) and counts it; where the mask is not
 known yet (``posenc.hf``, the analysis probes), ``n`` is the number of keys at positions up to the query's
 (``causal=True``, the default) or all keys (``causal=False``). A query that sees no key (left padding) gets
 ``n = 1`` (a factor ``log 1 = 0``; its output is zero in any case). A KV-cache step counts the cached keys: the
@@ -46,12 +46,15 @@ from ._wrapper import DEFAULT_INNER, QueryTemperature
 
 def key_counts(ctx: AttentionContext, causal: bool) -> Tensor:
     """The number of keys each query attends: ``[B|1, 1|H, Lq]`` (integers), read from ``ctx.mask`` where the
-    attention has set it before the ``rotate`` hook (``ctx.mask_ready``), else from the positions: the keys at
-    positions up to the query's (``causal``) or every key."""
+    attention has set it before the ``rotate`` hook (``ctx.n_keys`` given: a KV-cache step's ``k_pos`` then holds
+    the new keys only, and no mask means all ``n_keys``), else from the positions: the keys at positions up to the
+    query's (``causal``) or every key."""
+    if ctx.n_keys is not None:
+        if ctx.mask is not None:
+            return ctx.mask.sum(-1)
+        return torch.full((1, 1, ctx.q_pos.shape[-1]), ctx.n_keys, device=ctx.q_pos.device)
     lk = ctx.k_pos.shape[-1]
-    if ctx.mask_ready and ctx.mask is not None:
-        return ctx.mask.sum(-1)
-    if ctx.mask_ready or not causal:
+    if not causal:
         return torch.full((1, 1, ctx.q_pos.shape[-1]), lk, device=ctx.q_pos.device)
     q_pos, k_pos = ctx.q_pos, ctx.k_pos
     if is_arange_rows(q_pos, ctx.cache) and is_arange_rows(k_pos, ctx.cache):
@@ -96,9 +99,11 @@ class SSMax(QueryTemperature):
         reference="the paper's formula (logits × s·log n, then softmax) at random shapes, masks and padding",
         aliases=("scalable-softmax",),
     )
-    # with no position of its own it claims nothing of a code; its factor follows the number of keys, so scores
-    # of one query differ between a short and a long sequence wherever the query sees them all (bidirectional)
-    claims = dict(consistent=None)
+    # no position of its own (what the mask shows); the factor s·log n grows without bound with the keys a query
+    # sees (the point of the paper: the largest weight does not fade), so the scores are not bounded; one s (and b)
+    # per head whatever max_len; a query's scores depend on the sequence's length where it sees every key
+    # (bidirectional), not in a causal model: no claim of consistency either way
+    claims = dict(bounded=False, params_constant=True, consistent=None)
     shared_across_layers = False  # s (and b) are per layer and head
 
     def __init__(

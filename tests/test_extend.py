@@ -248,7 +248,7 @@ def test_the_forward_is_whole_where_its_activations_fit(tiny):
     ],
 )
 def test_plan_rejects_bad_configs(change, message, text_document):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):  # the config refuses what it can check alone, plan the rest
         plan(_tiny_config(**change), 64)
 
 
@@ -447,4 +447,4 @@ def test_cli_refuses_a_chunk_that_is_not_a_positive_number_of_tokens(tmp_path, c
     from posenc.cli import main
 
     assert main(["extend", "--chunk", "0", "--out", str(tmp_path)]) == 2
-    assert "--chunk is a positive number of tokens, got 0" in capsys.readouterr().err
+    assert "--chunk must be a whole number >= 1, got 0" in capsys.readouterr().err

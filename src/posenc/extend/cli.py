@@ -11,7 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .config import AS_TRAINED, DOCUMENTS, FULL, QUICK, SCALINGS, ExtendConfig, count_cells
+from ..settings import positive_int, whole
+from .config import (
+    AS_TRAINED,
+    DOCUMENTS,
+    FULL,
+    QUICK,
+    SCALINGS,
+    ExtendConfig,
+    check_documents,
+    check_fields,
+    count_cells,
+)
 
 DESCRIPTION = f"""\
 Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,
@@ -76,17 +87,34 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+#: the flag that sets each field of :class:`ExtendConfig` (what an error about the field names)
+FLAGS = {
+    "model": "--model",
+    "documents": "--documents",
+    "scalings": "--scalings",
+    "loss_long_scalings": "--scalings",
+    "passkey_scalings": "--passkey-scalings",
+    "loss_short": "--loss-extension",
+    "loss_extension": "--loss-extension",
+    "passkey_lengths": "--passkey-lengths",
+    "passkey_depths": "--passkey-depths",
+    "chunk": "--chunk",
+}
+
+
 def config_from(args: argparse.Namespace) -> ExtendConfig:
+    """The run's :class:`ExtendConfig`: the mode's, changed by the flags given. Every flag is checked here, before a
+    model is loaded, and a bad one is named (``--loss-extension 0``, ``--passkey-depths nan``)."""
     cfg = QUICK if args.quick else FULL
     changes: dict[str, Any] = {"model": args.model}
     if args.documents:
-        changes["documents"] = tuple(args.documents)
+        changes["documents"] = check_documents("--documents", args.documents)
     if args.scalings:
         changes["scalings"] = tuple(args.scalings)
         changes["loss_long_scalings"] = tuple(s for s in cfg.loss_long_scalings if s in args.scalings)
     if args.passkey_scalings:
         changes["passkey_scalings"] = tuple(args.passkey_scalings)
-    if args.loss_extension:  # one curve per scaling, to X
+    if args.loss_extension is not None:  # one curve per scaling, to X (0 is a value to refuse, not "not given")
         changes["loss_short"] = changes["loss_extension"] = args.loss_extension
         changes["loss_long_scalings"] = ()
     if args.passkey_lengths:
@@ -94,14 +122,25 @@ def config_from(args: argparse.Namespace) -> ExtendConfig:
     if args.passkey_depths:
         changes["passkey_depths"] = tuple(args.passkey_depths)
     if args.no_passkey:
+        if args.passkey_scalings or args.passkey_lengths or args.passkey_depths:
+            raise ConfigError(
+                "--no-passkey leaves out the passkey grid, which --passkey-scalings / --passkey-lengths / "
+                "--passkey-depths describe: give one or the other"
+            )
         changes["passkey_scalings"] = ()
     if args.chunk is not None:
-        if args.chunk < 1:
-            raise ConfigError(f"--chunk is a positive number of tokens, got {args.chunk}")
         changes["chunk"] = args.chunk
+    check_fields(changes, FLAGS)
     if len(changes) > 1:
         changes["mode"] = f"{cfg.mode}, changed"
     return replace(cfg, **changes)
+
+
+def _run_only_flags(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """The flags that choose or pace cells to run (nothing a report of the stored cells uses), with their values."""
+    names = ("documents", "scalings", "passkey_scalings", "loss_extension", "passkey_lengths", "passkey_depths",
+             "no_passkey", "chunk", "threads", "max_cells")
+    return [("--" + n.replace("_", "-"), getattr(args, n)) for n in names]
 
 
 def _command(argv: list[str]) -> str:
@@ -109,22 +148,31 @@ def _command(argv: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    cfg = config_from(args)
+    out = Path(args.out or ("posenc-results/extend-quick" if args.quick else "posenc-results/extend"))
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder for extend.jsonl and the report")
+    if args.threads is not None:  # --threads 0 is refused, not taken as "torch's default"
+        positive_int("--threads", args.threads)
+    if args.max_cells is not None:
+        whole("--max-cells", args.max_cells, low=0)
+
     from . import report
     from .runner import Store
     from .runner import run as run_cells
 
-    cfg = config_from(args)
-    out = Path(args.out or ("posenc-results/extend-quick" if args.quick else "posenc-results/extend"))
-    if args.threads:
+    if args.threads is not None:
         import torch
 
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    if args.max_cells is not None and args.max_cells < 0:
-        raise ConfigError(f"--max-cells must be 0 or more, got {args.max_cells}")
     t0 = time.perf_counter()
     if args.report_only:
+        given = [flag for flag, value in _run_only_flags(args) if value not in (None, False, [])]
+        if given:
+            raise ConfigError(
+                f"--report-only rewrites the report of every cell stored in {out}, running nothing: "
+                f"{', '.join(given)} would change nothing; leave {'it' if len(given) == 1 else 'them'} out"
+            )
         records = Store(out).records()
         if not records:
             raise ConfigError(f"{out / 'extend.jsonl'} holds no cells: run posenc extend first")

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..settings import fraction, nonempty_text, number, positive_int, whole
 
 #: the loss curve is kept as the mean loss of each bin of this many tokens
 BIN = 128
@@ -81,8 +86,99 @@ class ExtendConfig:
     seed: int = 0
     mode: str = "custom"
 
+    def __post_init__(self) -> None:
+        check_fields({f.name: getattr(self, f.name) for f in fields(self)})
+        if self.scalings and not self.documents:
+            raise ConfigError("ExtendConfig.documents is empty: the loss curves of scalings need a document")
+        if self.passkey_scalings and not (self.passkey_lengths and self.passkey_depths):
+            raise ConfigError(
+                "ExtendConfig.passkey_scalings asks for a passkey grid, but passkey_lengths or passkey_depths is "
+                "empty; give both, or passkey_scalings=() for none"
+            )
+        if not self.scalings and not self.passkey_scalings:
+            raise ConfigError("this ExtendConfig plans no cells: both scalings and passkey_scalings are empty")
+
     def passkey_factor(self) -> float:
         return max(1.0, max(self.passkey_lengths, default=1.0))
+
+
+#: the scaling names a run takes (the loss curves' and the passkey grid's)
+SCALING_NAMES = (AS_TRAINED, *SCALINGS)
+#: the shortest loss curve and the shortest passkey context, as multiples of the trained length L: a curve ends
+#: at L or later (shorter is no extension, and a few tokens have no loss to show); a passkey example needs room
+#: for its instruction, key sentence and question (about 60 tokens), so it is not shorter than L / 8
+LOSS_LEAST, PASSKEY_LEAST = 1.0, 0.125
+
+
+def _names(name: str, value: Any, known: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
+    """A tuple of distinct names, each one of ``known`` (``None``: any text)."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        hint = f" (one name: ({value!r},))" if isinstance(value, str) else ""
+        raise ConfigError(f"{name} is a tuple of {what}, got {value!r}{hint}")
+    for v in value:
+        if not isinstance(v, str):
+            raise ConfigError(f"{name}: {v!r} is not a name of {what}")
+        if known is not None and v not in known:
+            close = difflib.get_close_matches(v, known, n=3, cutoff=0.5)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"{name}: unknown {what[:-1]} {v!r}{hint}; the {what} are {', '.join(known)}")
+    twice = sorted({v for v in value if list(value).count(v) > 1})
+    if twice:
+        raise ConfigError(f"{name} names {', '.join(map(repr, twice))} more than once; give each once")
+    return tuple(value)
+
+
+def _numbers(name: str, value: Any, check: Callable[[str, Any], float]) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise ConfigError(f"{name} is a tuple of numbers, got {value!r}")
+    out = tuple(check(name, v) for v in value)
+    twice = sorted({v for v in out if out.count(v) > 1})
+    if twice:
+        raise ConfigError(f"{name} has {', '.join(f'{v:g}' for v in twice)} more than once; give each once")
+    return out
+
+
+def check_documents(name: str, value: Any) -> tuple[str, ...]:
+    """``value``: distinct names of :data:`DOCUMENTS` (a command line checks them before loading a model)."""
+    return _names(name, value, tuple(DOCUMENTS), "documents")
+
+
+def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> None:
+    """Check the :class:`ExtendConfig` fields in ``values`` (any of them), each named as ``names`` says (a command
+    line's flags: ``{"loss_extension": "--loss-extension"}``), else ``ExtendConfig.<field>``.
+
+    Documents are checked by :func:`posenc.extend.runner.plan` (their table can grow); everything else here: known,
+    distinct scaling names; finite lengths of at least :data:`LOSS_LEAST` / :data:`PASSKEY_LEAST` times L; depths in
+    [0, 1]; a positive chunk; a whole seed >= 0. (A name of ``loss_long_scalings`` that ``scalings`` leaves out
+    has no curve to lengthen: the command line's ``--scalings`` keeps those it names.)
+
+    Raises:
+        ConfigError: the first bad value, with its name, the value and what would be right.
+    """
+
+    def n(field: str) -> str:
+        return (names or {}).get(field, f"ExtendConfig.{field}")
+
+    for field, value in values.items():
+        if field == "model":
+            nonempty_text(n(field), value, "a packaged model name, a .gguf file or a transformers folder")
+        elif field == "documents":
+            _names(n(field), value, None, "documents")
+        elif field in ("scalings", "loss_long_scalings", "passkey_scalings"):
+            _names(n(field), value, SCALING_NAMES, "scalings")
+        elif field in ("loss_short", "loss_extension"):
+            why = f"a multiple of the trained length L, at least {LOSS_LEAST:g}: a curve goes to L or beyond"
+            number(n(field), value, low=LOSS_LEAST, why=why)
+        elif field == "passkey_lengths":
+            why = "multiples of the trained length L; shorter leaves no room for the prompt"
+            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=PASSKEY_LEAST, why=w))
+        elif field == "passkey_depths":
+            _numbers(n(field), value, lambda k, v: fraction(k, v, why="where the key sits in the filler"))
+        elif field == "chunk":
+            if value is not None:
+                positive_int(n(field), value)
+        elif field == "seed":
+            whole(n(field), value, low=0)
 
 
 #: tokens per forward where a whole forward would not fit (:data:`WHOLE_BYTES`) or ``--chunk`` asks for chunks

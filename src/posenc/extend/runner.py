@@ -227,17 +227,33 @@ class Store:
         self.path = self.dir / STORE
 
     def records(self) -> list[dict[str, Any]]:
+        """The stored cells. A line that is not a whole cell record (cut by an interrupted write, damaged, not
+        UTF-8, JSON of another shape) is left out with one line on stderr that says which and why: its cell is
+        measured again; it is never read as a cell (of "another model", or none)."""
         if not self.path.is_file():
             return []
         out = []
-        for i, line in enumerate(self.path.read_text().splitlines(), 1):
-            if not line.strip():
+        for i, raw in enumerate(self.path.read_bytes().splitlines(), 1):
+            if not raw.strip():
                 continue
+            why = ""
             try:
-                out.append(json.loads(line))
+                rec = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                why = "not UTF-8 text"
             except json.JSONDecodeError:
-                # a line cut by an interrupted write is the last one: it was never finished, so it is redone
-                print(f"posenc extend: ignoring an unfinished line {i} of {self.path}", file=sys.stderr)
+                # a line cut by an interrupted write: it was never finished, so it is redone
+                why = "not whole JSON (an interrupted write?)"
+            else:
+                if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
+                    why = f"JSON but not a cell record (it has no 'key': {raw[:60].decode('utf-8', 'replace')!r})"
+                elif not isinstance(rec.get("model"), dict):
+                    why = "a cell record without its model's identity ('model')"
+                else:
+                    out.append(rec)
+            if why:
+                print(f"posenc extend: ignoring line {i} of {self.path}: {why}; its cell is measured again",
+                      file=sys.stderr)
         return out
 
     def add(self, record: dict[str, Any]) -> None:
@@ -320,6 +336,15 @@ def run(
             )
     done = {r["key"] for r in have}
     cells = plan(cfg, trained)
+    shortest = min((c for c in cells if c.kind == "passkey"), key=lambda c: c.tokens, default=None)
+    if shortest is not None:  # before any cell runs, not when the grid reaches it
+        try:
+            passkey_ids(tokenizer, shortest.tokens, 0.5, "12345")
+        except ConfigError as err:
+            raise ConfigError(
+                f"passkey lengths: {min(cfg.passkey_lengths):g} x the trained length {trained} is {shortest.tokens} "
+                f"tokens, too short ({err}); give longer --passkey-lengths"
+            ) from None
     todo = [c for c in cells if c.key() not in done]
     progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo))
     progress.say(

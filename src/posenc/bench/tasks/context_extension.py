@@ -99,7 +99,12 @@ SHARED_OPTIONS = ("base", "rotary_dim")
 
 
 def is_extension(encoding: str) -> bool:
-    """``True`` for plain ``rope`` and every RoPE scaling: they evaluate the shared base RoPE model."""
+    """``True`` for plain ``rope`` and every RoPE scaling: they evaluate the shared base RoPE model. A schedule of
+    encodings per layer (``"rope@w64*3+nope"``) is not a method: it trains as a model of its own."""
+    from ...schedule import is_schedule_text
+
+    if is_schedule_text(encoding):
+        return False
     cls = resolve(encoding)
     return encoding == "rope" or (isinstance(cls, type) and issubclass(cls, ScaledRoPE))
 

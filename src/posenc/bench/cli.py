@@ -402,9 +402,15 @@ def run(args: argparse.Namespace) -> int:
         failures = res.failures
     title = f"posenc bench — {suite.name}"
     files = write_report(
-        list(res), out, title, published=suite.published, failures=failures, description=suite.description
+        list(res),
+        out,
+        title,
+        published=suite.published,
+        failures=failures,
+        description=suite.description,
+        controls=suite.controls,
     )
-    rows = leaderboard(list(res))
+    rows = leaderboard(list(res), suite.controls)
     print()
     print(markdown_table(rows))
     if suite.published:

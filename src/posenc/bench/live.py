@@ -12,7 +12,9 @@ mean wall time of the finished runs of the same task and encoding, else the cost
 (steps × batch) of the same task's runs, else of every finished run, times the run's own steps × batch;
 their sum / the runs that go in parallel (``workers``).
 A run that did not learn its task in distribution (at chance: :func:`posenc.bench.outcomes.run_learned`)
-says so at the end of its line.
+says so at the end of its line. A control of the suite (``[controls]``: at chance by design, :attr:`Job.control
+<posenc.bench.types.Job.control>`) is not warned about while at chance (its line says it is, as designed); a
+control that is *not* at chance gets a note.
 """
 
 from __future__ import annotations
@@ -218,7 +220,13 @@ class LiveBoard:
         w = len(str(self.total))
         warn = ""
         try:
-            if run_learned(rec) is False:
+            ok = run_learned(rec)
+            control = getattr(job, "control", "")
+            if control and ok is False:
+                warn = "  (control: at chance, as designed)"
+            elif control and ok is True:
+                warn = "  note: this control is not at chance in distribution, though it is meant to be"
+            elif ok is False:
                 warn = "  !! did not learn (at chance in distribution)"
         except Exception:  # noqa: BLE001 -- a warning must never stop the suite
             pass

@@ -5,7 +5,8 @@ One place for the rules that every view of the results shares, the report's tabl
 
 - which metrics are percentages (:data:`PCT_METRICS`) or perplexities (:data:`PPL_METRICS`);
 - what a task says of one run's config: its chance level (:func:`chance_level`), the lengths it was
-  trained on (:func:`trained_lengths`) and the labels that rank it (:func:`ranking_labels`);
+  trained on (:func:`trained_lengths`), the labels that rank it (:func:`ranking_labels`) and how many
+  examples a metric counts (:func:`examples`);
 - the one rule of *at chance* (:func:`at_chance`, :data:`LEARNED_SHARE`) and whether one run learned
   its task (:func:`run_learned`).
 
@@ -107,6 +108,23 @@ def chance_level(record_config: dict[str, Any], key: str) -> float | None:
         {k: v for k, v in record_config.items() if k not in ("encoding", "encoding_options")}, default=str
     )
     return _chance_of(record_config["task"], blob, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _examples_of(task: str, config_json: str, key: str) -> int | None:
+    from .api import get_task
+
+    try:
+        n = get_task(task).examples(_run_config(json.loads(config_json)), key)
+    except Exception:  # a task no longer registered, an old config, a task class without the method: unknown
+        return None
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def examples(record_config: dict[str, Any], key: str) -> int | None:
+    """How many examples a run's metric at evaluation ``key`` counts (``Task.examples``), where it is the share of
+    them answered right; None where the task does not say."""
+    return _examples_of(record_config["task"], _config_json(record_config), key)
 
 
 # ---------------------------------------------------------------------------- at chance

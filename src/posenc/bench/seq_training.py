@@ -145,6 +145,11 @@ class SeqTask(Task):
         """The options the evaluation examples are drawn with (those :meth:`run` trains with)."""
         return self.options(cfg)
 
+    def examples(self, cfg: RunConfig, label: str) -> int | None:
+        """``"<n>"`` is the share of ``cfg.eval_samples`` examples whose whole output is right (:func:`train_seq`);
+        ``"<n>_token"`` a share of tokens, not of independent examples."""
+        return cfg.eval_samples if label.isdigit() else None
+
     def chance(self, cfg: RunConfig, label: str) -> float | None:
         """The score of the best constant answer on the evaluation examples of ``label``.
 

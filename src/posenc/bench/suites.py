@@ -23,6 +23,9 @@ A suite file (see ``docs/bench.md`` and the built-in ones in ``posenc/bench/suit
     source = "..."; metric = "..."; note = "..."; columns = [...]
     rows = {rope = [...], alibi = [...]}
 
+    [controls]                      # optional: encodings at chance by design, and why (not a failure)
+    none = "no positions: a bag of words, at chance where word order decides"
+
     [[findings]]                    # optional: a verdict per finding of the paper (docs/results.md)
     finding = "ALiBi stays flat beyond the training length"
     verdict = "reproduced"          # or "partly", "not reproduced", "inconclusive"
@@ -70,6 +73,7 @@ TOP_KEYS = (
     "measured",
     "findings",
     "comparisons",
+    "controls",
 )
 GRID_KEYS = ("name", "tasks", "encodings", "seeds", "settings")
 ENCODING_KEYS = ("name", "label", "options")
@@ -186,6 +190,20 @@ class Comparison:
     lengths: str = "beyond"
 
 
+def _controls(where: str, raw: Any, names: set[str]) -> dict[str, str]:
+    """``[controls]``: label (or encoding name) -> why it is at chance by design (a non-empty string)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{where}: controls must be a table of label = "why it is at chance by design", got {raw!r}')
+    for label, why in raw.items():
+        if label not in names:
+            close = difflib.get_close_matches(label, sorted(names), n=3, cutoff=0.5)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{where} controls: {label!r} is not an encoding of this suite.{hint}")
+        if not isinstance(why, str) or not why.strip():
+            raise ConfigError(f"{where} controls: {label!r} needs the reason it is at chance by design (a string)")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
 def _comparisons(where: str, raw: Any, labels: set[str]) -> list[Comparison]:
     out = []
     for i, (at, c) in enumerate(_tables(where, raw, "comparisons", COMPARISON_KEYS), 1):
@@ -238,6 +256,13 @@ class Suite:
     findings: list[Finding] = field(default_factory=list)
     #: paired differences of encodings shown on the results page (``[[comparisons]]``)
     comparisons: list[Comparison] = field(default_factory=list)
+    #: the encodings (by label or name) at chance by design, and why (``[controls]``): the report does not count
+    #: them as failures, notes one that is not at chance, and says which encodings beat them
+    controls: dict[str, str] = field(default_factory=dict)
+
+    def control(self, spec: EncodingSpec) -> str:
+        """Why the encoding ``spec`` is a control ("": it is not one)."""
+        return self.controls.get(spec.label) or self.controls.get(spec.name, "")
 
     def jobs(
         self,
@@ -284,7 +309,7 @@ class Suite:
                             raise ConfigError(f"{where}: {exc}") from None
                         if cfg.key() not in seen:
                             seen.add(cfg.key())
-                            out.append(Job(cfg, e.label, self.name))
+                            out.append(Job(cfg, e.label, self.name, self.control(e)))
         return out
 
     def configs(self, **kw: Any) -> list[RunConfig]:
@@ -454,6 +479,9 @@ def parse_suite(data: dict[str, Any], *, name: str = "suite", path: Path | None 
         measured=measured,
         findings=findings,
         comparisons=_comparisons(where, data.get("comparisons", []), {e.label for g in grids for e in g.encodings}),
+        controls=_controls(
+            where, data.get("controls", {}), {x for g in grids for e in g.encodings for x in (e.label, e.name)}
+        ),
     )
     suite.validate()
     return suite

@@ -343,6 +343,8 @@ class Job:
     config: RunConfig
     label: str = ""
     suite: str | None = None
+    #: why this run is a control, at chance by design (the suite's ``[controls]``); "": not a control
+    control: str = ""
 
     def __post_init__(self) -> None:
         if not self.label:

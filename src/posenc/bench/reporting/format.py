@@ -21,6 +21,14 @@ TABLE_NOTE = (
 )
 
 
+#: what the tables' "ahead of" column means (the verdict's rule: :mod:`.separation`)
+AHEAD_NOTE = (
+    "Ahead of: the rows (by rank) this row is separably ahead of on the summary column: the interval of the "
+    "difference (95% for all the table's pairs together; on the test examples pooled over seeds and lengths where "
+    "the task counts them) excludes 0 and every seed agrees."
+)
+
+
 def fmt(x: float, metric: str) -> str:
     """A value of ``metric``: ``87.5`` (percent), ``3.14``, ``n/a`` (NaN) or ``inf``."""
     if x != x:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..outcomes import LEARNED_SHARE, is_pct
-from .format import column_label, fmt
+from .format import AHEAD_NOTE, column_label, fmt
 from .markdown import published
-from .model import RunSet, TaskTable
+from .model import RunSet, TaskTable, label_text
 from .plots import HEATMAP_ROWS
 from .styles import GLYPHS
-from .verdicts import PROBLEM_TEXT
+from .verdicts import PROBLEM_TEXT, no_problems_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:1.5em auto;
@@ -97,12 +97,13 @@ def task_table(t: TaskTable, styles: dict[str, dict[str, Any]]) -> list[str]:
         "encoding",
         *[html.escape(column_label(n, t.train_max)) for n in t.labels],
         t.summary,
+        "ahead of",
         "seeds",
         "s/run",
     ]
     table: list[list[Any]] = []
     for i, r in enumerate(t.rows, 1):
-        cells = [str(i), _swatch(styles.get(r["label"])) + html.escape(r["label"])]
+        cells = [str(i), _swatch(styles.get(r["label"])) + html.escape(label_text(r))]
         for n in t.labels:
             v = r["values"].get(n)
             text = html.escape(t.cell(r, n))
@@ -112,11 +113,18 @@ def task_table(t: TaskTable, styles: dict[str, dict[str, Any]]) -> list[str]:
                 cells.append(("best", f"<span>{text}</span>"))
             else:
                 cells.append(text)
-        cells += [fmt(t.value(r), metric), str(r["seeds"]), f"{r['seconds']:.1f}"]
+        cells += [fmt(t.value(r), metric), html.escape(t.ahead_text(r)), str(r["seeds"]), f"{r['seconds']:.1f}"]
         table.append(cells)
     chance = ["?" if c is None else fmt(c, metric) for c in t.chance]
-    table.append(["", "chance", *chance, "", "", ""])
+    table.append(["", "chance", *chance, "", "", "", ""])
     body.append(html_table(head, table, row_classes={len(table) - 1: "chance"}))
+    body.append(f"<p class=note>{html.escape(AHEAD_NOTE)}</p>")
+    for r in t.rows:
+        if r.get("control"):
+            body.append(
+                f"<p class=note>(control): {html.escape(r['label'])} is at chance by design "
+                f"({html.escape(r['control'])}).</p>"
+            )
     return body
 
 
@@ -197,7 +205,7 @@ def report_page(
 
     body.append('<h2 id="failures">Failures</h2>')
     if not any(runs.problems.values()):
-        body.append("<p>None: every run finished, reached every length and learned its task in distribution.</p>")
+        body.append(f"<p>{html.escape(no_problems_text(runs.rows))}</p>")
     for kind, items in runs.problems.items():
         if not items:
             continue

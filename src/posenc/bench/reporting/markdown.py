@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..outcomes import is_pct
-from .format import TABLE_NOTE, column_label, fmt, md_escape, md_table, summary_name, summary_value
-from .model import RunSet, TaskTable, task_tables
-from .verdicts import PROBLEM_TEXT
+from .format import AHEAD_NOTE, TABLE_NOTE, column_label, fmt, md_escape, md_table, summary_name, summary_value
+from .model import RunSet, TaskTable, label_text, task_tables
+from .verdicts import PROBLEM_TEXT, no_problems_text
 
 
 def task_table(t: TaskTable) -> list[str]:
     """The lines of one task's table: heading, verdict, warning, the rows, the chance row and the note."""
     metric = t.metric
-    head = ["#", "encoding", *[column_label(n, t.train_max) for n in t.labels], t.summary, "s/run"]
+    head = ["#", "encoding", *[column_label(n, t.train_max) for n in t.labels], t.summary, "ahead of", "s/run"]
     better = "higher" if t.higher else "lower"
     trained = f", {t.trained}" if t.trained else ""
     what = f"{metric} %" if is_pct(metric) else metric
@@ -32,19 +32,26 @@ def task_table(t: TaskTable) -> list[str]:
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---|" * len(head))
     for i, r in enumerate(t.rows, 1):
-        cells = [str(i), r["label"]]
+        cells = [str(i), label_text(r)]
         for n in t.labels:
             text = t.cell(r, n)
             cells.append(f"*{text}*" if t.at_chance(r, n) else text)
-        cells += [fmt(t.value(r), metric), f"{r['seconds']:.1f}"]
+        cells += [fmt(t.value(r), metric), t.ahead_text(r), f"{r['seconds']:.1f}"]
         out.append("| " + " | ".join(cells) + " |")
     if any(c is not None for c in t.chance):
-        out.append("|  | _chance_ | " + " | ".join("?" if c is None else fmt(c, metric) for c in t.chance) + " |  |  |")
-    return [*out, "", f"_{TABLE_NOTE}_", ""]
+        out.append(
+            "|  | _chance_ | " + " | ".join("?" if c is None else fmt(c, metric) for c in t.chance) + " |  |  |  |"
+        )
+    note = TABLE_NOTE + " " + AHEAD_NOTE
+    controls = [r for r in t.rows if r.get("control")]
+    if controls:
+        note += " " + " ".join(f"(control): {r['label']} is at chance by design ({r['control']})." for r in controls)
+    return [*out, "", f"_{note}_", ""]
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """Every task's table (:func:`task_table`) of leaderboard rows, as Markdown."""
+    """Every task's table (:func:`task_table`) of leaderboard rows, as Markdown (controls as the rows mark them:
+    :func:`.rows.leaderboard`'s ``controls``)."""
     return "\n".join(line for t in task_tables(rows) for line in task_table(t))
 
 
@@ -88,7 +95,13 @@ def published(spec: dict[str, Any], rows: list[dict[str, Any]] | None = None) ->
             rank, ourv = "—", "—"
             if lab in ours:
                 i, r = ours[lab]
-                rank = str(i) + (" (did not learn: at chance)" if r.get("learned") is False else "")
+                rank = str(i) + (
+                    " (control: at chance)"
+                    if r.get("control") and r.get("learned") is False
+                    else " (did not learn: at chance)"
+                    if r.get("learned") is False
+                    else ""
+                )
                 ourv = fmt(summary_value(r, summary), r["metric"])
             out.body.append([lab, *map(str, vals), rank, ourv])
     return out
@@ -149,7 +162,7 @@ def leaderboard_page(
         out += ["## Beside the published numbers", "", pub]
     out += ["## Failures", ""]
     if not any(runs.problems.values()):
-        out += ["None: every run finished, reached every length and learned its task in distribution.", ""]
+        out += [no_problems_text(runs.rows), ""]
     out += problem_lines(runs.problems)
     head, grid = runs.settings
     if grid:

@@ -5,9 +5,11 @@
 
 - ``rows``: one per (task, label), mean ± std over seeds (:func:`.rows.leaderboard`);
 - ``tables``: one :class:`TaskTable` per task: its columns, cells, chance level, summary column,
-  verdict (:func:`.verdicts.verdict`) and a warning where its runs come from different environments;
+  verdict (:func:`.verdicts.verdict`), which rows each row is separably ahead of (:mod:`.separation`)
+  and a warning where its runs come from different environments;
 - ``styles``: one colour and marker per label for the plots (:mod:`.plots`) and the tables' swatches;
-- ``problems``: failed runs, rows at chance, lengths not reached; the tasks, settings and environments.
+- ``problems``: failed runs, rows at chance (not the suite's controls: they are at chance by design), controls
+  not at chance, lengths not reached; the tasks, settings and environments.
 
 Its parts are computed when first asked for, so a renderer that needs only the tables pays for no more.
 It imports the reporting package's lower modules (rows, verdicts, context, format, styles), never a renderer.
@@ -16,12 +18,14 @@ It imports the reporting package's lower modules (rows, verdicts, context, forma
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .context import mixed_environments, run_environments, settings_grid, tasks_info
 from .format import cell, summary_name, summary_value, trained_text
 from .rows import cell_at_chance, leaderboard, task_chance
+from .separation import Separation, compare_all
 from .styles import encoding_styles
 from .verdicts import by_task, problems, verdict
 
@@ -63,8 +67,40 @@ class TaskTable:
         return trained_text(self.rows)
 
     @functools.cached_property
+    def separations(self) -> dict[tuple[str, str], Separation]:
+        """Every pair of rows (``(a, b)``, ``a`` ranked above ``b``) at the level of the table's family of pairs."""
+        return compare_all(self.rows)
+
+    @functools.cached_property
     def verdict(self) -> str:
-        return verdict(self.rows)
+        return verdict(self.rows, self.separations)
+
+    def ahead_of(self, row: dict[str, Any]) -> list[int]:
+        """The ranks (1-based) of the rows that ``row`` is separably ahead of."""
+        out = []
+        for i, other in enumerate(self.rows, 1):
+            sep = self.separations.get((row["label"], other["label"])) or self.separations.get(
+                (other["label"], row["label"])
+            )
+            if other is not row and sep is not None and sep.winner == row["label"]:
+                out.append(i)
+        return out
+
+    def ahead_text(self, row: dict[str, Any]) -> str:
+        """The "ahead of" cell: ``all below``, ``#3–6, #8`` (ranks), or ``—``."""
+        ranks = self.ahead_of(row)
+        if not ranks:
+            return "—"
+        mine = next(i for i, r in enumerate(self.rows, 1) if r is row)
+        if ranks == list(range(mine + 1, len(self.rows) + 1)) and len(ranks) > 1:
+            return "all below"
+        runs: list[list[int]] = []
+        for k in ranks:
+            if runs and k == runs[-1][-1] + 1:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        return ", ".join(f"#{r[0]}" if len(r) == 1 else f"#{r[0]}–{r[-1]}" for r in runs)
 
     @functools.cached_property
     def chance(self) -> list[float | None]:
@@ -94,6 +130,11 @@ class TaskTable:
         return cell_at_chance(row, key)
 
 
+def label_text(row: dict[str, Any]) -> str:
+    """A row's label as the tables show it: ``none (control)`` for a control."""
+    return f"{row['label']} (control)" if row.get("control") else row["label"]
+
+
 def task_tables(rows: list[dict[str, Any]]) -> list[TaskTable]:
     """One :class:`TaskTable` per task of ``rows`` (as :func:`.rows.leaderboard` ranks them), by task name."""
     mixed = mixed_environments(rows)
@@ -106,11 +147,13 @@ class RunSet:
 
     results: list[dict[str, Any]]
     failures: list[dict[str, Any]] | None = None
+    #: the suite's controls: label or encoding name -> why it is at chance by design (``[controls]``)
+    controls: Mapping[str, str] | None = None
 
     @functools.cached_property
     def rows(self) -> list[dict[str, Any]]:
         """One row per (task, label), ranked within each task (:func:`.rows.leaderboard`)."""
-        return leaderboard(self.results)
+        return leaderboard(self.results, self.controls)
 
     @functools.cached_property
     def tables(self) -> list[TaskTable]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
-from ..outcomes import at_chance, chance_level, gap_closed, is_pct, ranking_labels, trained_lengths
+from ..outcomes import at_chance, chance_level, examples, gap_closed, is_pct, ranking_labels, trained_lengths
 from ..types import label_of
 
 #: seeds "split" when their shares of the gap from chance to perfect lie on both sides of one half and at least
@@ -32,7 +33,7 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def leaderboard(results: list[dict[str, Any]], controls: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per (task, label): the metric per test length as mean ± std over seeds.
 
     Rows are ranked within a task by the mean metric on lengths longer than
@@ -41,8 +42,10 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     names its ranking labels (``Task.ranking_labels``), ranks by the mean of those
     labels only (``ranked_by``; text classification: ``"test"``, not ``"valid"``).
     ``trained`` is the task's training lengths (``Task.training_lengths``) or None
-    where it has none to claim (real data).
+    where it has none to claim (real data). ``controls``: the suite's controls (label or encoding name -> why
+    it is at chance by design); a row's ``control`` is that reason, or "".
     """
+    controls = controls or {}
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         groups[(r["config"]["task"], label_of(r))].append(r)
@@ -72,6 +75,13 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         seed_scores = {
             int(r["config"]["seed"]): _run_score(r["metrics"], lengths, train_max, ranked_by, higher) for r in runs
         }
+        seed_values = {
+            int(r["config"]["seed"]): {
+                k: (float(v) if isinstance(v := r["metrics"].get(k), int | float) else None) for k in labels
+            }
+            for r in runs
+        }
+        counted = {k: {examples(r["config"], k) for r in runs} for k in labels}
         if ranked_by:  # the task's ranking labels, or a split task's "test": the other labels do not count
             ind = [per_len[k][0] if per_len[k] is not None else worst for k in ranked_by]  # type: ignore[index]
             ood = []
@@ -90,6 +100,11 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 # each seed's value per label (seed order), and each seed's ranking score (the verdict's pairs)
                 "per_seed": per_seed,
                 "seed_scores": seed_scores,
+                # each seed's value per label, the labels its ranking score averages, and the examples the task
+                # counted at each label (None: not a share of examples): what the verdicts compare
+                "seed_values": seed_values,
+                "score_keys": _score_keys(labels, lengths, train_max, ranked_by),
+                "examples": {k: (ns.pop() if len(ns) == 1 else None) for k, ns in counted.items()},
                 "in_distribution": statistics.fmean(ind) if ind else float("nan"),
                 "extrapolation": statistics.fmean(ood) if ood else float("nan"),
                 "train_max": train_max,
@@ -100,6 +115,7 @@ def leaderboard(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "chance": chance,
                 # the environments the runs were trained in (None: stored before posenc recorded them)
                 "envs": distinct([r.get("env") for r in runs]),
+                "control": controls.get(label) or controls.get(cfg["encoding"], ""),
             }
         )
         rows[-1]["learned"] = learned(rows[-1])[0]
@@ -131,6 +147,18 @@ def _run_score(
         return statistics.fmean(ind)
     rest = [float(v) for k, v in metrics.items() if not k.endswith("_error") and isinstance(v, int | float)]
     return statistics.fmean(rest) if rest else float("nan")
+
+
+def _score_keys(labels: list[str], lengths: list[int], train_max: int, ranked_by: list[str] | None) -> list[str]:
+    """The labels whose mean is a run's ranking score, as :func:`_run_score` takes them."""
+    if ranked_by:
+        return list(ranked_by)
+    ood = [str(n) for n in lengths if n > train_max]
+    if ood:
+        return ood
+    if lengths:
+        return [str(n) for n in lengths]
+    return list(labels)
 
 
 def _rank(x: float, row: dict[str, Any]) -> float:
@@ -224,5 +252,8 @@ def jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         d["chance"] = {k: num(v) for k, v in r["chance"].items()}
         d["per_seed"] = {k: [num(x) for x in xs] for k, xs in r.get("per_seed", {}).items()}
         d["seed_scores"] = {str(k): num(v) for k, v in r.get("seed_scores", {}).items()}
+        d["seed_values"] = {
+            str(s): {k: num(v) for k, v in vals.items()} for s, vals in r.get("seed_values", {}).items()
+        }
         out.append(d)
     return out

@@ -64,7 +64,7 @@ class SuiteData:
     @functools.cached_property
     def runs(self) -> RunSet:
         """The model of the suite's runs and failures (read once the records are in)."""
-        return RunSet(self.records, self.failures)
+        return RunSet(self.records, self.failures, self.suite.controls if self.suite is not None else None)
 
     @property
     def seeds(self) -> list[int]:

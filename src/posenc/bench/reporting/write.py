@@ -8,6 +8,7 @@ every module of it, and nothing imports it but the facades (:mod:`posenc.bench.r
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ def write_report(
     published: dict[str, Any] | None = None,
     failures: list[dict[str, Any]] | None = None,
     description: str = "",
+    controls: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Write ``results.json``, ``leaderboard.md``, ``leaderboard.json``, plots and ``report.html``.
 
@@ -35,11 +37,12 @@ def write_report(
     published numbers beside ours (``published``: a suite's ``published`` section), the
     failures (``failures``: runs that raised; rows that did not learn in distribution;
     lengths not reached), the settings and the environment. ``leaderboard.md`` has the
-    same sections, without the plots.
+    same sections, without the plots. ``controls``: the suite's controls (label or encoding name -> why it is
+    at chance by design): marked in the tables, not counted as failures while at chance.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = RunSet(results, failures)
+    runs = RunSet(results, failures, controls)
     env = environment()
     files = {
         "results": out_dir / "results.json",

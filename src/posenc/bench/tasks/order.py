@@ -122,6 +122,9 @@ class OrderTask(Task):
     def chance(self, cfg: RunConfig, label: str) -> float | None:
         return 0.5  # balanced labels
 
+    def examples(self, cfg: RunConfig, label: str) -> int | None:
+        return cfg.eval_samples if label.isdigit() else None  # training.accuracy: eval_samples per length
+
 
 @register_task
 class AdjacentTask(OrderTask):

@@ -47,6 +47,8 @@ SCHEDULES = [
     "alibi@w3+rope",  # a bias per offset: SDPA with the bias and the window as one mask
     "shaw@w4+rope@c3",  # a relative encoding: blocked kernel for the prompt, decode kernel per step
     "t5@c4+nope",
+    "rope@w4*3+ssmax",  # the query temperatures (issue 36, part 2): SSMax counts the keys of its span
+    "ssmax@w3+qtemp-llama4@c4",
 ]
 
 

@@ -81,8 +81,10 @@ class KVCache:
     _buffers: dict[int, _KVBuffer] = field(default_factory=dict, repr=False, compare=False)
     # layer -> the sizes of the attention module that filled it, in words (named when another module reads it)
     _sizes: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
-    # layer -> how many tokens it has taken in (more than it holds where it is local); absent: as many as it holds
-    _seen: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    # layer -> (the keys its entry held then, how many tokens it had taken in): more than it holds where it is local;
+    # read only while the entry still holds those very keys (a cache copied field by field, or an entry stored by
+    # hand, counts the keys it holds)
+    _seen: dict[int, tuple[Tensor, int]] = field(default_factory=dict, repr=False, compare=False)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
@@ -92,7 +94,8 @@ class KVCache:
         entry = self.layers.get(layer)
         if entry is None:
             return 0
-        return self._seen.get(layer, entry[0].shape[-2])
+        got = self._seen.get(layer)
+        return got[1] if got is not None and got[0] is entry[0] else entry[0].shape[-2]
 
     def cached(self, layer: int) -> int:
         """How many keys ``layer``'s entry holds (at most its window, or its chunk, where it is local)."""
@@ -163,7 +166,7 @@ class KVCache:
             self._store_suffix(layer, k, v, ctx.k_pos, ctx.k_segments, keep)
         else:
             self.update(layer, k, v, ctx.k_pos, ctx.k_segments)
-        self._seen[layer] = seen
+        self._seen[layer] = (self.layers[layer][0], seen)
         self.owners[layer] = owner
         self._sizes[layer] = sizes
         return k, v
@@ -220,7 +223,6 @@ class KVCache:
     def update(self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None = None) -> None:
         """Store all keys so far (rotated), their values, positions and segment ids (if any)."""
         self.layers[layer] = (k, v, k_pos, k_segments)
-        self._seen.pop(layer, None)  # a layer stored by hand has taken in the keys it holds
 
     def length(self) -> int:
         """Number of positions the cache has taken in (0 when empty): the first layer's :meth:`seen` (a local layer

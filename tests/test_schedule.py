@@ -365,3 +365,20 @@ def test_bench_schedule_quick_runs_and_says_what_it_measured() -> None:
     assert usage.returncode == 0 and "--quick" in usage.stdout
     bad = subprocess.run([sys.executable, str(script), "--n-layers", "6"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "multiple of 4" in bad.stderr
+
+
+def test_schedule_models_copy_pickle_and_keep_options_fixed() -> None:
+    import copy
+    import io
+    import pickle
+
+    model = posenc.LanguageModel(30, encoding="rope(base=100.0)@w4*3+nope", n_layers=4, d_model=16, n_heads=2)
+    assert copy.deepcopy(model).trunk.schedule == model.trunk.schedule
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    assert torch.load(buf, weights_only=False).trunk.schedule == model.trunk.schedule
+    s = model.trunk.schedule
+    assert pickle.loads(pickle.dumps(s)) == s and hash(pickle.loads(pickle.dumps(s))) == hash(s)
+    with pytest.raises(TypeError, match="cannot change"):
+        s[0].options["base"] = 3.0  # type: ignore[index]

@@ -62,7 +62,6 @@ import sys
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, PosencError
@@ -154,6 +153,23 @@ def _freeze(value: Any, what: str) -> Any:
     )
 
 
+class _Options(dict):
+    """A layer's options: a dict that cannot change (hashable; pickles and deep-copies, unlike a mappingproxy)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a LayerSpec's options cannot change; make a new LayerSpec (or posenc.schedule(...))")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Options, (dict(self),))
+
+
 def _thaw(value: Any) -> Any:
     return [_thaw(v) for v in value] if isinstance(value, tuple) else value
 
@@ -194,7 +210,7 @@ class LayerSpec:
             frozen[key] = _freeze(self.options[key], f"option {key!r}")
         if frozen:
             _check_option_names(str(self.encoding), frozen)
-        object.__setattr__(self, "options", MappingProxyType(frozen))
+        object.__setattr__(self, "options", _Options(frozen))
 
     def __hash__(self) -> int:
         return hash((self.encoding, tuple(self.options.items()), self.span))

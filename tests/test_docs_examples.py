@@ -11,18 +11,17 @@ are allowed); it is invisible on a rendered page and says why in the source:
 What runs, and how (each in an empty temporary folder, with the interpreter running the tests,
 i.e. the .venv's, and OMP_NUM_THREADS=1):
 
-* ``python``: the blocks of one file in order, in one namespace (later blocks build on earlier
-  ones), in a fresh interpreter, as ``__main__``. A traceback names the Markdown file and line.
+* ``python``: the blocks of one file in order, in a fresh interpreter, each in a namespace of its own
+  (a reader copies one block, not the page: a block defines every name it uses), as ``__main__``. A
+  traceback names the Markdown file and line.
 * ``bash``, ``sh``, ``shell``: each block as a script under ``set -euo pipefail``, with the .venv's
   ``bin`` first on PATH (``posenc`` and ``python`` are the installed ones). ``console``: the
   lines that start with ``$ ``.
 * ``toml``: a suite file (docs/bench.md), loaded and validated by ``posenc.bench.load_suite``.
 
 Every Python block that runs is also linted with ruff under the project's own configuration
-(pyproject.toml), as a user's file would be after pasting it: an example that fails ``ruff check``
-(unsorted imports ...) fails here. A block may use the names that the earlier blocks of its file
-define (they are given to ruff as builtins), except in the files of :data:`STANDALONE` (the README):
-each of their blocks runs on its own, in a namespace of its own, and must define what it uses.
+(pyproject.toml), as a user's file would be after pasting it, alone: an example that fails ``ruff check``
+(unsorted imports, a name an earlier block defined ...) fails here.
 
 A block without a language, or ``text``, is not code. Any other language must be marked.
 Every ``posenc ...`` line of a shell block, run or marked, must parse with posenc's own
@@ -54,8 +53,6 @@ TEXT = {"", "text"}
 MARK = re.compile(r"<!--\s*not run:(.*?)-->")
 FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)[^`]*$")
 TIMEOUT = 600
-#: files whose Python blocks must each run on their own (a reader copies one block, not the page)
-STANDALONE = {"README.md", "docs/bench.md"}
 
 
 @dataclasses.dataclass
@@ -145,11 +142,8 @@ def test_every_block_is_run_or_marked(doc):
 # with its own file name and line numbers, so that a traceback points into the Markdown.
 DRIVER = r"""
 import json, sys, traceback
-standalone = sys.argv[1] == "standalone"
-ns = {"__name__": "__main__"}
 for path, line, code in json.load(sys.stdin):
-    if standalone:
-        ns = {"__name__": "__main__"}
+    ns = {"__name__": "__main__"}  # each block on its own, as a reader pastes it
     try:
         exec(compile("\n" * line + code, path, "exec"), ns)
     except BaseException:
@@ -163,9 +157,8 @@ for path, line, code in json.load(sys.stdin):
 def test_python_blocks_run(doc, tmp_path):
     blocks = [b for b in BLOCKS[doc] if b.lang in PYTHON and b.reason is None]
     payload = json.dumps([[str(b.doc), b.line, b.code] for b in blocks])
-    mode = "standalone" if _id(doc) in STANDALONE else "shared"
     r = subprocess.run(
-        [sys.executable, "-c", DRIVER, mode],
+        [sys.executable, "-c", DRIVER],
         input=payload,
         cwd=tmp_path,
         env=_env(),
@@ -176,44 +169,35 @@ def test_python_blocks_run(doc, tmp_path):
     assert r.returncode == 0, f"{_id(doc)}: a Python block failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
 
 
-def _defined(code: str) -> set[str]:
-    """The names a block defines at its top level (imports, assignments, functions, classes)."""
-    import ast
-
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-    return names
-
-
-def lint(code: str, name: str, builtins: set[str] = frozenset()) -> str:  # type: ignore[assignment]
-    """ruff's findings on ``code`` under the project's configuration ("" when clean); ``builtins``: names that
-    earlier blocks define."""
+def lint(code: str, name: str) -> str:
+    """ruff's findings on ``code`` under the project's configuration ("" when clean)."""
     ruff = pathlib.Path(sys.executable).parent / "ruff"
     if not ruff.exists():
         pytest.skip("ruff is not installed next to this interpreter (bash scripts/setup.sh test installs it)")
     cmd = [str(ruff), "check", "--no-cache", "--output-format", "concise", "--stdin-filename", str(ROOT / name), "-"]
-    if builtins:
-        cmd[2:2] = ["--config", f"builtins = {json.dumps(sorted(builtins))}"]
     r = subprocess.run(cmd, input=code, cwd=ROOT, capture_output=True, text=True, timeout=120)
     return "" if r.returncode == 0 else (r.stdout + r.stderr).strip()
 
 
 @pytest.mark.parametrize("doc", sorted({b.doc for b in _to_run(PYTHON)}, key=DOCS.index), ids=_id)
 def test_python_blocks_pass_ruff(doc):
-    found, earlier = [], set()
+    found = []
     for b in [b for b in BLOCKS[doc] if b.lang in PYTHON and b.reason is None]:
         # a name of its own per block: the project's per-file ignores (tests/*, ...) do not apply to it
-        out = lint(b.code, f"doc_block_{doc.stem}_{b.line}.py", set() if _id(doc) in STANDALONE else earlier)
+        out = lint(b.code, f"doc_block_{doc.stem}_{b.line}.py")
         if out:
-            found.append(f"{b.where}: ruff check fails on this block as written:\n{out}")
-        earlier |= _defined(b.code)
+            found.append(f"{b.where}: ruff check fails on this block as written, alone:\n{out}")
     assert not found, "\n\n".join(found)
+
+
+def test_each_block_runs_in_a_namespace_of_its_own(tmp_path):
+    """The driver itself: a block that uses a name the block before it defined fails, and names its line."""
+    doc = [["page.md", 3, "x = 1\n"], ["page.md", 7, "print(x)\n"]]
+    r = subprocess.run(
+        [sys.executable, "-c", DRIVER], input=json.dumps(doc), cwd=tmp_path, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and "the block at page.md:7 failed" in r.stderr and "NameError" in r.stderr
 
 
 def test_the_linter_sees_an_unsorted_import_and_an_undefined_name():
@@ -221,8 +205,7 @@ def test_the_linter_sees_an_unsorted_import_and_an_undefined_name():
     bad = "import torch\nfrom torch import nn\nfrom posenc.base import Card\n\nprint(torch, nn, Card, prompt)\n"
     out = lint(bad, "doc_block_x.py")
     assert "I001" in out and "F821" in out and "prompt" in out
-    assert "F821" not in lint(bad, "doc_block_x.py", {"prompt"})
-    assert _defined("import posenc.hf\nx, y = 1, 2\ndef f(): pass\n") == {"posenc", "x", "y", "f"}
+    assert lint("import torch\n\nprint(torch.pi)\n", "doc_block_x.py") == ""
 
 
 def _commands(block: Block) -> str:

@@ -42,10 +42,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(table(args.family), end="")
         return 0
     width = max(len(r[0]) for r in rows) if rows else 4
-    print(f"{'name':<{width}}  {'family':<8}  {'paper':<60}  summary")
+    print(f"{'name':<{width}}  {'family':<11}  {'paper':<60}  summary")
     for name, family, paper, summary in rows:
         paper = paper if len(paper) <= 60 else paper[:57] + "..."
-        print(f"{name:<{width}}  {family:<8}  {paper:<60}  {summary}")
+        print(f"{name:<{width}}  {family:<11}  {paper:<60}  {summary}")
     print(f"\n{len(rows)} encodings. `posenc list --markdown` for a table with references.")
     return 0
 

@@ -35,9 +35,13 @@ def test_docs_hf_md_holds_the_generated_matrix():
 
 def test_the_check_command_says_when_the_table_is_stale(tmp_path, monkeypatch):
     doc = tmp_path / "hf.md"
-    doc.write_text(f"intro\n{hf_matrix.START}\n| stale |\n{hf_matrix.END}\nrest\n")
+    cache = f"{hf_matrix.CACHE_START}\n| cache fresh |\n{hf_matrix.CACHE_END}\n"
+    doc.write_text(f"intro\n{hf_matrix.START}\n| stale |\n{hf_matrix.END}\nrest\n{cache}")
     monkeypatch.setattr(hf_matrix, "table", lambda cells=None: "| fresh |\n")
+    monkeypatch.setattr(hf_matrix, "cache_table", lambda cells=None: "| cache fresh |\n")
     assert hf_matrix.main(["--check", str(doc)]) == 1
     assert hf_matrix.main(["--write", str(doc)]) == 0
-    assert doc.read_text() == f"intro\n{hf_matrix.START}\n| fresh |\n{hf_matrix.END}\nrest\n"
+    assert doc.read_text() == f"intro\n{hf_matrix.START}\n| fresh |\n{hf_matrix.END}\nrest\n{cache}"
     assert hf_matrix.main(["--check", str(doc)]) == 0
+    monkeypatch.setattr(hf_matrix, "cache_table", lambda cells=None: "| cache newer |\n")
+    assert hf_matrix.main(["--check", str(doc)]) == 1  # the second table counts too

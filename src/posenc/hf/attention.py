@@ -33,8 +33,8 @@ ATTENTION_NAME = "posenc"
 KNOWN_KWARGS = frozenset(
     {
         "is_causal", "sliding_window", "softcap", "s_aux", "output_attentions", "position_ids", "cache_position",
-        "use_cache",
-        "past_key_values", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "num_items_in_batch",
+        "use_cache", "past_key_values", "cache",
+        "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "num_items_in_batch",
         "output_hidden_states", "output_router_logits", "return_dict", "layer_type", "token_type_ids",
     }
 )

@@ -182,7 +182,7 @@ def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, token
         if ids is not None and ids.dtype.is_floating_point:
             raise ConfigError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
         length = x.shape[1]
-        past = bound.get("past_key_values")
+        past = _the_cache(bound)
         state.past = None
         if past is not None and state.cores and hasattr(past, "get_mask_sizes"):
             state.cache_sizes = _cache_sizes(past, state.layer_ids, length)
@@ -243,6 +243,27 @@ def _warn_if_frozen(state: PosencPatch) -> None:
             "p.requires_grad_(True)",
             stacklevel=3,
         )
+
+
+#: the names transformers gives the KV cache argument of a model's forward: ``cache`` since 5.24, ``past_key_values``
+#: before (and still accepted by 5.24's models), ``cache_params`` in some state-space models
+CACHE_ARGUMENTS = ("cache", "past_key_values", "cache_params")
+
+
+def _the_cache(bound: dict[str, Any]) -> Any:
+    """The KV cache a forward was handed, under whichever name (:data:`CACHE_ARGUMENTS`), or one found by what it
+    is (an object with the cache interface posenc.hf reads) under a name transformers may give it later, so that a
+    rename never leaves posenc.hf guessing positions from the key count (transformers 5.24 renamed
+    ``past_key_values`` to ``cache``: a static cache's keys were then taken for ``0 .. Lk-1`` with the queries at
+    the end, and a patched model generated other tokens with a static cache than without a cache)."""
+    for name in CACHE_ARGUMENTS:
+        got = bound.get(name)
+        if got is not None:
+            return got
+    for value in bound.values():
+        if hasattr(value, "get_mask_sizes") and hasattr(value, "get_seq_length"):
+            return value
+    return None
 
 
 def _cache_sizes(past: Any, layer_ids: list[int], length: int) -> dict[int, tuple[int, int, int]]:

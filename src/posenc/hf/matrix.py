@@ -32,6 +32,8 @@ import torch
 
 from ..errors import ConfigError, PosencError
 from .matrix_checks import (
+    CACHE_ENCODINGS,
+    CACHES,
     Instead,
     NotApplicable,
     _cached_equals_uncached,
@@ -39,6 +41,7 @@ from .matrix_checks import (
     _models,
     attn_switch,
     auto_save_load,
+    cache_check,
     left_padding,
     own_rope,
     peft_lora,
@@ -48,14 +51,16 @@ from .matrix_checks import (
 
 START = "<!-- hf-matrix:start -->"
 END = "<!-- hf-matrix:end -->"
+#: the markers of the second table: every cache × encoding against generate without a cache
+CACHE_START = "<!-- hf-cache-matrix:start -->"
+CACHE_END = "<!-- hf-cache-matrix:end -->"
 COMMAND = ".venv/bin/python -m posenc.hf_matrix --write docs/hf.md"
-_BETWEEN = re.compile(re.escape(START) + r"\n(.*?)" + re.escape(END), flags=re.S)
 
 
 __all__ = [
-    "COMMAND", "END", "FEATURES", "REASONS", "START", "Instead", "NotApplicable", "_models", "attn_switch",
-    "auto_save_load", "cell", "current", "left_padding", "main", "matrix", "own_rope", "peft_lora",
-    "quantized_cache", "replaced", "row", "table", "training",
+    "CACHE_END", "CACHE_START", "COMMAND", "END", "FEATURES", "Instead", "NotApplicable", "REASONS", "START",
+    "_models", "attn_switch", "auto_save_load", "cache_row", "cache_table", "cell", "current", "left_padding",
+    "main", "matrix", "own_rope", "peft_lora", "quantized_cache", "replaced", "row", "table", "training",
 ]
 
 #: the columns: header, check
@@ -119,25 +124,44 @@ def matrix() -> dict[str, dict[str, str]]:
     return {name: row(name) for name in _models()}
 
 
-def table(cells: dict[str, dict[str, str]] | None = None) -> str:
-    """The Markdown table (ending in a newline)."""
-    cells = cells if cells is not None else matrix()
-    lines = ["| model | " + " | ".join(FEATURES) + " |", "|---|" + "---|" * len(FEATURES)]
+def cache_row(encoding: str) -> dict[str, str]:
+    """One row of the cache table: for each cache, ``yes`` when :func:`~posenc.hf.matrix_checks.cache_check`
+    passes (MHA and GQA, every prompt), ``n/a`` where transformers does not run that cache here."""
+    return {cache: cell(lambda: None, lambda _make, c=cache: cache_check(encoding, c)) for cache in CACHES}
+
+
+def _markdown(first: str, columns: Sequence[str], cells: dict[str, dict[str, str]]) -> str:
+    lines = [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for row, got in cells.items():
-        lines.append(f"| {row} | " + " | ".join(got[c] for c in FEATURES) + " |")
+        lines.append(f"| {row} | " + " | ".join(got[c] for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
-def current(text: str) -> str:
-    m = _BETWEEN.search(text)
+def table(cells: dict[str, dict[str, str]] | None = None) -> str:
+    """The Markdown table (ending in a newline)."""
+    return _markdown("model", list(FEATURES), cells if cells is not None else matrix())
+
+
+def cache_table(cells: dict[str, dict[str, str]] | None = None) -> str:
+    """The cache table: encodings × caches (ending in a newline)."""
+    cells = cells if cells is not None else {enc: cache_row(enc) for enc in CACHE_ENCODINGS}
+    return _markdown("encoding", list(CACHES), cells)
+
+
+def _between(start: str, end: str) -> re.Pattern[str]:
+    return re.compile(re.escape(start) + r"\n(.*?)" + re.escape(end), flags=re.S)
+
+
+def current(text: str, start: str = START, end: str = END) -> str:
+    m = _between(start, end).search(text)
     if m is None:
-        raise PosencError(f"no table between {START!r} and {END!r} (each on a line of its own)")
+        raise PosencError(f"no table between {start!r} and {end!r} (each on a line of its own)")
     return m.group(1)
 
 
-def replaced(text: str, new: str) -> str:
-    current(text)
-    return _BETWEEN.sub(lambda m: f"{START}\n{new}{END}", text, count=1)
+def replaced(text: str, new: str, start: str = START, end: str = END) -> str:
+    current(text, start, end)
+    return _between(start, end).sub(lambda m: f"{start}\n{new}{end}", text, count=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,14 +170,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--write", metavar="FILE", help="rewrite the table in FILE (docs/hf.md)")
     g.add_argument("--check", metavar="FILE", help="exit 1 when FILE's table differs from the generated one")
     args = p.parse_args(argv)
-    new = table()
+    tables = ((table(), START, END), (cache_table(), CACHE_START, CACHE_END))
     if args.write:
         path = Path(args.write)
-        path.write_text(replaced(path.read_text(), new))
+        text = path.read_text()
+        for new, start, end in tables:
+            text = replaced(text, new, start, end)
+        path.write_text(text)
     elif args.check:
-        if current(Path(args.check).read_text()) != new:
+        text = Path(args.check).read_text()
+        if any(current(text, start, end) != new for new, start, end in tables):
             print(f"{args.check}: the support matrix is out of date; run: {COMMAND}", file=sys.stderr)
             return 1
     else:
-        print(new, end="")
+        print("\n".join(new for new, _, _ in tables), end="")
     return 0

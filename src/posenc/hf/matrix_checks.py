@@ -322,3 +322,115 @@ def peft_lora(make: Callable[[], Any]) -> None:
     unpatch(wrapped)
     assert patched(wrapped) is None
     _instead(name, "t5")
+
+
+# ------------------------------------------------------------------------------- every cache against no cache
+#: the caches of transformers' ``cache_implementation`` that the cache matrix checks, with what ``generate`` takes
+#: for each (the fp8 quantized cache needs no extra package; quanto's does). The offloaded ones need CUDA.
+CACHES: dict[str, dict[str, Any]] = {
+    "dynamic": {},
+    "static": {"cache_implementation": "static"},
+    "sliding_window": {"cache_implementation": "sliding_window"},
+    "hybrid": {"cache_implementation": "hybrid"},
+    "hybrid_chunked": {"cache_implementation": "hybrid_chunked"},
+    "quantized (fp8)": {"cache_implementation": "quantized", "cache_config": {"backend": "fp8"}},
+    "offloaded": {"cache_implementation": "offloaded"},
+    "offloaded_static": {"cache_implementation": "offloaded_static"},
+}
+#: the encodings the cache matrix checks: each kind of hook (a rotation HF's cos/sin express, rotations it does not,
+#: biases with and without parameters, a bucket table, per-layer relative tables, an absolute code)
+CACHE_ENCODINGS = ("rope", "xpos", "rope-interleaved", "alibi", "kerple-log", "t5", "fire", "shaw", "sinusoidal")
+#: the models each cache cell runs on: multi-head and grouped-query attention, and a sliding-window model
+CACHE_MODELS = {"MHA": 4, "GQA": 2}
+#: the prompts of a cell: (batch rows' lengths); a shorter row is left-padded to the longest
+CACHE_PROMPTS = ((1,), (7,), (9, 5))
+#: tokens generated per prompt
+CACHE_STEPS = 6
+
+
+def _sharp_llama(kv_heads: int) -> Any:
+    """A tiny random Llama whose attention is sharp enough for position to change its tokens (q/k weights × 8: a
+    fresh model's attention is near uniform, and an offset error could leave its tokens alone)."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    model = t.LlamaForCausalLM(t.LlamaConfig(**{**_DEC, "num_key_value_heads": kv_heads})).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+            layer.self_attn.k_proj.weight.mul_(8)
+    return model
+
+
+def _prompt(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of these lengths, left-padded with 0 to the longest, and their attention mask."""
+    n = max(lengths)
+    ids = torch.zeros(len(lengths), n, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, length in enumerate(lengths):
+        ids[r, n - length :] = _tokens(1, length, seed=3 + r)[0]
+        mask[r, n - length :] = 1
+    return ids, mask
+
+
+def _steps(model: Any, lengths: tuple[int, ...], **generate: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy tokens of ``generate`` and the logits it saw at each step."""
+    ids, mask = _prompt(lengths)
+    out = model.generate(
+        ids, attention_mask=mask, max_new_tokens=CACHE_STEPS, min_new_tokens=CACHE_STEPS, do_sample=False,
+        pad_token_id=0, return_dict_in_generate=True, output_logits=True, **generate,
+    )
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+def _spy_positions(model: Any, lengths: tuple[int, ...], **generate: Any) -> list[Any]:
+    """The (query, key) positions the first patched layer's attention saw while ``model`` generated; for an
+    encoding that acts outside the attention, the positions of each forward."""
+    state = patched(model)
+    seen: list[Any] = []
+    if not state.cores:
+        handle = model.register_forward_hook(lambda *_: seen.append(state.positions.tolist()))
+        try:
+            _steps(model, lengths, **generate)
+        finally:
+            handle.remove()
+        return seen
+    core = state.cores[0]
+    original = type(core).attend
+
+    def spy(self: Any, call: Any, *a: Any, **k: Any) -> Any:
+        if self is core:
+            seen.append((call.ctx.q_pos.tolist(), call.ctx.k_pos.tolist()))
+        return original(self, call, *a, **k)
+
+    try:
+        type(core).attend = spy  # type: ignore[method-assign]
+        _steps(model, lengths, **generate)
+    finally:
+        type(core).attend = original  # type: ignore[method-assign]
+    return seen
+
+
+def cache_check(encoding: str, cache: str) -> None:
+    """``encoding`` patched into tiny Llamas with multi-head and grouped-query attention: ``generate`` with the
+    ``cache`` gives, for each prompt of :data:`CACHE_PROMPTS` (one token, several, a left-padded batch), the tokens
+    of ``generate`` without a cache and, at every step, its logits (within 1e-4). The fp8 quantized cache stores
+    keys lossily, so there the check is that every step's attention sees the positions a dynamic cache gives.
+    :class:`NotApplicable` where transformers itself does not run the cache here (offloaded caches need CUDA)."""
+    generate = CACHES[cache]
+    for heads, kv in CACHE_MODELS.items():
+        model = _sharp_llama(kv)
+        _transformers_runs(model, **generate)
+        patch(model, encoding)
+        for lengths in CACHE_PROMPTS:
+            what = f"{encoding} with the {cache} cache ({heads}, prompt rows {lengths})"
+            if cache.startswith("quantized"):
+                dynamic = _spy_positions(model, lengths)
+                quantized = _spy_positions(model, lengths, **generate)
+                assert dynamic == quantized, f"{what}: the attention sees other positions than with a dynamic cache"
+                continue
+            seq, logits = _steps(model, lengths, **generate)
+            want_seq, want_logits = _steps(model, lengths, use_cache=False)
+            gap = float((logits - want_logits).abs().max())
+            assert gap < 1e-4, f"{what}: logits {gap:.2e} from generate without a cache"
+            assert torch.equal(seq, want_seq), f"{what}: other tokens than generate without a cache"

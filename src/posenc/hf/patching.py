@@ -43,6 +43,43 @@ CONFIG_KEY = "posenc"
 _ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "values", "scale"})
 
 
+#: the transformers release posenc.hf's tests and support matrix ran against (``constraints.txt`` pins it; a test
+#: keeps the two equal). posenc.hf reads transformers' internals (its cache's argument name and mask sizes, the
+#: rotary module, the attention registry), which a later release may change: transformers 5.24 renamed the
+#: forward's ``past_key_values`` to ``cache``.
+TESTED_TRANSFORMERS = "5.24.0"
+_warned_version: list[str] = []
+
+
+def _release(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def check_transformers_version(version: str | None = None) -> None:
+    """Warn once per process where transformers is newer than :data:`TESTED_TRANSFORMERS`: the patch may still
+    be right, and ``python -m posenc.hf_matrix`` says whether it is (each cell checks against the model's own
+    numbers or generate without a cache)."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    if _release(version)[:2] > _release(TESTED_TRANSFORMERS)[:2] and version not in _warned_version:
+        _warned_version.append(version)
+        import warnings
+
+        warnings.warn(
+            f"posenc.hf was tested with transformers {TESTED_TRANSFORMERS}; this is {version}, newer. posenc.hf "
+            "reads transformers' internals (the KV cache's mask sizes, the rotary module, the attention registry); "
+            "run `python -m posenc.hf_matrix` to check every family and cache against their own numbers, or "
+            f"install the tested release: pip install transformers=={TESTED_TRANSFORMERS}",
+            stacklevel=3,
+        )
+
+
 def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "auto", **options: Any) -> nn.Module:
     """Replace the positional encoding of a transformers ``model`` with posenc's ``encoding``; returns ``model``.
 
@@ -62,6 +99,7 @@ def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "
     (with every cache transformers offers), padding masks, training, ``save_pretrained`` / ``from_pretrained``
     and the Auto classes. What cannot work is refused here, with the reason, and the model is left as it was.
     """
+    check_transformers_version()
     hf_model = _unwrap(model)
     if _patch_of(hf_model) is not None:
         unpatch(hf_model)

@@ -108,3 +108,31 @@ def test_a_compiled_language_model_takes_every_length_in_one_graph(name: str) ->
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             got = compiled(tokens)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_inductor_deberta_forward_backward_at_a_length_that_expands_its_table() -> None:
+    """DeBERTa's 2k-row table (k = 256 here, 512 rows) is more than half as many rows as the offsets of L = 300
+    (599), so the relative kernel expands it and sums its gradient back per row: that gradient is contiguous, where
+    a clipped table's was a permuted view, and the custom op's fake kernel promised the view (Inductor's stride
+    check failed in the backward: "expected size 512==512, stride 32==8"). Compiled and eager agree, parameters'
+    gradients included."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    enc = build("deberta", dims=dict(d_model=32, n_heads=4, head_dim=8, max_len=512, n_layers=1, vocab_size=50))
+    layer = MultiHeadAttention(32, 4, enc, path="fast").eval()
+    x = torch.randn(2, 300, 32)
+
+    def run(fn) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        layer.zero_grad(set_to_none=True)
+        xx = x.clone().requires_grad_()
+        out = fn(xx)
+        out.square().sum().backward()
+        return out.detach(), xx.grad, {n: p.grad for n, p in layer.named_parameters()}
+
+    want, gx_want, gp_want = run(layer)
+    got, gx_got, gp_got = run(torch.compile(layer, fullgraph=True))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gx_got, gx_want, rtol=1e-4, atol=1e-4)
+    assert gp_want and all(g is not None for g in gp_want.values())
+    for n, g in gp_want.items():
+        torch.testing.assert_close(gp_got[n], g, rtol=1e-3, atol=1e-4, msg=lambda m, n=n: f"{n}: {m}")

@@ -136,11 +136,15 @@ class _Table:
         return self._grad
 
     def table_grad(self) -> Tensor:
-        """The table's gradient in the layout it was given, ``[P|R, H|1, d]`` (an expanded compact table's summed)."""
+        """The table's gradient in the layout it was given, ``[P|R, H|1, d]`` (an expanded compact table's summed),
+        contiguous whichever way it was made: the custom op's fake kernel (:func:`_table_grad`) must promise the
+        strides the real one returns, and an expanded table's sum is contiguous where the others are a permuted
+        view (compiled DeBERTa, whose 2k table is expanded at L = 300, failed Inductor's stride check in the
+        backward). The copy is of a table (``R × H × d``), not of anything ``L × L``."""
         g = (self.grad.flip(1) if self.reverse and self.idx is None else self.grad).permute(1, 0, 2)
         if self.given is not None:
             return g.new_zeros(self.given[1], *g.shape[1:]).index_add_(0, self.given[0], g)
-        return g
+        return g.contiguous()
 
     def cols(self, plan: _Plan, r0: int, r1: int, ke: int) -> tuple[int, int]:
         """A query term's key columns ``[jl, jr)`` of rows ``[r0, r1)`` that need the skewed product: every query of
@@ -617,8 +621,9 @@ def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
 
 
 def _table_grad(t: Tensor) -> Tensor:
-    """A table's gradient as :func:`_attend_backward` lays it out: ``[H|1, R, d]`` permuted to the table's shape."""
-    return t.new_empty(t.shape[1], t.shape[0], t.shape[2]).permute(1, 0, 2)
+    """A table's gradient as :func:`_attend_backward` returns it: the table's shape, contiguous
+    (:meth:`_Table.table_grad`)."""
+    return t.new_empty(t.shape)
 
 
 @_op.register_fake

@@ -12,7 +12,9 @@ KV cache keeps are the inner encoding's, untouched. The factor is read from the 
 (``ctx.q_pos``: a KV-cache step, left padding and explicit positions included), never from ``arange``.
 
 Every other hook (``positions``, ``embed``, ``logits``, ``bias``, ``values``, ``scale``) and every fast form
-(``relative_form``, ``bias_offsets``, ``bias_blocks``, ``content_query``) is the inner encoding's. What the inner
+(``relative_form``, ``bias_offsets``, ``bias_blocks``, ``content_query``, ``blocked_attention``) is the inner
+encoding's; the class itself overrides no ``relative_form`` (an instance takes the inner one's where it offers it),
+so that what the class declares is what its default inner encoding, NoPE, offers. What the inner
 encoding adds through the query (a Shaw or DeBERTa ``q_i · r`` term) is multiplied with it, as in the models this
 follows (Llama 4 and Mistral 3 multiply ``query_states`` and nothing else); a term that does not go through the
 query (a bias such as ALiBi's or T5's, a key term ``r · k_j``, Transformer-XL's ``u · k_j``) is not: this is a
@@ -96,8 +98,11 @@ class QueryTemperature(PositionalEncoding):
     def _wrap(
         self, inner: Any, inner_options: Any, dims: dict[str, Any], shared: Mapping[str, Any] | None = None
     ) -> None:
-        self.inner = build_inner(self.info.name, inner, inner_options, dims, shared)
-        enc = self.inner
+        self._adopt(build_inner(self.info.name, inner, inner_options, dims, shared))
+
+    def _adopt(self, enc: PositionalEncoding) -> None:
+        """Make ``enc`` the inner encoding."""
+        self.inner = enc
         # mirror the inner encoding's class attributes on the instance (what the attention and the models read)
         self.shared_across_layers = enc.shared_across_layers  # type: ignore[misc]
         self.key_projection = enc.key_projection  # type: ignore[misc]
@@ -106,8 +111,13 @@ class QueryTemperature(PositionalEncoding):
         self.fused_min_pairs = enc.fused_min_pairs  # type: ignore[misc]
         self.logits_read_scores = enc.logits_read_scores  # type: ignore[misc]
         self.codes_read_the_row = enc.codes_read_the_row  # type: ignore[misc]
-        if hasattr(enc, "blocked_attention"):  # CoPE's own row-blocked kernel (the plan looks for the attribute)
+        # the inner encoding's fast forms that are declared by their presence: CoPE's own row-blocked kernel (the plan
+        # looks for the attribute) and an offset-table form (an overridden relative_form declares one; offered here
+        # only where the inner encoding offers it, see offers_relative_form)
+        if hasattr(enc, "blocked_attention"):
             self.blocked_attention = enc.blocked_attention
+        if enc.offers_relative_form():
+            self.relative_form = enc.relative_form  # type: ignore[method-assign]
         self._inner_rotates = "rotate" in enc.hooks()
 
     def _hooks(self) -> frozenset[str]:
@@ -146,9 +156,6 @@ class QueryTemperature(PositionalEncoding):
     def scale(self, head_dim: int) -> float:
         return self.inner.scale(head_dim)
 
-    def relative_form(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Any:
-        return self.inner.relative_form(q, k, ctx)
-
     def content_query(self, q: Tensor, ctx: AttentionContext) -> Tensor | None:
         return self.inner.content_query(q, ctx)
 
@@ -159,6 +166,7 @@ class QueryTemperature(PositionalEncoding):
         return self.inner.bias_blocks(ctx)
 
     def offers_relative_form(self) -> bool:
+        # the inner encoding's form, set on the instance by _wrap where it offers one
         return self.inner.offers_relative_form()
 
     def cache_problem(self, shortest: int, longest: int) -> str | None:
@@ -193,5 +201,7 @@ class QueryTemperature(PositionalEncoding):
         """A new instance with the same settings; an inner encoding the layers share (T5's table) stays shared."""
         copy = type(self)(**self.params)
         if self.inner.shared_across_layers:
-            copy.inner = self.inner
+            shared = copy.shared_across_layers
+            copy._adopt(self.inner)
+            copy.shared_across_layers = shared  # type: ignore[misc]  # the temperature's own (SSMax: per layer)
         return copy

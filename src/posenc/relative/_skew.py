@@ -28,7 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn import functional as F
 
 from .. import native
 from ..base import AttentionContext
@@ -270,3 +271,15 @@ def toeplitz(vals: Tensor, lq: int, lk: int) -> Tensor:
     if vals.shape[-1] != lq + lk - 1:
         raise ValueError(f"toeplitz needs Lq + Lk - 1 = {lq + lk - 1} offsets, got {vals.shape[-1]}")
     return _Toeplitz.apply(vals, lq, lk)[None]
+
+
+def project(x: Tensor, proj: nn.Module, bias: bool = True) -> Tensor:
+    """``proj(x)`` for an ``nn.Linear`` (its bias only where ``bias``) computed in ``x``'s dtype: a position table
+    (float32 where posenc computes in float32) projected with a calling attention's own ``q_proj`` / ``k_proj``,
+    which are bfloat16 or float16 in a half-precision transformers model, patched in that dtype or cast after
+    patching (``F.linear`` refuses mixed dtypes). Any other module is called as it is."""
+    if not isinstance(proj, nn.Linear):
+        return proj(x)
+    w = proj.weight.to(x.dtype)
+    b = proj.bias.to(x.dtype) if bias and proj.bias is not None else None
+    return F.linear(x, w, b)

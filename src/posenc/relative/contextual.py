@@ -29,14 +29,13 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
-from ._skew import cached_index, key_table_term, offset_rows, offsets, query_table_term, toeplitz
+from ._skew import cached_index, key_table_term, offset_rows, offsets, project, query_table_term, toeplitz
 
 #: the article these encodings come from (docs/background.md)
 _ARTICLE = 'anon., "Positional encoding of the Transformer"'
@@ -318,7 +317,7 @@ class Contextual2(_Bucketed):
         return q_proj, k_proj
 
     def _project(self, r: Tensor, proj: nn.Linear) -> Tensor:
-        return F.linear(r, proj.weight, proj.bias if self.projection_bias else None)
+        return project(r, proj, bias=self.projection_bias)
 
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
         q_proj, k_proj = self._projections(ctx)

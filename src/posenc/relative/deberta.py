@@ -66,7 +66,7 @@ from ..errors import ConfigError, PositionError
 from ..fused import RelativeForm, offset_table
 from ..registry import register
 from ._sizes import head_dim_of
-from ._skew import DIRECT_KEY_TERM_ELEMENTS, key_rows_dot, offset_rows, offsets
+from ._skew import DIRECT_KEY_TERM_ELEMENTS, key_rows_dot, offset_rows, offsets, project
 
 POS_ATT_TYPES = ("c2p", "p2c", "p2p")
 P2C_OFFSETS = ("hf", "paper")
@@ -337,7 +337,7 @@ class DeBERTa(PositionalEncoding):
             k_proj = self.pos_key_proj[ctx.layer] if self.pos_key_proj is not None else None
 
         def heads(proj: nn.Module) -> Tensor:
-            return proj(p).view(2 * self.span, self.n_heads, self.head_dim).transpose(0, 1)
+            return project(p, proj).view(2 * self.span, self.n_heads, self.head_dim).transpose(0, 1)
 
         needs_q = "p2c" in self.terms or "p2p" in self.terms
         needs_k = "c2p" in self.terms or "p2p" in self.terms

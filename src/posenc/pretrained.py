@@ -46,6 +46,8 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,9 +243,10 @@ def _cache_error(err: OSError, folder: Path, need_mb: float | None = None) -> Co
     )
 
 
-def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool) -> None:
+def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool, replace: bool = False) -> None:
     """De-quantise ``gguf`` with transformers and save it (weights and tokenizer) into ``target``, atomically: into
-    a temporary folder beside it, renamed when whole (:func:`_publish`). A file transformers cannot read is a
+    a temporary folder beside it, renamed when whole (:func:`_publish`; ``replace``: over a published conversion of
+    the same identity too, one found damaged or asked to be redone). A file transformers cannot read is a
     :class:`ConfigError` naming it; so is a cache that cannot be written (full disk, no permission)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -291,7 +294,7 @@ def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool) -> No
             model.save_pretrained(str(tmp))
             tok.save_pretrained(str(tmp))
             (tmp / IDENTITY_FILE).write_text(json.dumps(ident, indent=2, sort_keys=True) + "\n")
-            _publish(tmp, target, ident)
+            _publish(tmp, target, ident, replace)
         except OSError as err:
             need = 4 * sum(t.numel() for t in model.state_dict().values()) / 1e6
             raise _cache_error(err, target.parent, need) from None
@@ -306,15 +309,15 @@ def _first_line(err: BaseException) -> str:
     return text[0][:300].rstrip(".") if text else type(err).__name__
 
 
-def _publish(tmp: Path, target: Path, ident: dict[str, Any]) -> None:
+def _publish(tmp: Path, target: Path, ident: dict[str, Any], replace: bool = False) -> None:
     """Move a finished conversion ``tmp`` to ``target`` so that a process reading ``target`` never sees half of it.
 
     Two processes may convert at once (two test workers, two notebooks): where the other one has already published
     the same conversion, this one's copy is dropped and the published one left alone (a reader may be loading it);
-    an older one (another GGUF, another transformers, a damaged one) is first renamed aside, atomically, then
-    removed."""
+    an older one (another GGUF, another transformers, a damaged one, or any where ``replace``) is first renamed
+    aside, atomically, then removed."""
     published = _read_identity(target)
-    if published == ident and published is not None:
+    if published == ident and published is not None and not replace:
         shutil.rmtree(tmp, ignore_errors=True)
         return
     if target.exists():
@@ -412,14 +415,14 @@ def _gguf(path: Path, name: str, packaged: Packaged | None, refresh: bool, quiet
     elif cached is None and not refresh and target.exists():
         _say(f"the converted cache {target} has no readable {IDENTITY_FILE} (damaged?); converting again", quiet)
     if cached is None:
-        _convert(path, target, ident, quiet)
+        _convert(path, target, ident, quiet, replace=refresh or target.exists())
         return _from_folder(target, ident, dtype, kwargs)
     _say(f"loading {name} from its converted cache {target}", quiet)
     try:
         return _from_folder(target, cached, dtype, kwargs)
     except ConfigError as err:
         _say(f"the converted cache {target} cannot be loaded ({err.__cause__ or err}); converting again", quiet)
-    _convert(path, target, ident, quiet)
+    _convert(path, target, ident, quiet, replace=True)
     return _from_folder(target, ident, dtype, kwargs)
 
 
@@ -489,6 +492,32 @@ def hub_unreachable(timeout: float = HUB_TIMEOUT) -> str | None:
         return f"{host}:{port} cannot be reached: {err.strerror or err}"
 
 
+@contextmanager
+def offline_lookup(offline: bool = True) -> Iterator[None]:
+    """Inside the block, the hub libraries look only in their local cache (``HF_HUB_OFFLINE``, set and restored),
+    where ``offline``: ``local_files_only`` alone still sends requests (transformers asks for an adapter file), each
+    retried for about a minute where there is no network."""
+    if not offline:
+        yield
+        return
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        yield
+        return
+    before, env = constants.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
+    constants.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+        if env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = env
+
+
 def _no_such(given: str, why: str) -> ConfigError:
     known = sorted({*PACKAGED, *ALIASES})
     close = difflib.get_close_matches(given.lower(), known, n=3, cutoff=0.6)
@@ -506,11 +535,10 @@ def _from_hub(given: str, dtype: Any, kwargs: dict[str, Any]) -> tuple[nn.Module
     if dtype is not None:
         kwargs = {**kwargs, "dtype": dtype}
     unreachable = hub_unreachable()
-    if unreachable is not None:  # the hub's local cache only: found in a moment or not at all
-        kwargs = {**kwargs, "local_files_only": True}
     try:
-        model = AutoModelForCausalLM.from_pretrained(given, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(given, local_files_only=unreachable is not None)
+        with offline_lookup(unreachable is not None):  # the hub's local cache only: found in a moment or not at all
+            model = AutoModelForCausalLM.from_pretrained(given, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(given)
     except (ConfigError, MemoryError):
         raise
     except Exception as err:  # noqa: BLE001 -- OSError, HFValidationError, ValueError ...

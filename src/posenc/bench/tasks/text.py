@@ -273,7 +273,8 @@ def load_tokenizer(name: str) -> Any:
         unreachable = pretrained.hub_unreachable() if pretrained is not None else None
         if unreachable is not None:  # the hub's local cache only: said in a moment, not after a minute of retries
             try:
-                return AutoTokenizer.from_pretrained(name, local_files_only=True)
+                with pretrained.offline_lookup():  # type: ignore[union-attr]
+                    return AutoTokenizer.from_pretrained(name)
             except Exception:  # noqa: BLE001 -- not cached: the error below says why it cannot be fetched
                 raise ConfigError(
                     f"--tokenizer {name}: not a local folder or a packaged model ({', '.join(packaged)}), and no hub "

@@ -117,6 +117,45 @@ def test_an_interrupted_conversion_leaves_nothing_behind(tiny, cache, monkeypatc
     assert (next(cache.iterdir()) / pretrained.IDENTITY_FILE).is_file()
 
 
+_KILLED = """
+import sys, time, transformers
+import posenc.hf
+
+def slow(self, folder, *a, **k):
+    open(folder + "/model.safetensors", "wb").write(b"half" * 1000)
+    print("saving", flush=True)
+    time.sleep(120)
+
+transformers.PreTrainedModel.save_pretrained = slow
+posenc.hf.load_pretrained(sys.argv[1], quiet=True)
+"""
+
+
+def test_a_killed_conversion_is_cleaned_up_by_the_next_load(tiny, cache, capsys):
+    """A conversion killed outright (SIGKILL: no except clause runs) leaves its temporary folder; the next load
+    finds its process gone, removes the folder, says so, and converts the model whole."""
+    import signal
+    import subprocess
+    import sys
+
+    path, _ = tiny
+    env = {**os.environ, "POSENC_DATA": str(cache.parent), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED, str(path)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "saving"
+        left = [p for p in cache.iterdir() if p.name.startswith(".")]
+        assert len(left) == 1 and (left[0] / "model.safetensors").is_file()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert left[0].exists()  # what a killed process leaves
+    model, _ = posenc.hf.load_pretrained(path, quiet=False)
+    err = capsys.readouterr().err
+    assert f"removed {left[0]}" in err and f"process {child.pid}, which is gone" in err
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+    assert pretrained.identity(model)["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_a_transformers_folder_loads_and_patches(tiny, cache, tmp_path):
     path, _ = tiny
     model, tok = posenc.hf.load_pretrained(path, quiet=True)

@@ -149,6 +149,15 @@ def test_posenc_portable_that_is_not_yes_or_no_is_an_error_at_import():
     _says(r.stderr, ["ConfigError", "POSENC_PORTABLE='banana' is not a yes/no setting", "unset it (default: off)"])
 
 
+def test_a_cc_that_is_not_found_is_said_not_passed_over(monkeypatch, capsys):
+    from posenc.native import builds
+
+    monkeypatch.setenv("CC", "/no/such-cc")
+    got = builds._compiler()
+    assert got != "/no/such-cc"
+    _says(capsys.readouterr().err, ["CC='/no/such-cc' is not found on PATH"])
+
+
 needs_cc = pytest.mark.skipif(native._compiler() is None, reason="no C compiler on this machine")
 
 

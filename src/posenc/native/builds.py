@@ -116,10 +116,16 @@ def cache_dir() -> Path:
 
 
 def _compiler() -> str | None:
-    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cc and shutil.which(cc):
-            return cc
-    return None
+    """``$CC`` where it is set and found, else the first of ``cc``, ``gcc``, ``clang`` on ``PATH``; a ``CC`` that is
+    not found is said on stderr (not passed over in silence) before another is used."""
+    want = os.environ.get("CC", "").strip()
+    if want and shutil.which(want):
+        return want
+    found = next((cc for cc in ("cc", "gcc", "clang") if shutil.which(cc)), None)
+    if want:
+        instead = f"building the kernels with {found}" if found else "and no other C compiler either"
+        sys.stderr.write(f"posenc: CC={want!r} is not found on PATH; {instead}\n")
+    return found
 
 
 def flags(name: str) -> list[str]:

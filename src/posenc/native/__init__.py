@@ -19,8 +19,11 @@ builds compute the same sums in the same order (no ``-ffast-math``; ``-std=c99``
 multiply-adds), so they agree to the last bit except where the AVX-512 code uses explicit fused multiply-adds
 (tests/test_native.py compares them). Where there is no compiler or the build fails, :func:`available` is ``False``,
 one line on stderr says so, and every caller keeps its PyTorch path (the same numbers up to rounding;
-tests/test_native.py compares both); ``POSENC_NATIVE=0`` turns the kernels off without that line. Large tensors are
-split over ``torch.get_num_threads()`` threads (ctypes releases the GIL during the call).
+tests/test_native.py compares both); ``POSENC_NATIVE=0`` turns the kernels off without that line (``0``/``false``/
+``no``/``off`` or ``1``/``true``/``yes``/``on``; any other value is a :class:`~posenc.errors.ConfigError`, never taken
+as either). A cached build is loaded only where its SHA-256 is the one written beside it when it was compiled
+(``<file>.sha256``): a truncated file is compiled again, not loaded (loading one can end the process with a bus
+error). Large tensors are split over ``torch.get_num_threads()`` threads (ctypes releases the GIL during the call).
 
 The package, by job (bottom to top; a name with a leading underscore is private to the package, not to its module):
 

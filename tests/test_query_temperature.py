@@ -287,6 +287,24 @@ def test_ssmax_counts_the_keys_each_query_attends():
     assert torch.allclose(seen["factor"], torch.tensor([1, 1, 1, 2, 3, 4]).float().log())  # n = 0 counts as 1
 
 
+def test_ssmax_counts_keys_by_position_where_the_mask_is_not_known_yet():
+    # posenc.hf and the probes of posenc inspect rotate before the mask exists (ctx.n_keys is None): n is then the
+    # keys at positions up to the query's (causal) or every key
+    from posenc.base import AttentionContext
+    from posenc.temperature.ssmax import key_counts
+
+    def ctx(q, k):
+        return AttentionContext(q_pos=torch.tensor(q), k_pos=torch.tensor(k), n_heads=1, head_dim=2)
+
+    assert key_counts(ctx([[3, 4, 5]], [[0, 1, 2, 3, 4, 5]]), True).tolist() == [[[4, 5, 6]]]
+    assert key_counts(ctx([[7]], [[2, 3, 4, 5, 6, 7]]), True).tolist() == [[[6]]]  # a cache from position 2
+    assert key_counts(ctx([[2, 4], [3, 9]], [[0, 2, 4], [1, 3, 9]]), True).tolist() == [[[2, 3]], [[2, 3]]]
+    assert key_counts(ctx([[3, 4, 5]], [[0, 1, 2, 3, 4, 5]]), False).tolist() == [[[6, 6, 6]]]
+    known = ctx([[5]], [[5]])
+    known.n_keys = 6  # a KV-cache step: its k_pos holds the new key only, n_keys all of them
+    assert key_counts(known, True).tolist() == [[[6]]]
+
+
 def test_ssmax_gradient_of_s_and_b_by_gradcheck():
     attn, enc = _ssmax_attention(2, 2, 0, learn_bias=True)
     x = torch.randn(2, 5, 4, dtype=torch.float64)

@@ -562,6 +562,49 @@ def test_a_full_disk_is_named_and_leaves_nothing(tiny, cache, monkeypatch):
     assert list(cache.iterdir()) == []
 
 
+def _damage(folder: Path, name: str, data: bytes) -> Path:
+    (folder / name).write_bytes(data)
+    return folder
+
+
+def _patched_save(tiny: Path, tmp_path: Path) -> Path:
+    import posenc.hf
+
+    model, _ = _load(tiny)
+    posenc.hf.patch(model, "alibi")
+    d = tmp_path / "patched"
+    posenc.hf.save_pretrained(model, d)
+    return d
+
+
+CHECKPOINT_CASES = [
+    ("None", lambda d: None, ["directory must be a folder", "got None"]),
+    ("empty", lambda d: "", ["got ''"]),
+    ("missing", lambda d: d / "no-such", ["no-such: no such folder"]),
+    ("a file", lambda d: _write(d / "f", b"x"), ["no such folder"]),
+    ("config damaged", lambda d: _damage(d, "config.json", b"{bad"),
+     ["cannot be loaded by AutoModelForCausalLM", "config.json", "save_pretrained wrote them"]),
+    ("weights truncated", lambda d: _damage(d, "model.safetensors", (d / "model.safetensors").read_bytes()[:100]),
+     ["cannot be loaded by AutoModelForCausalLM", "SafetensorError"]),
+    ("posenc.json binary", lambda d: _damage(d, "posenc.json", b"\xff\xfe\0"), ["posenc.json is damaged"]),
+    ("encoding weights empty", lambda d: _damage(d, "posenc_encoding.pt", b""),
+     ["posenc_encoding.pt cannot be read as the encoding's parameters", "copy it again"]),
+]
+
+
+@pytest_hf
+@pytest.mark.parametrize("label, make, words", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
+def test_posenc_hf_from_pretrained_bad_folders(label, make, words, tiny, tmp_path, cache):
+    from transformers import AutoModelForCausalLM
+
+    import posenc.hf
+
+    folder = _patched_save(tiny, tmp_path)
+    with pytest.raises(ConfigError) as err:
+        posenc.hf.from_pretrained(AutoModelForCausalLM, make(folder))
+    _says(str(err.value), words)
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()

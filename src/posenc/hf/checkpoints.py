@@ -63,11 +63,18 @@ def from_pretrained(model_class: Any, directory: str | os.PathLike, **kwargs: An
     patched as it was, with its encoding's parameters.
 
     ``model_class`` is a transformers class (``LlamaForCausalLM``, ``AutoModelForCausalLM`` ...); ``kwargs`` go
-    to its ``from_pretrained``. A folder without the patch, a damaged ``posenc.json`` or missing encoding weights
-    are a :class:`~posenc.errors.ConfigError`."""
+    to its ``from_pretrained``. A folder that is missing, without the patch, or whose ``config.json``, weights,
+    ``posenc.json`` or encoding weights are damaged or missing is a :class:`~posenc.errors.ConfigError` naming
+    it."""
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+        raise ConfigError(f"directory must be a folder that posenc.hf.save_pretrained wrote, got {directory!r}")
+    text = os.fspath(directory)
+    local = Path(text).is_absolute() or text.startswith((".", "~")) or str(text).count("/") > 1
+    if not Path(text).expanduser().is_dir() and (local or Path(text).exists()):  # (else a hub id: transformers')
+        raise ConfigError(f"{directory}: no such folder; give the folder that posenc.hf.save_pretrained wrote")
     spec_path = Path(directory) / SPEC_FILE
     if not spec_path.is_file():
-        model = model_class.from_pretrained(directory, **kwargs)
+        model = _load_folder(model_class, directory, kwargs)
         if _patch_of(model) is None:
             raise ConfigError(
                 f"{directory} has no {SPEC_FILE} and its config records no posenc patch: it was not saved from a "
@@ -91,17 +98,36 @@ def from_pretrained(model_class: Any, directory: str | os.PathLike, **kwargs: An
             f"{directory} has {SPEC_FILE} but not {WEIGHTS_FILE}, the encoding's parameters: copy the whole folder "
             "that posenc.hf.save_pretrained wrote"
         )
-    model = model_class.from_pretrained(directory, **kwargs)
+    model = _load_folder(model_class, directory, kwargs)
     state = _patch_as(model, spec)
     try:
         weights = torch.load(weights_path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: torch raises several kinds
-        raise ConfigError(f"{weights_path} cannot be read as the encoding's parameters: {err}") from err
+        raise ConfigError(
+            f"{weights_path} cannot be read as the encoding's parameters ({type(err).__name__}: {err}); copy it "
+            "again from the folder posenc.hf.save_pretrained wrote"
+        ) from err
     try:
         state.load_state_dict(_old_layout(state, weights))
     except (RuntimeError, KeyError, ValueError) as err:
         raise ConfigError(f"{weights_path} does not hold the parameters of {spec['encoding']}: {err}") from err
     return model
+
+
+def _load_folder(model_class: Any, directory: str | os.PathLike, kwargs: dict[str, Any]) -> nn.Module:
+    """``model_class.from_pretrained(directory)``; what transformers cannot read there (a damaged ``config.json``,
+    truncated weights) is a :class:`ConfigError` naming the folder and the cause."""
+    try:
+        return model_class.from_pretrained(directory, **kwargs)
+    except (ConfigError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 -- transformers raises OSError, ValueError, SafetensorError ...
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(
+            f"{directory} cannot be loaded by {getattr(model_class, '__name__', model_class)}: "
+            f"{type(err).__name__}: {first}; it needs transformers' whole files (config.json and the weights) as "
+            "save_pretrained wrote them"
+        ) from err
 
 
 def restore(model: nn.Module, source: str | os.PathLike | None = None) -> nn.Module:

@@ -385,6 +385,8 @@ CANNOT = {
     # they project with the attention's own q_proj/k_proj, which grouped keys (this Llama's 2 for 4 heads) lack
     "deberta": "q_proj",
     "contextual-2": "q_proj",
+    # one set of frequencies per query head: a key shared by a group of heads has no one rotation
+    "rope-mixed": "grouped keys",
 }
 
 

@@ -9,7 +9,7 @@ by one of them. With ``a(i) ∈ {t, h, w}`` the axis of pair ``i`` and ``θ_i = 
 
 and each pair ``(x_i, x_{i+d/2})`` is rotated by ``φ_i`` as in ``rope`` (rotate-half layout). The axes:
 
-* ``mrope`` (Wang et al. 2024, Qwen2-VL, eq. in §2.1 "Multimodal Rotary Position Embedding"): the spectrum is cut
+* ``mrope`` (Wang et al. 2024, Qwen2-VL, §2.1 "Multimodal Rotary Position Embedding"): the spectrum is cut
   into three contiguous sections, ``mrope_section = [s_t, s_h, s_w]`` pairs (Qwen2-VL: ``[16, 24, 24]`` of 64):
   ``a(i) = t`` for ``i < s_t``, ``h`` for ``s_t <= i < s_t + s_h``, ``w`` above. The temporal axis thus gets the
   fastest frequencies and the width the slowest.
@@ -235,8 +235,8 @@ class MRoPE(RoPE):
         learnable=False,
         summary="Rotary pairs in (time, height, width) sections, each rotated by its own position id; text: RoPE.",
         reference=(
-            "HF transformers 5.24 Qwen2VLTextRotaryEmbedding (mrope_section) + apply_rotary_pos_emb, float64 with "
-            "gradients: max diff 0; Qwen2VLModel / Qwen2_5_VLModel.get_rope_index: equal ids"
+            "HF transformers 5.24 Qwen2VLRotaryEmbedding (mrope_section) + apply_rotary_pos_emb, float64: max diff 0 "
+            "(values and gradients); Qwen2VLModel / Qwen2_5_VLModel.get_rope_index: equal ids"
         ),
         aliases=("m-rope", "multimodal-rope", "qwen2-vl-rope"),
     )
@@ -378,7 +378,7 @@ class MRoPEInterleaved(MRoPE):
         summary="M-RoPE with the time, height and width axes interleaved t h w t h w ... across the spectrum.",
         reference=(
             "HF transformers 5.24 Qwen3VLTextRotaryEmbedding (interleaved mrope_section) + apply_rotary_pos_emb, "
-            "float64 with gradients: max diff 0; Qwen3VLModel.get_rope_index: equal ids"
+            "float64: max diff 0 (values and gradients); Qwen3VLModel.get_rope_index: equal ids"
         ),
         aliases=("interleaved-mrope", "imrope", "qwen3-vl-rope"),
     )

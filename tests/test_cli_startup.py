@@ -240,3 +240,17 @@ def test_a_command_that_loaded_the_names_leaves_them_for_the_next(tmp_path):
     assert list(tmp_path.glob("cards-*.json")) and list(tmp_path.glob("tasks-*.json"))
     again = _cached_run(env, [sys.executable, "-c", BLOCKED, "bench", "--encodings", "ropee"])
     assert "EXIT: 2" in again.stdout and "Did you mean: rope" in again.stderr, again.stdout + again.stderr
+
+
+def test_in_a_process_that_loaded_the_registry_the_registry_is_asked(monkeypatch):
+    # a program that registered an encoding or a task of its own, then called the command line: no false "unknown"
+    import posenc.registry
+    from posenc import _cards
+    from posenc.bench import types
+
+    monkeypatch.setattr(_cards, "cards", lambda: pytest.fail("the cards were read with the registry loaded"))
+    _cards.check_encodings(["rope", "rope-pi"])
+    with pytest.raises(posenc.UnknownNameError, match=r"--encodings: unknown encoding 'ropee'\. Did you mean: rope"):
+        _cards.check_encodings(["ropee"], "--encodings")
+    monkeypatch.setitem(types._TASKS, "a-task-of-mine", object())
+    assert "a-task-of-mine" in _cards.task_names() and "order" in _cards.task_names()

@@ -96,15 +96,15 @@ def normalized(name: str) -> str:
 
 
 def close_names(name: str, names: Iterable[str], aliases: Mapping[str, str], n: int = 5) -> list[str]:
-    """The names closest to ``name`` (a typo), each a name ``posenc list`` shows: the listed names close to it
-    first, then those whose alias is close to it (``yarnn`` -> ``rope-yarn``, by its alias ``yarn``), never the
-    alias itself, and no name twice."""
-    key = normalized(name)
-    names = sorted(names)
-    out = difflib.get_close_matches(key, names, n=n)
-    for match in difflib.get_close_matches(key, sorted(aliases), n=len(aliases)):
-        if aliases[match] not in out:
-            out.append(aliases[match])
+    """The names closest to ``name`` (a typo), each a name ``posenc list`` shows: names and aliases are ranked by
+    how close they are, and an alias stands for its name (``rope-neoxx`` -> ``rope``, by its alias ``rope-neox``;
+    ``yarnn`` -> ``rope-yarn``), never shown itself; no name twice."""
+    pool = sorted({*names, *aliases})
+    out: list[str] = []
+    for match in difflib.get_close_matches(normalized(name), pool, n=len(pool)):
+        canonical = aliases.get(match, match)
+        if canonical not in out:
+            out.append(canonical)
     return out[:n]
 
 
@@ -133,7 +133,12 @@ def unknown_encodings(
 
 def check_encodings(names: list[str], where: str = "") -> None:
     """Raise :func:`unknown_encodings`'s error for the names of ``names`` that are neither a registered encoding
-    nor an alias, from the cards (no torch once they are cached)."""
+    nor an alias, from the cards (no torch once they are cached). Where this process has loaded the registry (a
+    program that registered an encoding of its own, then called the command line), the registry is asked."""
+    registry = sys.modules.get("posenc.registry")
+    if registry is not None:
+        registry.check_names(names, where)
+        return
     listed = cards()
     known = [c["name"] for c in listed]
     aliases = {a: c["name"] for c in listed for a in c.get("aliases") or ()}
@@ -156,13 +161,16 @@ def _builtin_tasks() -> list[str]:
 
 
 def task_names() -> list[str] | None:
-    """The names of the built-in tasks, from the cache (built once per state of posenc's files), or None where
-    installed packages declare tasks of their own (entry points: their names are known only once loaded)."""
+    """The names of the built-in tasks, from the cache (built once per state of posenc's files), and those this
+    process registered (a program's own tasks); None where installed packages declare tasks of their own (entry
+    points: their names are known only once loaded)."""
     from importlib.metadata import entry_points
 
     if list(entry_points(group=TASK_GROUP)):
         return None
-    return _cached("tasks", _builtin_tasks, lambda got: isinstance(got, list) and all(isinstance(t, str) for t in got))
+    names = _cached("tasks", _builtin_tasks, lambda got: isinstance(got, list) and all(isinstance(t, str) for t in got))
+    types = sys.modules.get("posenc.bench.types")
+    return sorted({*names, *getattr(types, "_TASKS", {})})
 
 
 def keep() -> None:

@@ -64,7 +64,7 @@ class HoPE(_TruncatedRoPE):
         position="relative",
         learnable=False,
         summary="RoPE keeping only the frequencies that turn fully within the training length L; the rest unrotated.",
-        reference="the paper's formula as a naive per-pair loop (float64); RoPE's numbers on the kept pairs",
+        reference="the paper's formula as a naive per-pair loop (float64; float32 phases: within m·2^-24 rad)",
         aliases=("hope-rope", "high-frequency-rope"),
     )
     # the paper's title: no long-term decay (its kept components all turn fully within L, so the mean score does

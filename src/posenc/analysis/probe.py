@@ -149,8 +149,9 @@ class Probe:
     # ------------------------------------------------------------ codes
     @property
     def rotary_only(self) -> bool:
-        """Only the rotate hook acts inside attention: the rotation of a fixed vector is a per-position code."""
-        return set(self.hooks) & ATTENTION_HOOKS == {"rotate"}
+        """Only the rotate hook acts inside attention (beside a softmax temperature, which scales every score alike:
+        MLA's YaRN factor): the rotation of a fixed vector is a per-position code."""
+        return "rotate" in self.hooks and set(self.hooks) & ATTENTION_HOOKS <= {"rotate", "scale"}
 
     @property
     def has_code(self) -> bool:

@@ -128,7 +128,9 @@ def test_a_rotation_in_the_attention_keeps_smollm3s_layers_without_rope_without_
             attn.k_proj.weight.mul_(10)
     before = [attn(hidden, position_embeddings=rope, attention_mask=None)[0] for attn in layers]
     hf.patch(model, "rope-interleaved")  # rotates inside posenc's attention
-    assert [a.layer_idx for a in hf.patched(model).attns] == [0]
+    # layer 1 is left as the model has it: in posenc's attention (the model's attention implementation is posenc's
+    # now) with no encoding of its own
+    assert [(c.layer, c.encoding.info.name) for c in hf.patched(model).cores] == [(0, "rope-interleaved"), (1, "nope")]
     after = [attn(hidden, position_embeddings=rope, attention_mask=None)[0] for attn in layers]
     assert (after[0] - before[0]).abs().max() > 1e-3  # rotated now
     torch.testing.assert_close(after[1], before[1], atol=1e-5, rtol=1e-5)  # still no position

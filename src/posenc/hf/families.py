@@ -104,8 +104,9 @@ def _falcon_refuses(model: nn.Module) -> str | None:
 SUPPORTED: tuple[Family, ...] = (
     Family(
         "llama",
-        "rotary decoders built like Llama: Llama, Mistral, Qwen2/3, Gemma 1-3, Mixtral, Qwen2-MoE, OLMo, Granite, "
-        "Starcoder2, SmolLM3 ... (*ForCausalLM and their bases)",
+        "rotary decoders built like Llama: Llama, Mistral, Qwen2/3, Gemma 1-3, Mixtral, Qwen2-MoE, OLMo 1-3, Granite, "
+        "Starcoder2, SmolLM3, Cohere2 (Command A), Llama 4 text (Llama4ForCausalLM) ... (*ForCausalLM and their "
+        "bases)",
         layers="layers", attn="self_attn", projections=("q_proj", "k_proj", "v_proj"), token_path="embed_tokens",
         head_dim_attr="head_dim", rotary_path="rotary_emb",
     ),
@@ -127,6 +128,13 @@ SUPPORTED: tuple[Family, ...] = (
         "encodings acting outside the attention (RoPE scalings, absolute codes, NoPE) go in",
         layers="h", attn="self_attention", projections=("query_key_value",), token_path="word_embeddings",
         head_dim_attr="head_dim", rotary_path="rotary_emb", interface=False, refuse=_falcon_refuses,
+    ),
+    Family(
+        "modernbert",
+        "ModernBERT (ModernBertModel, ModernBertForMaskedLM, ...): an encoder with one fused Wqkv, RoPE with its own "
+        "base per layer type (global and local layers)",
+        layers="layers", attn="attn", projections=("Wqkv",), token_path="embeddings.tok_embeddings",
+        head_dim_attr="head_dim", rotary_path="rotary_emb",
     ),
     Family(
         "gpt2",
@@ -161,7 +169,11 @@ def _base_and_family(model: nn.Module) -> tuple[nn.Module, Family]:
     """The module holding the blocks (``model.base_model``, or ``model`` itself) and its family; a model of no
     supported family is a :class:`~posenc.errors.ConfigError` listing them."""
     base = getattr(model, "base_model", model)
-    for candidate in (base, model):
+    inner = model._modules.get("model") if isinstance(getattr(model, "_modules", None), dict) else None
+    # Llama4ForCausalLM names its base model prefix "language_model" but keeps it at .model
+    for candidate in (base, model, inner):
+        if candidate is None:
+            continue
         for family in SUPPORTED:
             if family.recognise(candidate):
                 return candidate, family
@@ -169,6 +181,28 @@ def _base_and_family(model: nn.Module) -> tuple[nn.Module, Family]:
         f"posenc.hf cannot patch a {type(model).__name__}: it supports these transformers model families\n"
         f"{supported_models()}"
     )
+
+
+def _own_rotation(attn: nn.Module, config: Any) -> bool:
+    """Whether the model itself rotates this attention layer's queries and keys by the rotary module's phases: not
+    where its layer has no RoPE -- SmolLM3's and Llama 4's ``no_rope_layers`` (the module's ``use_rope``), Cohere2's
+    global layers (it rotates only its sliding-window layers)."""
+    if hasattr(attn, "use_rope"):
+        return bool(attn.use_rope)
+    if getattr(config, "model_type", None) == "cohere2":
+        return getattr(attn, "sliding_window", None) is not None
+    return True
+
+
+#: the attribute of an attention module that switches the model's own query temperature on (Llama 4's
+#: ``attn_temperature_tuning``, applied by the module itself on its layers without RoPE)
+OWN_TEMPERATURE = "attn_temperature_tuning"
+
+
+def _own_temperature(attn: nn.Module) -> bool:
+    """Whether the model multiplies this layer's queries by a temperature of its own before the attention function
+    (Llama 4's NoPE layers with ``attn_temperature_tuning``)."""
+    return bool(getattr(attn, OWN_TEMPERATURE, False)) and not bool(getattr(attn, "use_rope", True))
 
 
 def _model_dims(model: nn.Module, family: Family, attn: nn.Module) -> dict[str, Any]:

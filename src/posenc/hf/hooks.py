@@ -5,7 +5,9 @@
   and the checks that the patch still holds (its module not replaced, the attention implementation not changed);
 * after the token embedding (:func:`_add_codes`): the encoding's absolute codes;
 * after the model's own learned position table (:func:`_silence`): zeros;
-* after the rotary module: :func:`posenc.hf.rotary._rotary_output`;
+* after the rotary module: :func:`posenc.hf.rotary._rotary_output` (where some layer type gets other phases than
+  the model's own), and before the attention module of a layer whose phases differ from its type's:
+  :func:`posenc.hf.rotary._layer_phases`;
 * ``model.set_attn_implementation``, guarded while an encoding acts in posenc's attention.
 
 Each hook is a :class:`_Bound`, so that copies and pickles of a patched model carry working hooks of their own.
@@ -30,7 +32,7 @@ from ..base import PositionalEncoding, as_position_rows, mark_arange
 from ..errors import ConfigError
 from .attention import ATTENTION_NAME, _register_attention
 from .families import Family
-from .rotary import _rotary_output
+from .rotary import _layer_phases, _rotary_output
 from .state import _HALF, PosencPatch, _patch_of, _settle_dtype
 
 
@@ -80,8 +82,13 @@ def _install(
         state.handles.append(table.register_forward_hook(_Bound(_silence, state)))
         if state.name == "learned" and not state.options.get("init_std") and hasattr(enc, "weight"):
             _copy_table(enc, table)
-    if rotary is not None:
+    if rotary is not None and any(not (isinstance(v, str) and v == "own") for v in state.by_type.values()):
         state.handles.append(rotary.register_forward_hook(_Bound(_rotary_output, state), with_kwargs=True))
+    attns = family.attention(base)
+    for i in state.phase_layers:  # a layer whose phases differ from those of its type
+        state.handles.append(attns[i].register_forward_pre_hook(_Bound(_layer_phases, state, i), with_kwargs=True))
+    for attn, attr, _ in state.saved_attrs:  # the model's own temperature off where the patch gives an encoding
+        setattr(attn, attr, False)
     if in_attention:
         for attn, core in zip(state.attns, state.cores, strict=True):
             object.__setattr__(attn, "_posenc_core", core)
@@ -96,6 +103,8 @@ def _uninstall(model: nn.Module, base: nn.Module, family: Family, state: PosencP
     """Undo :func:`_install`: the hooks off, the attention modules as they were, the model's own attention."""
     _remove_hooks(model, state)
     state.handles.clear()
+    for attn, attr, value in state.saved_attrs:
+        setattr(attn, attr, value)
     for attn in family.attention(base):
         for a in ("_posenc_core", "_posenc_patch", "_posenc_projections"):
             if a in attn.__dict__:

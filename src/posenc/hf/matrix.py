@@ -65,7 +65,7 @@ __all__ = [
 
 #: the columns: header, check
 FEATURES: dict[str, Callable[[Callable[[], Any]], None]] = {
-    "own RoPE": own_rope,
+    "own scheme per layer": own_rope,
     "alibi + cache": _cached_equals_uncached("alibi"),
     "t5 + cache": _cached_equals_uncached("t5"),
     "xpos + cache": _cached_equals_uncached("xpos"),

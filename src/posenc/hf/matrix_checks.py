@@ -24,13 +24,33 @@ from ..errors import ConfigError
 from .attention import ATTENTION_NAME
 from .families import _base_and_family
 from .patching import patch, unpatch
-from .rotary import HF_ROPE_TYPES
 from .state import patched
 
 VOCAB = 97
 _DEC = dict(
     vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=64,
+)
+
+#: four layers: the per-layer schemes repeat every four layers (NoPE every fourth, three local and one global)
+_DEC4 = {**_DEC, "num_hidden_layers": 4}
+#: Gemma 3 as released (the 4B): local layers θ = 1e4, global layers θ = 1e6 with linear scaling ×8
+GEMMA3_4B_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+}
+#: OLMo 3: plain RoPE on the sliding layers, YaRN on the full ones
+OLMO3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+    "full_attention": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500000.0,
+    },
+}
+#: a tiny Llama 4 text model: NoPE on every fourth layer with the query temperature (its blocks of 4 positions,
+#: so that it shows), chunked attention of 4 tokens on the others, a mixture of experts on every second layer
+LLAMA4 = dict(
+    **{**_DEC4, "intermediate_size_mlp": 128}, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+    interleave_moe_layer_step=2, attention_chunk_size=4, floor_scale=4,
 )
 
 
@@ -47,6 +67,22 @@ def _models() -> dict[str, Callable[[], Any]]:
             t.Gemma3TextConfig(
                 **_DEC, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
             )
+        ),
+        "gemma3 (θ 1e4 local, 1e6 ×8 global)": lambda: t.Gemma3ForCausalLM(
+            t.Gemma3TextConfig(
+                **_DEC4, head_dim=16, sliding_window=4, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                rope_parameters=GEMMA3_4B_ROPE,
+            )
+        ),
+        "smollm3 (NoPE every 4th layer)": lambda: t.SmolLM3ForCausalLM(t.SmolLM3Config(**_DEC4, pad_token_id=0)),
+        "cohere2 (3 sliding RoPE, 1 global NoPE)": lambda: t.Cohere2ForCausalLM(
+            t.Cohere2Config(**_DEC4, sliding_window=4, pad_token_id=0)
+        ),
+        "llama4 (NoPE layers, chunks, temperature, MoE)": lambda: t.Llama4ForCausalLM(
+            t.Llama4TextConfig(**LLAMA4, pad_token_id=0)
+        ),
+        "olmo3 (sliding RoPE, YaRN on full layers)": lambda: t.Olmo3ForCausalLM(
+            t.Olmo3Config(**_DEC4, sliding_window=4, rope_parameters=OLMO3_ROPE)
         ),
         "gpt-oss (sinks)": lambda: t.GptOssForCausalLM(
             t.GptOssConfig(
@@ -75,6 +111,12 @@ def _models() -> dict[str, Callable[[], Any]]:
         "gpt2": lambda: t.GPT2LMHeadModel(
             t.GPT2Config(
                 vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+            )
+        ),
+        "modernbert (encoder, θ per layer type)": lambda: t.ModernBertModel(
+            t.ModernBertConfig(
+                vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                max_position_embeddings=64, local_attention=4, global_attn_every_n_layers=3, pad_token_id=0,
             )
         ),
         "bert": lambda: t.BertModel(
@@ -152,20 +194,17 @@ def _patched_outputs(make: Callable[[], Any], wanted: str) -> tuple[Any, str, to
 
 # ------------------------------------------------------------------------------------------------- the checks
 def own_rope(make: Callable[[], Any]) -> None:
-    """``patch(model, "rope")`` gives the model's own logits (its own RoPE settings, per layer type)."""
+    """``patch(model, "rope")`` gives the model's own logits: its own RoPE settings on each layer (per layer type,
+    the scaling its ``rope_parameters`` name included) and its layers without RoPE kept (NoPE, Llama 4's
+    temperature), within 1e-6."""
     model = _build(make)
     if _base_and_family(model)[1].rotary_path is None:
         raise NotApplicable
-    params = getattr(model.config, "rope_parameters", None) or {}
-    if params.get("rope_type", "default") != "default":
-        name = {v: k for k, v in HF_ROPE_TYPES.items()}[params["rope_type"]]
-    else:
-        name = "rope"
     x = _tokens(2, 20)
     want = _out(model, x)
-    patch(model, name)
+    patch(model, "rope")
     got = _out(model, x)
-    assert (got - want).abs().max() < 1e-4, f"{name}: {(got - want).abs().max():.2e} from the model's own logits"
+    assert (got - want).abs().max() <= 1e-6, f"rope: {(got - want).abs().max():.2e} from the model's own logits"
 
 
 def _cached_equals_uncached(name: str, **generate: Any) -> Callable[[Callable[[], Any]], None]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,18 +26,33 @@ from ..attention import AttentionCore
 from ..base import PositionalEncoding
 from ..errors import ConfigError, PosencError
 from ..registry import MODEL_DIMENSIONS, build, resolve
+from ..schedule import Span
 from .attention import posenc_attention
-from .families import Family, _base_and_family, _model_dims, _model_dtype_device, _unwrap
+from .families import (
+    OWN_TEMPERATURE,
+    Family,
+    _base_and_family,
+    _model_dims,
+    _model_dtype_device,
+    _own_rotation,
+    _own_temperature,
+    _unwrap,
+)
 from .hooks import _add_codes, _install, _uninstall
 from .rotary import (
     _cos_sin_ok,
-    _rope_parameters_by_type,
+    _layer_params,
     _rotary_defaults,
     _rotary_dim_of,
+    own_rotary_name,
+    rotary_layout,
     rotates_per_key,
     rotation_tag,
 )
 from .state import PosencPatch, _check_dtype, _patch_of, _settle_dtype
+
+if TYPE_CHECKING:
+    from ..schedule import Schedule
 
 #: the attribute of ``model.config`` that records the patch (saved in ``config.json``)
 CONFIG_KEY = "posenc"
@@ -80,68 +97,87 @@ def check_transformers_version(version: str | None = None) -> None:
         )
 
 
-def patch(model: nn.Module, encoding: str | PositionalEncoding, *, path: str = "auto", **options: Any) -> nn.Module:
+def patch(
+    model: nn.Module,
+    encoding: str | PositionalEncoding | Schedule | Mapping[str, Any] | list[Any],
+    *,
+    layers: Sequence[int] | None = None,
+    path: str = "auto",
+    **options: Any,
+) -> nn.Module:
     """Replace the positional encoding of a transformers ``model`` with posenc's ``encoding``; returns ``model``.
 
     Args:
         model: a transformers model of a supported family (:data:`SUPPORTED`), e.g. ``LlamaForCausalLM``, or a
             PEFT model wrapping one.
-        encoding: a registered name (``"alibi"``, ``"rope-yarn"`` ...) or a built encoding.
-        path: ``"auto"`` (posenc's fast kernels), ``"fast"`` or ``"reference"`` (the formula as written).
-        options: the encoding's options (``factor=4``). The model's sizes (heads, head width, width, trained
-            length) are filled in; a rotary encoding on a rotary model takes the model's own settings unless given:
-            ``rope_theta``, rotated width, trained length (``original_max_position_embeddings``, else
-            ``max_position_embeddings``) and, for the scaling the config names, its fields (see
-            :data:`HF_ROPE_FIELDS`). Where each layer type has its own ``rope_parameters`` (Gemma 3), each type
-            gets its own encoding from its own settings.
+        encoding: what each layer gets:
 
-    Patching an already patched model replaces its patch. The patched model keeps transformers' ``generate``
-    (with every cache transformers offers), padding masks, training, ``save_pretrained`` / ``from_pretrained``
-    and the Auto classes. What cannot work is refused here, with the reason, and the model is left as it was.
+            * a registered name (``"alibi"``, ``"rope-yarn"`` ...) or a built encoding: every layer. A rotary one
+              replaces the model's RoPE where the model has RoPE; its layers without RoPE (SmolLM3's and Llama 4's
+              ``no_rope_layers``, Cohere2's global layers) keep what they have. ``"rope"`` alone (no options) is the
+              model's own RoPE on each layer, as its ``rope_parameters`` say, per layer type where they are nested
+              (Gemma 3's θ = 1e4 local and θ = 1e6 linear ×8 global layers): ``patch(model, "rope")`` reproduces the
+              model's own scheme;
+            * a dict by layer type (``{"sliding_attention": "rope", "full_attention": ("rope-linear", {"factor":
+              8, "theta": 1e6})}``; the types are ``config.layer_types``'): each layer of a named type gets its
+              encoding (a name, ``(name, options)`` or an instance); the other types keep what they have;
+            * a :class:`posenc.Schedule`, a string in its syntax (``"rope*3+nope"``) or a list with one entry per
+              layer (``None``: that layer keeps what it has), as :func:`posenc.schedule` takes them.
+        layers: only these layers (indices from 0) get ``encoding`` (one encoding, or a schedule / list with one
+            entry per listed layer); the others keep what they have.
+        path: ``"auto"`` (posenc's fast kernels), ``"fast"`` or ``"reference"`` (the formula as written).
+        options: the encoding's options (``factor=4``; RoPE's θ as ``base``, or ``theta`` / ``rope_theta``), with
+            one encoding name. The model's sizes (heads, head width, width, trained length) are filled in; a
+            rotary encoding on a rotary model takes the layer's own settings unless given: ``rope_theta``, rotated
+            width, trained length (``original_max_position_embeddings``, else ``max_position_embeddings``) and,
+            for the scaling the config names, its fields (see :data:`HF_ROPE_FIELDS`); ``qtemp-llama4`` on a
+            Llama 4 takes its ``floor_scale`` and ``attn_scale``.
+
+    A layer that "keeps what it has" keeps the encoding of the patch already on the model (the same module, its
+    trained parameters included), or, on a model not patched, the model's own (its RoPE or NoPE, and Llama 4's
+    temperature). Patching with one encoding and no ``layers`` replaces a previous patch everywhere. A layer given
+    an encoding loses the model's own position treatment (its RoPE, and Llama 4's query temperature on its NoPE
+    layers; ``qtemp-llama4`` puts a temperature back over any inner encoding). A schedule's spans must be the
+    layer's own (its sliding window or chunk, which its masks and KV cache follow) or left out.
+
+    The patched model keeps transformers' ``generate`` (with every cache transformers offers), padding masks,
+    training, ``save_pretrained`` / ``from_pretrained`` and the Auto classes. What cannot work is refused here, with
+    the reason, and the model is left unpatched.
     """
     check_transformers_version()
     hf_model = _unwrap(model)
-    if _patch_of(hf_model) is not None:
-        unpatch(hf_model)
     base, family = _base_and_family(hf_model)
     if family.refuse is not None and (why := family.refuse(hf_model)):
         raise ConfigError(f"posenc.hf cannot patch this {type(hf_model).__name__}: {why}")
     dtype, device = _model_dtype_device(hf_model)
     attns = family.attention(base)
     rotary = family.rotary(base)
-    enc, name, recorded, by_type, layer_encs = _encodings(hf_model, family, attns, rotary, encoding, options)
-    if not enc.key_projection:
-        raise ConfigError(
-            f"{name} uses K = H (no key projection), but this {type(hf_model).__name__} projects its keys; "
-            "it cannot act in this model"
-        )
-    in_attention = bool(enc.hooks() & _ATTENTION_HOOKS)
-    rotary_mode = "none"
-    if rotary is not None:
-        ok = all(_cos_sin_ok(e, rotary, t) for t, e in by_type.items())
-        rotary_mode = "cos-sin" if ok else "identity"
-        if ok:
-            in_attention = False
-    if in_attention and not family.interface:
-        raise ConfigError(
-            f"{name} acts inside the attention, but this {type(hf_model).__name__}'s attention calls "
-            "torch's SDPA itself rather than transformers' attention-function registry, so posenc's attention "
-            "cannot go in; encodings acting outside the attention can (RoPE and its scalings, absolute "
-            "encodings such as sinusoidal or learned, nope)"
-        )
-    if in_attention:  # per-layer encodings (Shaw): each layer its own copy
-        layer_encs = [e if (e.shared_across_layers or i == 0) else e.fresh_copy() for i, e in enumerate(layer_encs)]
-    unique: list[PositionalEncoding] = []
-    for e in [*by_type.values(), *layer_encs]:
-        if not any(e is u for u in unique):
-            unique.append(e)
-    state = PosencPatch(family, name, recorded, unique)
-    state.by_type = by_type
-    state.rotary_mode = rotary_mode
+    asks, per_layer = _requested(hf_model, family, attns, rotary, encoding, options, layers)
+    previous = _patch_of(hf_model)
+    kept: list[tuple[Any, PositionalEncoding | None]] = [(None, None)] * len(attns)
+    if previous is not None:
+        if per_layer and len(previous.layer_specs) == len(attns):
+            kept = list(zip(previous.layer_specs, previous.layer_encodings, strict=True))
+        unpatch(hf_model)
+    plan = _plan(hf_model, family, attns, rotary, asks, kept, dtype)
+    uniform = not per_layer and not isinstance(encoding, (Mapping, list))
+    if uniform:
+        assert isinstance(encoding, (str, PositionalEncoding))
+        name = encoding.info.name if isinstance(encoding, PositionalEncoding) else resolve(encoding).info.name
+        recorded = plan.recorded
+    else:
+        name, recorded = _schedule_record(plan.specs)
+    state = PosencPatch(family, name, recorded, plan.unique)
+    state.per_layer = not uniform
+    state.layer_specs, state.layer_encodings = plan.specs, plan.encodings
+    state.layer_phases, state.layer_keys, state.layout = plan.phases, plan.keys, plan.layout
+    state.by_type, state.rotary_mode, state.saved_attrs = plan.by_type, plan.rotary_mode, plan.saved_attrs
+    state.phase_layers = plan.hooked
     _settle_dtype(state, dtype, device)
+    in_attention = any(c is not None for c in plan.cores)
     if in_attention:
-        _add_cores(hf_model, family, state, attns, layer_encs, path)
-        if rotary_mode == "identity":  # keys rotated once, in the KV cache (rotary.rotate_in_cache)
+        _add_cores(hf_model, family, state, attns, plan.cores, path)
+        if rotary is not None:  # keys rotated once, in the KV cache (rotary.rotate_in_cache)
             state.key_rotation = {c.layer: rotation_tag(c.encoding) for c in state.cores if rotates_per_key(c.encoding)}
     base.add_module("posenc", state)
     state.train(hf_model.training)  # an eval() model gets eval encodings (their no-grad caches key on it)
@@ -166,43 +202,429 @@ def unpatch(model: nn.Module) -> nn.Module:
     _uninstall(hf_model, base, family, state)
     if CONFIG_KEY in getattr(hf_model.config, "__dict__", {}):
         delattr(hf_model.config, CONFIG_KEY)
-    del base._modules["posenc"]
+    for owner in (base, hf_model, hf_model._modules.get("model")):
+        if owner is not None and owner._modules.get("posenc") is state:
+            del owner._modules["posenc"]
     return model
 
 
-# ------------------------------------------------------------------------------------------ the encodings
-def _encodings(
+# ------------------------------------------------------------------------------------------ what each layer gets
+#: the names RoPE's θ goes by in transformers (``rope_theta``) and in the papers (``theta``): posenc's ``base``
+THETA_NAMES = ("theta", "rope_theta")
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What one layer was asked to get: an encoding name and its options (``bare``: a name without options, which
+    for ``"rope"`` means the layer's own RoPE), or a built encoding."""
+
+    encoding: str | PositionalEncoding
+    options: dict[str, Any] = field(default_factory=dict)
+    bare: bool = False
+
+    @property
+    def spec(self) -> Any:
+        """What the patch records for the layer: ``(name, options)`` or the instance."""
+        if isinstance(self.encoding, PositionalEncoding):
+            return self.encoding
+        return (self.encoding, dict(self.options))
+
+
+def _options(name: str, options: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    """``options`` for encoding ``name`` with RoPE's θ under posenc's name (``theta`` / ``rope_theta`` -> ``base``)."""
+    out = dict(options)
+    given = [k for k in THETA_NAMES if k in out]
+    if given:
+        from ..registry import accepted_arguments
+
+        if "base" not in accepted_arguments(resolve(name)):
+            return out  # the encoding's own error names what it takes
+        if len(given) > 1 or "base" in out:
+            raise ConfigError(f"{where}{name}: θ is given twice ({', '.join([*given, 'base'][: len(given) + 1])})")
+        out["base"] = out.pop(given[0])
+    return out
+
+
+def _ask(item: Any, where: str) -> _Ask:
+    """One layer's entry (a name, a string of one layer in the schedule syntax, ``(name, options)``, an encoding
+    or a :class:`~posenc.schedule.LayerSpec`) as an :class:`_Ask`; ``where`` names the layer in errors."""
+    from ..schedule import LayerSpec, Schedule, is_schedule_text
+
+    if isinstance(item, str) and is_schedule_text(item):
+        parsed = Schedule.parse(item)
+        if len(parsed.layers) != 1:
+            raise ConfigError(f"{where}{item!r} is a schedule of {len(parsed.layers)} layers where one layer's goes")
+        item = parsed.layers[0]
+    if isinstance(item, LayerSpec):
+        if isinstance(item.encoding, PositionalEncoding):
+            return _Ask(item.encoding)
+        return _Ask(item.encoding, item.built_options(), bare=not item.options)
+    if isinstance(item, PositionalEncoding):
+        return _Ask(item)
+    if isinstance(item, str):
+        return _Ask(resolve(item).info.name, {}, bare=True)
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+        name = resolve(item[0]).info.name
+        opts = _options(name, item[1], where)
+        return _Ask(name, opts, bare=not opts)
+    raise ConfigError(
+        f"{where}an encoding is a name, (name, options), an encoding instance or a posenc.schedule.LayerSpec, got "
+        f"{type(item).__name__} {item!r}"
+    )
+
+
+def _layer_types(config: Any, n: int) -> list[str] | None:
+    types = getattr(config, "layer_types", None)
+    return list(types[:n]) if isinstance(types, (list, tuple)) and len(types) >= n else None
+
+
+def _layer_indices(model: nn.Module, layers: Any, n: int) -> list[int]:
+    """``layers=`` checked: distinct layer indices in ``0 .. n-1``."""
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers:
+        raise ConfigError(f"layers must be a non-empty list of layer indices (0 .. {n - 1}), got {layers!r}")
+    out: list[int] = []
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ConfigError(f"layers must hold layer indices (integers), got {i!r} in {list(layers)!r}")
+        if not 0 <= i < n:
+            raise ConfigError(
+                f"layer {i} is out of range: this {type(model).__name__} has {n} layers (indices 0 .. {n - 1})"
+            )
+        if i in out:
+            raise ConfigError(f"layer {i} is given twice in layers={list(layers)!r}")
+        out.append(i)
+    return out
+
+
+def _own_span(model: nn.Module, attn: nn.Module, layer_type: str | None) -> Span:
+    """Which keys the model lets this layer's queries see: its chunk (Llama 4's chunked layers), its sliding
+    window, or all of them."""
+    cfg = model.config
+    if layer_type == "chunked_attention" and getattr(cfg, "attention_chunk_size", None):
+        return Span("chunk", int(cfg.attention_chunk_size))
+    window = getattr(attn, "sliding_window", None)
+    if window is None and layer_type == "sliding_attention":
+        window = getattr(cfg, "sliding_window", None)
+    return Span("window", int(window)) if window else Span()
+
+
+def _requested(
     model: nn.Module,
     family: Family,
     attns: list[nn.Module],
     rotary: nn.Module | None,
-    encoding: str | PositionalEncoding,
+    encoding: Any,
     options: dict[str, Any],
-) -> tuple[PositionalEncoding, str, dict[str, Any], dict[str | None, PositionalEncoding], list[PositionalEncoding]]:
-    """The encoding, its name, the options to record, the encoding of each rotary layer type and each layer's.
+    layers: Any,
+) -> tuple[list[_Ask | None], bool]:
+    """Each layer's :class:`_Ask` (``None``: it keeps what it has) and whether the request was per layer."""
+    from ..schedule import Schedule, is_schedule_text
 
-    A named rotary encoding on a model whose layer types have their own ``rope_parameters`` gets one encoding per
-    type, each from its type's settings; otherwise every layer has the one encoding."""
-    family_of = (resolve(encoding) if isinstance(encoding, str) else encoding).info.family
-    typed = (
-        _rope_parameters_by_type(model.config, len(attns), family_of == "rotary") if rotary is not None else None
-    )
-    params = typed[0][1] if typed else getattr(model.config, "rope_parameters", None)
-    first_type = typed[0][0] if typed else None
-    enc, name, recorded = _build_encoding(
-        model, family, attns[0], _rotary_dim_of(rotary, first_type), encoding, options, params
-    )
-    by_type: dict[str | None, PositionalEncoding] = {None: enc}
-    layer_encs = [enc] * len(attns)
-    if typed is not None and isinstance(encoding, str) and enc.info.family == "rotary":
-        by_type = {first_type: enc}
-        for t, type_params in typed:
-            if t not in by_type:
-                by_type[t] = _build_encoding(
-                    model, family, attns[0], _rotary_dim_of(rotary, t), encoding, options, type_params
-                )[0]
-        layer_encs = [by_type[t] for t, _ in typed]
-    return enc, name, recorded, by_type, layer_encs
+    n = len(attns)
+    name = type(model).__name__
+    targets = _layer_indices(model, layers, n) if layers is not None else None
+    several = isinstance(encoding, (Mapping, list, Schedule)) or is_schedule_text(encoding)
+    if several and options:
+        raise ConfigError(
+            f"options ({', '.join(sorted(options))}) go with one encoding name; with encodings per layer give each "
+            "its own: (name, {options}) or 'name(key=value)'"
+        )
+    asks: list[_Ask | None]
+    if isinstance(encoding, Mapping):
+        if targets is not None:
+            raise ConfigError("give layers= or encodings by layer type, not both")
+        types = _layer_types(model.config, n)
+        if types is None:
+            raise ConfigError(
+                f"this {name} has no layer types (config.layer_types), so encodings by layer type do not apply: give a "
+                f"list with one entry per layer ({n}), a schedule, or layers=[...]"
+            )
+        unknown = [t for t in encoding if t not in types]
+        if unknown:
+            import difflib
+
+            known = sorted(set(types))
+            close = [k for k in known if str(unknown[0]) in k] or difflib.get_close_matches(str(unknown[0]), known, n=2)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise ConfigError(
+                f"unknown layer type {unknown[0]!r}{hint}: this {name}'s layer types are "
+                f"{', '.join(map(repr, sorted(set(types))))}"
+            )
+        made = {t: _ask(v, f"layer type {t!r}: ") for t, v in encoding.items()}
+        return [made.get(t) for t in types], True
+    count = len(targets) if targets is not None else n
+    if isinstance(encoding, list):
+        if len(encoding) != count:
+            what = f"the {count} layers of layers=" if targets is not None else f"this {name}'s {n} layers"
+            raise ConfigError(f"a list of encodings has one entry per layer: {len(encoding)} entries for {what}")
+        asks = [None if e is None else _ask(e, f"layer {(targets or range(n))[i]}: ") for i, e in enumerate(encoding)]
+    elif isinstance(encoding, Schedule) or is_schedule_text(encoding):
+        sched = encoding if isinstance(encoding, Schedule) else Schedule.parse(encoding)
+        specs = sched.for_layers(count)
+        where = targets if targets is not None else list(range(n))
+        types = _layer_types(model.config, n) or [None] * n
+        for i, spec in zip(where, specs, strict=True):
+            own = _own_span(model, attns[i], types[i])
+            if not spec.span.is_global and spec.span != own:
+                raise ConfigError(
+                    f"layer {i}: the schedule asks for span {str(spec.span)!r}, but posenc.hf keeps each layer's own "
+                    f"span (this {name}'s layer {i}: {str(own) or 'global'}), which its masks and KV cache follow: "
+                    "leave the span out"
+                )
+        asks = [_ask(spec, f"layer {i}: ") for i, spec in zip(where, specs, strict=True)]
+    else:
+        if isinstance(encoding, PositionalEncoding):
+            if options:
+                raise ConfigError("pass encoding options only with an encoding name, not with an encoding instance")
+            one = _Ask(encoding)
+        elif isinstance(encoding, str):
+            cname = resolve(encoding).info.name
+            opts = _options(cname, options)
+            one = _Ask(cname, opts, bare=not opts)
+        else:
+            raise ConfigError(
+                f"encoding must be a name, an encoding, a schedule, a list (one entry per layer) or a dict by layer "
+                f"type, got {type(encoding).__name__}"
+            )
+        if targets is None:
+            # one rotary encoding replaces the model's RoPE where it has RoPE; its layers without keep theirs
+            rotary_one = (
+                isinstance(encoding, PositionalEncoding) and encoding.info.family == "rotary"
+            ) or (isinstance(encoding, str) and resolve(encoding).info.family == "rotary")
+            return [
+                None if rotary_one and rotary is not None and not _own_rotation(a, model.config) else one
+                for a in attns
+            ], False
+        asks = [one] * count
+    if targets is None:
+        return asks, True
+    out: list[_Ask | None] = [None] * n
+    for i, a in zip(targets, asks, strict=True):
+        out[i] = a
+    return out, True
+
+
+@dataclass
+class _Plan:
+    """What :func:`patch` does to each layer (see :class:`~posenc.hf.state.PosencPatch`)."""
+
+    specs: list[Any]
+    encodings: list[PositionalEncoding | None]
+    phases: list[PositionalEncoding | str]
+    keys: list[str | None]
+    cores: list[PositionalEncoding | None]  # the encoding each layer's posenc attention runs (None: no core)
+    unique: list[PositionalEncoding]
+    by_type: dict[str | None, PositionalEncoding | str]
+    rotary_mode: str
+    layout: str
+    saved_attrs: list[tuple[nn.Module, str, Any]]
+    recorded: dict[str, Any]
+    hooked: list[int]  # the layers whose phases differ from their type's: a hook on their attention hands them
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, PositionalEncoding) or isinstance(b, PositionalEncoding):
+        return a is b
+    return a == b
+
+
+def _plan(
+    model: nn.Module,
+    family: Family,
+    attns: list[nn.Module],
+    rotary: nn.Module | None,
+    asks: list[_Ask | None],
+    kept: list[tuple[Any, PositionalEncoding | None]],
+    dtype: torch.dtype,
+) -> _Plan:
+    """Build each layer's encoding and decide where it acts: HF's own rotation (its phases in the model's
+    layout), posenc's attention (a core), or the embedding; refuse what cannot work."""
+    cfg = model.config
+    n = len(attns)
+    mname = type(model).__name__
+    types = _layer_types(cfg, n) or [None] * n
+    takes_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
+    keys = [t if takes_type else None for t in types]
+    layout = rotary_layout(rotary, keys[0]) if rotary is not None else "half"
+    specs: list[Any] = [None] * n
+    encs: list[PositionalEncoding | None] = [None] * n
+    built: dict[Any, tuple[PositionalEncoding, dict[str, Any]]] = {}
+    recorded: dict[str, Any] = {}
+    for i, ask in enumerate(asks):
+        if ask is None:
+            specs[i], encs[i] = kept[i]
+            continue
+        specs[i] = ask.spec
+        params = _layer_params(cfg, types[i])
+        where = f"layer {i}" + (f" ({types[i]})" if types[i] else "")
+        if isinstance(ask.encoding, PositionalEncoding):
+            key: Any = ("instance", id(ask.encoding))
+            name, opts = ask.encoding.info.name, {}
+        else:
+            name, opts = ask.encoding, ask.options
+            if ask.bare and name == "rope" and rotary is not None:
+                name = own_rotary_name(params, f"this {mname}'s {where}")
+            key = (name, repr(sorted(opts.items())), repr(params), _rotary_dim_of(rotary, keys[i]),
+                   family.head_dim(attns[i]))
+        if key not in built:
+            try:
+                enc, _, rec = _build_encoding(
+                    model, family, attns[i], _rotary_dim_of(rotary, keys[i]),
+                    ask.encoding if isinstance(ask.encoding, PositionalEncoding) else name, opts, params,
+                )
+            except PosencError as err:
+                if len(set(map(id, asks))) > 1 and not str(err).startswith("layer"):
+                    err.args = (f"{where}: {err.args[0]}", *err.args[1:])
+                raise
+            if not isinstance(ask.encoding, PositionalEncoding) and layout in ("interleaved", "complex"):
+                _pairs_as_the_model(enc)
+            built[key] = (enc, rec)
+            if not recorded:
+                recorded = rec
+        encs[i] = built[key][0]
+    for enc in encs:
+        if enc is not None and not enc.key_projection:
+            raise ConfigError(
+                f"{enc.info.name} uses K = H (no key projection), but this {mname} projects its keys; it cannot act "
+                "in this model"
+            )
+    patched_layers = [i for i in range(n) if encs[i] is not None]
+    _check_model_wide(model, family, encs, specs, patched_layers)
+    # where each layer's encoding acts
+    phases: list[PositionalEncoding | str] = ["own"] * n
+    rotating = [rotary is not None and _own_rotation(a, cfg) for a in attns]
+    cores: list[PositionalEncoding | None] = [None] * n
+    for i, enc in enumerate(encs):
+        if enc is None:
+            continue
+        if rotating[i] and _cos_sin_ok(enc, rotary, keys[i], layout):
+            phases[i] = enc
+            continue
+        if rotating[i]:
+            phases[i] = "identity"
+        if enc.hooks() & _ATTENTION_HOOKS:
+            cores[i] = enc
+    if any(c is not None for c in cores):
+        if not family.interface:
+            what = next(c for c in cores if c is not None).info.name
+            raise ConfigError(
+                f"{what} acts inside the attention, but this {mname}'s attention calls torch's SDPA itself rather "
+                "than transformers' attention-function registry, so posenc's attention cannot go in; encodings "
+                "acting outside the attention can (RoPE and its scalings, absolute encodings such as sinusoidal or "
+                "learned, nope)"
+            )
+        # per-layer encodings (Shaw): each layer its own copy; a layer left as the model has it runs in posenc's
+        # attention too (the model's attention implementation is posenc's now), with no encoding of its own
+        first: set[int] = set()
+        passthrough: PositionalEncoding | None = None
+        for i in range(n):
+            e = cores[i]
+            if e is not None:
+                fresh = kept[i][1] is e or e.shared_across_layers or id(e) not in first
+                first.add(id(e))
+                if not fresh:
+                    cores[i] = encs[i] = e.fresh_copy()
+            elif encs[i] is None:
+                if passthrough is None:
+                    passthrough = build("nope", dims=_model_dims(model, family, attns[i]))
+                cores[i] = passthrough
+    # what the rotary module hands each layer type: what most of its layers take; the others get their own
+    by_type: dict[str | None, PositionalEncoding | str] = {}
+    for k in dict.fromkeys(keys):
+        votes = [phases[i] for i in range(n) if keys[i] == k and rotating[i]]
+        if votes:
+            by_type[k] = max(votes, key=lambda v: sum(_same(v, w) for w in votes))
+    hooked = [i for i in range(n) if rotating[i] and not _same(phases[i], by_type.get(keys[i], "own"))]
+    if rotary is None:
+        mode = "none"
+    else:
+        used = [phases[i] for i in range(n) if rotating[i]]
+        cos = any(isinstance(p, PositionalEncoding) for p in used)
+        turns = any(c is not None and "rotate" in c.hooks() for c in cores)
+        ident = any(isinstance(p, str) and p == "identity" for p in used)
+        mode = "mixed" if cos and turns else "cos-sin" if cos else "identity" if (ident or turns) else "own"
+    saved = [(a, OWN_TEMPERATURE, True) for i, a in enumerate(attns) if encs[i] is not None and _own_temperature(a)]
+    unique: list[PositionalEncoding] = []
+    wide = [e for e in encs if e is not None and e.hooks() & {"embed", "positions"}]
+    for e in [*wide, *encs, *cores]:
+        if e is not None and not any(e is u for u in unique):
+            unique.append(e)
+    if not unique:
+        raise ConfigError("this patch gives no layer an encoding: name at least one layer's")
+    return _Plan(specs, encs, phases, keys, cores, unique, by_type, mode, layout, saved, recorded, hooked)
+
+
+def _pairs_as_the_model(enc: PositionalEncoding) -> None:
+    """A RoPE built by name for a model that rotates the pairs ``(2i, 2i+1)`` (Cohere2, Llama 4) rotates those:
+    in :mod:`posenc.hf` RoPE and its scalings rotate the pairs the model's own RoPE rotates (``rope-interleaved``
+    names that layout on a model of either)."""
+    from ..rotary.rope import RoPE
+    from ..rotary.xpos import XPos
+
+    inner = getattr(enc, "inner", None)
+    if isinstance(inner, PositionalEncoding):
+        _pairs_as_the_model(inner)
+    if isinstance(enc, RoPE) and not isinstance(enc, XPos) and not enc.interleaved:
+        enc.interleaved = True
+
+
+def _check_model_wide(
+    model: nn.Module, family: Family, encs: list[PositionalEncoding | None], specs: list[Any], patched: list[int]
+) -> None:
+    """Refuse a per-layer patch whose layers differ while one of them acts once for the whole model (absolute codes
+    added to the embeddings, randomized positions), or that leaves layers as they are in a model whose own positions
+    are a learned table added to the embeddings (GPT-2, BERT: silenced while patched, for every layer)."""
+    mname = type(model).__name__
+    untouched = [i for i in range(len(encs)) if encs[i] is None]
+    if untouched and family.table_path is not None:
+        raise ConfigError(
+            f"this {mname}'s own positions are a learned table added to the embeddings once, for every layer, and "
+            f"posenc.hf silences it while patched, so layers {untouched} cannot keep them: give every layer an "
+            "encoding"
+        )
+    for i in patched:
+        enc = encs[i]
+        assert enc is not None
+        wide = sorted(enc.hooks() & {"embed", "positions"})
+        if not wide:
+            continue
+        other = next((j for j in patched if not _same(specs[j], specs[i])), None)
+        if other is not None:
+            raise ConfigError(
+                f"layer {i}: {enc.info.name} acts once for the whole model (its {' and '.join(wide)} hook: on the "
+                f"embeddings or the positions, before the first layer), so every patched layer must have it, with "
+                f"the same options, but layer {other} has {_spec_text(specs[other])}"
+            )
+        if "embed" in wide and untouched:
+            raise ConfigError(
+                f"{enc.info.name} adds its codes to the embeddings, which every layer reads, but layers {untouched} "
+                "are left as the model has them: give it to every layer"
+            )
+        return
+
+
+def _spec_text(spec: Any) -> str:
+    if isinstance(spec, PositionalEncoding):
+        return f"an instance of {spec.info.name}"
+    if spec is None:
+        return "the model's own encoding"
+    name, opts = spec
+    return name + (f"({', '.join(f'{k}={v!r}' for k, v in sorted(opts.items()))})" if opts else "")
+
+
+def _schedule_record(specs: list[Any]) -> tuple[str, dict[str, Any]]:
+    """The name and options a per-layer patch records: the schedule of its patched layers, and ``layers`` where
+    some are left as the model has them (``patch(model, name, **options)`` gives the patch again)."""
+    from ..schedule import LayerSpec, Schedule
+
+    idx = [i for i, s in enumerate(specs) if s is not None]
+    if any(isinstance(specs[i], PositionalEncoding) for i in idx):
+        text = "+".join(_spec_text(specs[i]) for i in idx)
+        return text, {"unsaveable": "a layer's encoding is an instance"}
+    layer_specs = tuple(LayerSpec(specs[i][0], specs[i][1]) for i in idx)
+    one = all(s == layer_specs[0] for s in layer_specs)  # one encoding on the listed layers: its name alone
+    text = str(layer_specs[0] if one else Schedule(layer_specs))
+    return text, ({} if len(idx) == len(specs) else {"layers": idx})
 
 
 def _build_encoding(
@@ -230,8 +652,16 @@ def _build_encoding(
                 f"{key}={options[key]!r} does not match this {type(model).__name__} ({key}={dims[key]}); leave "
                 f"{key} out and posenc.hf takes it from the model"
             )
-    full = {**_rotary_defaults(model, cls, rotary_dim, params), **options}
+    full = {**_rotary_defaults(model, cls, rotary_dim, params), **_temperature_defaults(model, cls), **options}
     return build(cls.info.name, dims=dims, options=full), cls.info.name, dict(options)
+
+
+def _temperature_defaults(model: nn.Module, cls: type[PositionalEncoding]) -> dict[str, Any]:
+    """``qtemp-llama4`` on a model with Llama 4's temperature settings takes them (``floor_scale``, ``attn_scale``)."""
+    cfg = model.config
+    if cls.info.name != "qtemp-llama4" or getattr(cfg, "floor_scale", None) is None:
+        return {}
+    return {"floor_scale": float(cfg.floor_scale), "attn_scale": float(getattr(cfg, "attn_scale", 0.1))}
 
 
 def _add_cores(
@@ -239,13 +669,13 @@ def _add_cores(
     family: Family,
     state: PosencPatch,
     attns: list[nn.Module],
-    layer_encs: list[PositionalEncoding],
+    layer_encs: list[PositionalEncoding | None],
     path: str,
 ) -> None:
     """One :class:`~posenc.attention.AttentionCore` per attention layer the encoding acts in."""
     for i, (attn, layer_enc) in enumerate(zip(attns, layer_encs, strict=True)):
-        if layer_enc.info.family == "rotary" and not getattr(attn, "use_rope", True):
-            continue  # a layer the model keeps without rotation (SmolLM3's NoPE layers): so does the patch
+        if layer_enc is None:
+            continue
         idx = getattr(attn, "layer_idx", None)
         core = AttentionCore(
             int(model.config.num_attention_heads),
@@ -293,16 +723,22 @@ def _probe(
             if rotary is not None:  # the rotary hook once (the cos/sin layout), for each layer type
                 hidden = torch.zeros(1, 2, int(model.config.hidden_size), device=dev, dtype=dtype)
                 takes_type = "layer_type" in inspect.signature(rotary.forward).parameters
-                types = sorted(set(getattr(model.config, "layer_types", None) or [])) if takes_type else [None]
-                for t in (t for t in types if t is None or hasattr(rotary, f"{t}_inv_freq")):
-                    rotary(hidden, pos, **({"layer_type": t} if takes_type else {}))
-            if state.cores:
-                seen: set[int] = set()
-                for attn, core in zip(state.attns, state.cores, strict=True):
-                    if id(core.encoding) in seen and getattr(attn, "layer_type", None) is None:
-                        continue
-                    seen.add(id(core.encoding))
-                    _probe_layer(model, family, attn, rotary, dev, dtype)
+                for t in dict.fromkeys(state.layer_keys or [None]):
+                    if t is None or hasattr(rotary, f"{t}_inv_freq"):
+                        rotary(hidden, pos, **({"layer_type": t} if takes_type and t is not None else {}))
+            attns = family.attention(base)
+            keys = state.layer_keys or [None] * len(attns)
+            seen: set[Any] = set()
+            for attn, core in zip(state.attns, state.cores, strict=True):
+                i = attns.index(attn)
+                if (id(core.encoding), keys[i]) in seen:
+                    continue
+                seen.add((id(core.encoding), keys[i]))
+                _probe_layer(model, family, attn, rotary, dev, dtype, keys[i])
+            for i in state.phase_layers:  # a layer handed phases of its own
+                if ("phases", id(state.layer_phases[i]), keys[i]) not in seen:
+                    seen.add(("phases", id(state.layer_phases[i]), keys[i]))
+                    _probe_layer(model, family, attns[i], rotary, dev, dtype, keys[i])
     except PosencError as err:
         raise ConfigError(f"{state.name} cannot act in this {type(model).__name__}: {err}") from err
     except (RuntimeError, TypeError, ValueError) as err:
@@ -319,6 +755,7 @@ def _probe_layer(
     rotary: nn.Module | None,
     dev: torch.device,
     dtype: torch.dtype,
+    layer_type: str | None = None,
 ) -> None:
     """One attention layer's own forward on two zero tokens (through transformers' code, so that every keyword it
     passes reaches posenc's attention); where the layer's forward takes other arguments than the usual ones, the
@@ -327,7 +764,7 @@ def _probe_layer(
     kwargs: dict[str, Any] = {"hidden_states": hidden, "attention_mask": None}
     if rotary is not None:
         sig = inspect.signature(rotary.forward).parameters
-        extra = {"layer_type": getattr(attn, "layer_type", None)} if "layer_type" in sig else {}
+        extra = {"layer_type": layer_type} if "layer_type" in sig else {}
         kwargs["position_embeddings"] = rotary(hidden, torch.arange(2, device=dev)[None, :], **extra)
     try:
         attn(**kwargs)

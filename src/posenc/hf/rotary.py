@@ -117,46 +117,161 @@ def _rotary_defaults(
     return out
 
 
-def _cos_sin_ok(enc: PositionalEncoding, rotary: nn.Module | None, layer_type: str | None = None) -> bool:
-    """Whether HF's own rotation can apply this encoding: RoPE (any scaling) in the rotate-half layout over the
-    width the model rotates, and nothing else."""
+def _layer_params(config: Any, layer_type: str | None) -> dict | None:
+    """The ``rope_parameters`` of a layer of type ``layer_type``, in each form transformers 5 writes them: one set for
+    every layer (``{"rope_type": ..., "rope_theta": ...}``), or one per layer type (``{"sliding_attention": {...},
+    "full_attention": {...}}``: Gemma 3, OLMo 3, ModernBERT); ``None`` where the type has none (no RoPE)."""
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return None
+    types = set(getattr(config, "layer_types", None) or [])
+    if any(isinstance(v, dict) for v in params.values()) or types & set(params):
+        got = params.get(layer_type) if layer_type is not None else None
+        return got if isinstance(got, dict) else None
+    return params
+
+
+def own_rotary_name(params: dict | None, where: str) -> str:
+    """The posenc encoding that is a layer's own RoPE as its ``rope_parameters`` name it (``rope_type``: default ->
+    ``rope``, linear -> ``rope-linear``, yarn -> ``rope-yarn`` ...); a type posenc does not have is refused."""
+    rope_type = (params or {}).get("rope_type", "default") or "default"
+    if rope_type == "default":
+        return "rope"
+    for name, hf_type in HF_ROPE_TYPES.items():
+        if hf_type == rope_type:
+            return name
+    known = ", ".join(["default", *HF_ROPE_TYPES.values()])
+    raise ConfigError(
+        f"{where} has rope_type {rope_type!r} in its rope_parameters, which posenc has no encoding for (it reproduces "
+        f"the rope_types {known}); name the encoding you want for it"
+    )
+
+
+def rotary_layout(rotary: nn.Module, layer_type: str | None = None) -> str:
+    """How the model's rotary module lays out its phases, read from what it returns at a position: ``"half"``
+    (Llama's rotate-half: each frequency twice, ``cat(f, f)``), ``"once"`` (gpt-oss: each once), ``"interleaved"``
+    (Cohere2: ``f0 f0 f1 f1 ...``, pairs ``(2i, 2i+1)``) or ``"complex"`` (Llama 4: ``e^{i m θ}`` as complex numbers,
+    pairs ``(2i, 2i+1)``)."""
+    import inspect
+
+    hidden = torch.zeros(1, 2, 1)
+    pos = torch.tensor([[0, 5]])
+    kwargs = {"layer_type": layer_type} if "layer_type" in inspect.signature(rotary.forward).parameters else {}
+    with torch.no_grad():
+        out = rotary(hidden, pos, **kwargs)
+    if isinstance(out, Tensor) and out.is_complex():
+        return "complex"
+    cos = out[0][..., -1, :].reshape(-1).float()
+    n = _rotary_dim_of(rotary, layer_type)
+    if n is not None and cos.numel() == n // 2:
+        return "once"
+    half = cos.numel() // 2
+    if torch.equal(cos[:half], cos[half:]):
+        return "half"
+    if torch.equal(cos[0::2], cos[1::2]):
+        return "interleaved"
+    return "half"
+
+
+def _cos_sin_ok(
+    enc: PositionalEncoding, rotary: nn.Module | None, layer_type: str | None = None, layout: str = "half"
+) -> bool:
+    """Whether HF's own rotation can apply this encoding: RoPE (any scaling) whose pairs are the model's (the
+    rotate-half pairs ``(i, i + d/2)`` where the model rotates those, else ``(2i, 2i+1)``) over the width the model
+    rotates, and nothing else."""
     from ..rotary.rope import RoPE
     from ..rotary.scaling import ScaledRoPE
 
     return (
         rotary is not None
         and isinstance(enc, RoPE)
-        and not enc.interleaved
+        and bool(enc.interleaved) == (layout in ("interleaved", "complex"))
         and type(enc).rotate in (RoPE.rotate, ScaledRoPE.rotate)
         and enc.hooks() == {"rotate"}
         and enc.rotary_dim == _rotary_dim_of(rotary, layer_type)
     )
 
 
-def _rotary_output(state: PosencPatch):
-    """The hook on the model's rotary module: the encoding's cos/sin (``cos-sin`` mode), or the identity where the
-    rotation happens in posenc's attention or there is none."""
-
-    def hook(module: nn.Module, args: tuple, kwargs: dict, out: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+def _phases(state: PosencPatch, want: PositionalEncoding | str, out: Any, position_ids: Tensor | None) -> Any:
+    """What a rotary module returning ``out`` (cos/sin, or complex phases) returns instead: ``want``'s phases in the
+    model's layout, the identity, or ``out`` itself (``"own"``). Made once per forward for each encoding."""
+    if isinstance(want, str):
+        if want == "own":
+            return out
+        if isinstance(out, Tensor):
+            return torch.ones_like(out)
         cos, sin = out
-        if state.rotary_mode != "cos-sin":
-            return torch.ones_like(cos), torch.zeros_like(sin)
-        layer_type = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
-        enc = state.by_type.get(layer_type)
-        if enc is None:
-            enc = state.by_type.get(None, state.encoding)
-        position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        if position_ids is None:
-            position_ids = state.positions
-        c, s = enc.cos_sin(as_position_rows(position_ids, cos.shape[-2]))  # type: ignore[operator]
-        if cos.shape[-1] == 2 * c.shape[-1]:  # rotate-half tables repeat the phases (gpt-oss's hold them once)
+        return torch.ones_like(cos), torch.zeros_like(sin)
+    template = out if isinstance(out, Tensor) else out[0]
+    if position_ids is None:
+        position_ids = state.positions
+    key = ("hf-phases", id(want), id(position_ids), tuple(template.shape), template.dtype)
+    got = state.forward_cache.get(key) if position_ids is not None else None
+    if got is not None and got[0] is position_ids:
+        return got[1]
+    rows = as_position_rows(position_ids, template.shape[-2])
+    made: Any
+    if isinstance(out, Tensor) and not getattr(want, "length_dependent", False) and hasattr(want, "angles"):
+        # complex phases (Llama 4) made as it makes them, polar(1, m θ) times the attention factor (torch.polar's
+        # cos/sin differ from torch.cos/sin by an ulp)
+        a = want.angles(rows)  # type: ignore[operator]
+        z = torch.polar(torch.ones_like(a), a) * float(getattr(want, "attention_factor", 1.0))
+        made = z.to(template.dtype).expand_as(template)
+        if position_ids is not None:
+            state.forward_cache[key] = (position_ids, made)
+        return made
+    c, s = want.cos_sin(rows)  # type: ignore[operator]
+    if isinstance(out, Tensor):  # complex phases of a length-dependent scaling
+        made = torch.complex(c.float(), s.float()).to(template.dtype).expand_as(template)
+    else:
+        cos = template
+        if state.layout == "interleaved":
+            c, s = c.repeat_interleave(2, dim=-1), s.repeat_interleave(2, dim=-1)
+        elif cos.shape[-1] == 2 * c.shape[-1]:  # rotate-half tables repeat the phases (gpt-oss's hold them once)
             c, s = torch.cat((c, c), dim=-1), torch.cat((s, s), dim=-1)
         if cos.shape[-1] != c.shape[-1]:
             raise ConfigError(
                 f"{state.name} gives {c.shape[-1]} rotary phases per position but this model's rotary module makes "
                 f"{cos.shape[-1]}: its layout is not one posenc.hf knows"
             )
-        return c.to(cos.dtype).expand_as(cos), s.to(sin.dtype).expand_as(sin)
+        made = (c.to(cos.dtype).expand_as(cos), s.to(out[1].dtype).expand_as(out[1]))
+    if position_ids is not None:
+        state.forward_cache[key] = (position_ids, made)
+    return made
+
+
+def _rotary_output(state: PosencPatch):
+    """The hook on the model's rotary module: for the layer type it is called with, the encoding's cos/sin, the
+    identity (the rotation happens in posenc's attention, or there is none) or its own output."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
+        layer_type = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
+        want = state.by_type.get(layer_type, state.by_type.get(None, "own"))
+        if isinstance(want, str) and want == "own":
+            return None
+        position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        return _phases(state, want, out, position_ids)
+
+    return hook
+
+
+def _layer_phases(state: PosencPatch, index: int):
+    """The hook before one attention layer whose phases differ from what the rotary module hands its layer type (a
+    layer patched apart from the others): its own ``position_embeddings``."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if "position_embeddings" in kwargs:
+            given = kwargs["position_embeddings"]
+        elif len(args) > 1:
+            given = args[1]
+        else:
+            return None
+        if given is None:
+            return None
+        made = _phases(state, state.layer_phases[index], given, kwargs.get("position_ids"))
+        if "position_embeddings" in kwargs:
+            return args, {**kwargs, "position_embeddings": made}
+        return (args[0], made, *args[2:]), kwargs
 
     return hook
 

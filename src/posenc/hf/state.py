@@ -44,10 +44,26 @@ class PosencPatch(nn.Module):
         self.name, self.options = name, dict(options)
         self.encodings = nn.ModuleList(encodings)
         self.cores: list[AttentionCore] = []  # not submodules: they hold the encodings above once more
-        self.by_type: dict[str | None, PositionalEncoding] = {}  # the rotary module's layer type -> encoding
+        # what the rotary module hands the layers, by the layer type it is called with (None: it takes none): an
+        # encoding (its phases), "identity" or "own" (the model's own phases, untouched)
+        self.by_type: dict[str | None, PositionalEncoding | str] = {}
+        # per layer of the model (posenc.hf.patching._Plan): what it was patched with -- None (left as the model has
+        # it), a (name, options) pair or an encoding instance --, its encoding (None: left alone) and the phases it
+        # is handed ("own", "identity" or an encoding; a layer whose phases differ from its type's gets them from a
+        # hook on its attention module)
+        self.layer_specs: list[Any] = []
+        self.layer_encodings: list[PositionalEncoding | None] = []
+        self.layer_phases: list[PositionalEncoding | str] = []
+        self.layer_keys: list[str | None] = []  # the layer type each layer's phases come from the rotary module by
+        self.phase_layers: list[int] = []  # the layers handed phases by a hook on their attention module
+        self.layout = "half"  # how the model's rotary module lays out its phases (rotary.rotary_layout)
+        self.per_layer = False  # patched per layer (a schedule, layer types, layers=...), not with one encoding
+        self.saved_attrs: list[tuple[nn.Module, str, Any]] = []  # attention modules' settings the patch changed
         self.layer_ids: list[int] = []  # the cache index of each patched attention layer
         self.attns: list[nn.Module] = []  # the attention modules the cores serve (plain list: not submodules)
-        self.rotary_mode = "none"  # "cos-sin": HF rotates with the encoding's phases; "identity": posenc does
+        # "cos-sin": HF rotates with the encodings' phases; "identity": posenc does (or nothing rotates); "mixed":
+        # some layers each way; "own": the model's phases everywhere; "none": no rotary module
+        self.rotary_mode = "none"
         self.previous_attention: str | None = None
         self.handles: list[Any] = []
         self.positions: Tensor | None = None  # of the forward in progress (after the `positions` hook)
@@ -81,7 +97,7 @@ class PosencPatch(nn.Module):
 def _patch_of(model: nn.Module) -> PosencPatch | None:
     model = _unwrap(model)
     base = getattr(model, "base_model", model)
-    for m in (base, model):
+    for m in (base, model, getattr(model, "_modules", {}).get("model")):
         p = getattr(m, "_modules", {}).get("posenc")
         if isinstance(p, PosencPatch):
             return p

@@ -152,6 +152,12 @@ class AttentionContext:
     content_folded: bool = False
     # q·kᵀ [B, H, Lq, Lk] of this call (rotated q and k), where the kernel computed it before calling logits()
     scores: Tensor | None = None
+    # the keys a KV cache held for this layer before this call, as the rotate hook returned them (with the encoding's
+    # key_state_channels); set before the rotate hook, ``None`` without a cache or before its first step
+    past_keys: Tensor | None = None
+    # the per-key state of this call's keys (cached ones first), ``[B, H, Lk, key_state_channels]``: the channels the
+    # rotate hook appended to the keys, which the attention takes off before its kernels (or what the hook set here)
+    key_state: Tensor | None = None
 
     def relative(self) -> Tensor:
         """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""
@@ -322,6 +328,10 @@ class PositionalEncoding(nn.Module):
       when they are built; override it for sizes the settings do not name.
     * :meth:`cost`: its work beyond plain attention in FLOPs (:class:`Cost`: per pair, per token, per row of a
       position table), derived from its formula: the floor the speed benchmark measures it against.
+    * ``key_state_channels``: the ``rotate`` hook appends this many channels of per-key state to the keys it returns
+      where ``ctx.caching`` (FoX's running sum of log-gates), so that a KV cache stores them with the keys; the
+      attention takes them off before its kernels and hands them to the hooks as ``ctx.key_state`` (the keys then
+      have ``head_dim`` channels again), and a later step finds the cached ones in ``ctx.past_keys``.
     * ``option_limits``: ``{setting: (test, what is right)}`` beyond the generic ones every encoding gets from
       :func:`check_options` (types from the ``__init__`` annotations, no NaN or infinity, the limits of
       :data:`OPTION_LIMITS` by setting name: ``base > 1``, sizes ``>= 1``, ``eps > 0`` ...), checked before
@@ -350,6 +360,7 @@ class PositionalEncoding(nn.Module):
     claims: ClassVar[Mapping[str, bool | None]] = MappingProxyType({})
     randomized_variant: ClassVar[bool] = False
     option_limits: ClassVar[Mapping[str, tuple[Callable[[Any], bool], str]]] = MappingProxyType({})
+    key_state_channels: ClassVar[int] = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

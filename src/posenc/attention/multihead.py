@@ -251,6 +251,8 @@ class MultiHeadAttention(AttentionCore):
                 "give it 1 or n_heads entries in that dimension"
             )
         ctx.mask, ctx.n_keys = allowed, lk
+        held = kv_cache.get(self.layer) if kv_cache is not None else None
+        ctx.past_keys = held[0] if held is not None else None  # for a rotate hook that carries state with the keys
         q, k, v = self._project_rotate(x, src, ctx)
         k, v = self._extend_cache(k, v, ctx, kv_cache)
         # once per forward and pair of position tensors (memoised in the shared cache), after the cache has

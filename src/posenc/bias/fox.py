@@ -1,0 +1,353 @@
+r"""FoX, the Forgetting Transformer (Lin, Nikishin, He and Courville 2025, "Forgetting Transformer: Softmax Attention
+with a Forget Gate").
+
+A data-dependent ALiBi: every token ``t`` has, per head, a forget gate ``σ(f_t) ∈ (0, 1)``, and the logit between
+query ``i`` and key ``j <= i`` is decayed by the gates of the tokens between them (the paper's equations 5-6):
+
+.. math::
+    f_t = w_f^\top x_t + b_f, \qquad
+    D_{ij} = \sum_{t=j+1}^{i} \log \sigma(f_t), \qquad
+    o_i = \sum_{j \le i} \operatorname{softmax}_j\Big(\frac{q_i^\top k_j}{\sqrt d} + D_{ij}\Big)\, v_j
+
+With ``c_t = Σ_{s<=t} log σ(f_s)`` (the cumulative log-gates), ``D_ij = c_i - c_j``: one number per token and head.
+
+**Where the gates come from.** The paper computes ``f_t`` from the layer's input ``x_t``; posenc's attention hooks
+see ``q`` and ``k`` (after the projections), not ``x``. Here ``f_t = W_f k_t + b_f`` with ``k_t`` the token's key
+of every head (``[n_heads · head_dim]``), ``W_f`` ``[n_heads, n_heads · head_dim]``: with ``k_t = W_k x_t + b_k``
+this is ``(W_f W_k) x_t + (W_f b_k + b_f)``, an affine function of ``x_t`` as the paper's, and every affine function
+of ``x_t`` is one of these where ``W_k`` is invertible (``n_heads · head_dim = d_model``, as in the models; a random
+``W_k`` is). The function class is the paper's; the parameterisation (hence the gradient steps) differs. Taking
+the keys also makes the gates work wherever posenc puts an encoding (its own attention, a patched transformers
+model) without the layer's input.
+
+**Without a causal mask** (an encoder) the paper has no formula; here ``D_ij = -|c_i - c_j|``, the gates of the
+tokens between ``i`` and ``j`` in either direction (``D_ij`` is the paper's for ``j <= i``, and symmetric).
+
+**Kernels.** :meth:`FoX.logits` gives ``D / scale`` as a ``[B, H, Lq, Lk]`` term (the reference path, short calls,
+masks beyond the causal one, encoders). A causal call of many pairs on CPU takes :func:`fox_attention` (the plan's
+``own-blocked`` kernel, one custom op that ``torch.compile`` keeps): no ``[B, H, Lq, Lk]`` tensor. ``D_ij = c_i -
+c_j`` is a per-key term ``-c_j`` up to a per-query constant, which softmax ignores, so each block of query rows
+runs the CPU flash kernel with the *row vector* ``c_r - c_j`` as its mask (a stride-0 view: nothing materialised),
+``r`` the block's middle query. Precision: ``c_t`` falls without bound (``-0.7`` a token at ``σ(f) = 1/2``:
+``-2800`` at ``L = 4096``), and one float32 row ``-c_j`` for all queries would carry errors of ``ulp(|c|) ≈ 2.4e-4``
+into every logit (measured: ``1.7e-3`` off float64 in a fast-forgetting head at ``L = 4096``). Relative to the
+block's own query the values that matter stay within the block's decay, so the kernel picks the block height (256
+down to 16 rows) such that no block decays by more than :data:`MAX_BLOCK_DECAY` nats: the logits then carry
+``ulp(32 + a few)`` errors, the float32 floor of any bias of that size. The cumulative sums are float64 throughout.
+
+**KV cache.** A decoding step needs ``c`` of the last cached token (``c_new = c_last + log σ(f_new)``: a running
+sum, no gate recomputed). The ``rotate`` hook appends ``c`` to the new keys as two channels (``hi + lo``, float32
+``hi`` and its remainder, so that ``c`` keeps float64's digits), which the cache stores with the keys; the attention
+takes them off before its kernels (``key_state_channels``, ``ctx.key_state``) and the next step reads the last one
+from ``ctx.past_keys``. Without a cache (training, a patched transformers model, which hands the hook every key
+each call) the channels go to ``ctx.key_state`` directly and the keys are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import AttentionContext, Card, Cost, PositionalEncoding
+from ..errors import ConfigError
+from ..ops import attention_op, extra_grad
+from ..registry import register
+
+#: query rows per block of the forward's flash calls
+FORWARD_ROWS = 256
+# bytes of one block of scores in the backward (about an L2 cache): sets its block height
+_BACKWARD_BYTES = 2 * 2**20
+# the reference path lists the gates between every pair up to this many (query, key, gate) triples
+_LITERAL_MAX = 2**25
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+# ------------------------------------------------------------------------------------------------ the kernel
+def _square(c: Tensor, p: int, ke: int, dtype: torch.dtype) -> Tensor:
+    """``c_i - c_j`` over the block's diagonal square (keys and queries ``p .. ke - 1``), ``j > i`` at ``-inf``:
+    ``[B, H, m, m]`` (the differences in float64, then rounded: the float32 floor of a bias of their size)."""
+    cs = c[..., p:ke]
+    out = (cs[..., :, None] - cs[..., None, :]).to(dtype)
+    m = ke - p
+    return out.masked_fill_(torch.ones(m, m, dtype=torch.bool, device=c.device).triu_(1), float("-inf"))
+
+
+def _prefix_row(c: Tensor, p: int) -> Tensor:
+    """``c_{p-1} - c_j`` for the keys ``j < p`` before a block's square: ``[..., p]`` float64, all ``<= 0``."""
+    return c[..., p - 1 : p] - c[..., :p]
+
+
+def _fox_forward(q: Tensor, k: Tensor, v: Tensor, c: Tensor, scale: float, causal: bool) -> Tensor:
+    """The forward of :func:`fox_attention`, one block of query rows at a time (see the module's docstring)."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    off = lk - lq
+    out = torch.empty_like(q)
+    for r0 in range(0, lq, FORWARD_ROWS):
+        r1 = min(lq, r0 + FORWARD_ROWS)
+        m, ke, p = r1 - r0, r1 + off, r0 + off  # rows, keys seen, keys before the block's diagonal square
+        qb = q[:, :, r0:r1]
+        # the square: its bias c_i - c_j per row (m x m numbers), flash's own causal mask (top-left = the block's)
+        o2, l2 = _flash(qb, k[:, :, p:ke], v[:, :, p:ke], 0.0, True, attn_mask=_square(c, p, ke, q.dtype), scale=scale)
+        if p == 0:
+            out[:, :, r0:r1] = o2
+            continue
+        # the keys before it: one row c_{p-1} - c_j for every query (a stride-0 view), whose per-query remainder
+        # c_i - c_{p-1} goes into the log-sum-exp in float64 (see the module's docstring: precision)
+        row = _prefix_row(c, p).to(q.dtype)[:, :, None, :].expand(b, h, m, p)
+        o1, l1 = _flash(qb, k[:, :, :p], v[:, :, :p], 0.0, False, attn_mask=row, scale=scale)
+        l1 = l1.double() + (c[..., p:ke] - c[..., p - 1 : p])
+        lse = torch.logaddexp(l1, l2.double())
+        w1, w2 = (l1 - lse).exp_().to(q.dtype), (l2.double() - lse).exp_().to(q.dtype)
+        out[:, :, r0:r1] = o1.mul_(w1[..., None]).addcmul_(o2, w2[..., None])
+    return out
+
+
+def _fox_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, c: Tensor, out: Tensor, scale: float, causal: bool, dc: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``dq, dk, dv`` and ``∂L/∂c`` (empty unless ``dc``), each block's probabilities recomputed (per sequence and
+    head, a block of rows small enough to stay in cache); ``D_ij = c_i - c_j`` gives ``∂L/∂c_j = -colsum(dS)_j``."""
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    off = lk - lq
+    n = max(16, min(lq, _BACKWARD_BYTES // max(1, lk * q.element_size())))
+    acc = torch.promote_types(q.dtype, torch.float32)
+    delta = (dout * out).sum(-1, dtype=acc).to(q.dtype)  # [B, H, Lq]: rowsum(dO ∘ O)
+    dout = dout.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_c = extra_grad(c, dc)
+    blocks = []  # per block of rows: (r0, r1, ke, p, the square's bias [B, H, m, m], the prefix's row and column)
+    for r0 in range(0, lq, n):
+        r1 = min(lq, r0 + n)
+        ke, p = r1 + off, r0 + off
+        row = _prefix_row(c, p).to(q.dtype) if p else None  # c_{p-1} - c_j
+        col = (c[..., p:ke] - c[..., p - 1 : p]).to(q.dtype)[..., None] if p else None  # c_i - c_{p-1}
+        blocks.append((r0, r1, ke, p, _square(c, p, ke, q.dtype), row, col))
+    for bi in range(b):
+        for hi in range(h):
+            qh, kh, doh = q[bi, hi], k[bi, hi], dout[bi, hi]
+            kt, vt = kh.t(), v[bi, hi].t()
+            dkh, dvh = dk[bi, hi], dv[bi, hi]
+            for r0, r1, ke, p, square, row, col in blocks:
+                qr, dor = qh[r0:r1], doh[r0:r1]
+                s = torch.empty(r1 - r0, ke, dtype=q.dtype, device=q.device)
+                torch.addmm(square[bi, hi], qr, kt[:, p:ke], alpha=scale, out=s[:, p:])
+                if p:  # c_{p-1} - c_j plus c_i - c_{p-1}: each small wherever the pair's weight is not
+                    torch.addmm(row[bi, hi].expand(r1 - r0, p), qr, kt[:, :p], alpha=scale, out=s[:, :p])
+                    s[:, :p] += col[bi, hi]
+                pr = torch.softmax(s, dim=-1)
+                dvh[:ke].addmm_(pr.t(), dor)
+                ds = torch.mm(dor, vt[:, :ke])
+                ds.sub_(delta[bi, hi, r0:r1, None]).mul_(pr)  # dS = P ∘ (dP − Δ)
+                torch.mm(ds, kh[:ke], out=dq[bi, hi, r0:r1]).mul_(scale)
+                dkh[:ke].addmm_(ds.t(), qr, alpha=scale)
+                if dc:  # c_i's share, rowsum(dS), is 0: Σ_j P_ij (dP_ij − Δ_i) = Δ_i − Δ_i (softmax ignores c_i)
+                    d_c[bi, hi, :ke] -= ds.sum(0, dtype=d_c.dtype)
+    return dq, dk, dv, d_c
+
+
+# one custom op (its backward a second), so that torch.compile keeps the kernel
+_op = attention_op("fox_attention", _fox_forward, _fox_backward)
+
+
+def fox_attention(q: Tensor, k: Tensor, v: Tensor, c: Tensor, scale: float) -> Tensor:
+    r"""Causal attention with FoX's decay, ``softmax_j(scale · q_i·k_j + c_i - c_j)`` over ``j <= i + Lk - Lq``,
+    without any ``[B, H, Lq, Lk]`` tensor: ``[B, H, Lq, d]``.
+
+    Args:
+        q, k, v: ``[B, H, Lq|Lk, d]``, CPU, float32 or float64; the queries are the last ``Lq`` of the ``Lk`` tokens.
+        c: ``[B, H, Lk]`` float64, the cumulative log-gates of the keys (query ``i``'s is ``c[..., i + Lk - Lq]``);
+            its gradient flows back.
+        scale: the temperature of ``q·k`` (the decay is added after it).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ConfigError(f"fox_attention: {name} must be a tensor [batch, heads, length, head_dim], got {shape}")
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if k.shape != (b, h, lk, d) or v.shape != k.shape or lk < lq:
+        raise ConfigError(
+            f"fox_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match; k and v must "
+            f"be [{b}, {h}, Lk, {d}] with Lk >= Lq (the queries are the last Lq tokens)"
+        )
+    if not isinstance(c, Tensor) or c.shape != (b, h, lk):
+        shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
+        raise ConfigError(f"fox_attention: c must be [{b}, {h}, {lk}] (one cumulative log-gate per key), got {shape}")
+    if q.device.type != "cpu":
+        raise ConfigError(f"fox_attention runs the CPU flash kernel; got q on {q.device} (FoX.logits works anywhere)")
+    return _op(q, k, v, c.to(torch.float64), float(scale), True)
+
+
+# ------------------------------------------------------------------------------------------------ the encoding
+def decay_matrix(c_q: Tensor, c_k: Tensor, causal_only: bool = False) -> Tensor:
+    """``D_ij = -|c_i - c_j|`` (``c_i - c_j`` for ``j <= i`` where the sums fall, as they do): ``[..., Lq, Lk]``.
+
+    ``causal_only``: ``c_i - c_j`` as written for every pair (a causal mask removes ``j > i``)."""
+    diff = c_q[..., :, None] - c_k[..., None, :]
+    return diff if causal_only else -diff.abs()
+
+
+@register
+class FoX(PositionalEncoding):
+    r"""FoX: a forget gate per head and token; the logit of ``(i, j)`` gets ``Σ_{t=j+1..i} log σ(f_t)``.
+
+    .. math::
+        A_{ij} = \frac{q_i^\top k_j}{\sqrt d} + \sum_{t=j+1}^{i} \log\sigma(f_t), \qquad
+        f_t = W_f\, k_t + b_f \in \mathbb{R}^{H}
+
+    (``k_t``: the token's keys of every head, so ``f_t`` is an affine function of the layer input ``x_t`` as in the
+    paper, where ``f_t = w_f^\top x_t + b_f``; see the module's docstring.) Without a causal mask the decay is
+    ``-|c_i - c_j|``, the gates between the two tokens in either direction.
+
+    Args:
+        n_heads: heads (one gate per head and token).
+        head_dim: width of one head's key.
+        gate_bias: the initial ``b_f`` (``None``: ``nn.Linear``'s default initialisation, the paper's; a large
+            value, e.g. 5, starts with gates near 1, little forgetting).
+    """
+
+    info = Card(
+        name="fox",
+        title="FoX (Forgetting Transformer: a data-dependent forget gate)",
+        paper="Lin, Nikishin, He, Courville, Forgetting Transformer: Softmax Attention with a Forget Gate",
+        year=2025,
+        family="bias",
+        position="relative",
+        learnable=True,
+        summary="Σ_{t=j+1..i} log σ(f_t) added after scaling, f_t = W_f k_t + b (gates from the keys): a "
+        "data-dependent ALiBi; causal blocks of rows through flash with a row of c_ref - c_j.",
+        reference="the paper's sum of log-gates in float64 (a literal triple loop); fast kernel, KV cache == literal",
+        shortcoming="the gates come from the keys (an affine function of x, as the paper's, another parameterisation);"
+        " without a causal mask the decay is posenc's symmetric extension",
+    )
+    shared_across_layers = False
+    key_state_channels = 2  # c as hi + lo, carried with the keys through a KV cache
+    fused_min_pairs = 64 * 64  # the blocked kernel pays off early (no L x L tensor, SDPA's flash per block)
+    claims = {"relative_only": True, "decay": True, "params_constant": True}
+
+    def __init__(self, n_heads: int, head_dim: int, gate_bias: float | None = None):
+        super().__init__()
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self.gate_bias = gate_bias
+        self.gate = nn.Linear(n_heads * head_dim, n_heads)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.gate.reset_parameters()
+        if self.gate_bias is not None:
+            nn.init.constant_(self.gate.bias, float(self.gate_bias))
+
+    def cost(self, head_dim: int) -> Cost:
+        # per token and head: the gate f = W_f[h]·k_t reads the token's keys of every head (2·H·d products); the
+        # log-sigmoid and the running sum (~5); per pair and head: one add of c_i - c_j (the kernel's row of -c_j)
+        return Cost(
+            token=2.0 * self.n_heads * head_dim,
+            token_elementwise=5.0,
+            pair_elementwise=1.0,
+            note="a gate per token and head from its keys; one add per pair (flash with a row of -c_j per block)",
+        )
+
+    # ---------------------------------------------------------------- the gates
+    def log_gates(self, k: Tensor) -> Tensor:
+        """``log σ(f_t)`` for keys ``k`` ``[B, H, L, d]``: ``[B, H, L]`` (float64)."""
+        b, h, n, d = k.shape
+        if h != self.n_heads or d != self.head_dim:
+            raise ConfigError(
+                f"fox was built for n_heads={self.n_heads}, head_dim={self.head_dim} but got keys of {h} heads of "
+                f"width {d}; FoX needs one key head per query head (no grouped-query attention)"
+            )
+        f = self.gate(k.transpose(1, 2).reshape(b, n, h * d))  # [B, L, H]
+        return F.logsigmoid(f.double()).transpose(1, 2)
+
+    def cumulative(self, k: Tensor, start: Tensor | None = None) -> Tensor:
+        """``c_t = start + Σ_{s<=t} log σ(f_s)`` for the keys ``k``: ``[B, H, L]`` float64 (``start`` ``[B, H]``)."""
+        c = self.log_gates(k).cumsum(-1)
+        return c if start is None else c + start[..., None]
+
+    @staticmethod
+    def _channels(c: Tensor, dtype: torch.dtype) -> Tensor:
+        """``c`` as two channels of ``dtype`` whose sum keeps its digits: ``[B, H, L, 2]``."""
+        hi = c.to(dtype)
+        return torch.stack([hi, (c - hi.double()).to(dtype)], dim=-1)
+
+    @staticmethod
+    def _from_channels(state: Tensor) -> Tensor:
+        return state[..., 0].double() + state[..., 1].double()
+
+    def _past_c(self, ctx: AttentionContext) -> Tensor | None:
+        """``c`` of the last key a KV cache holds for this layer (``[B, H]``), or ``None``."""
+        past = ctx.past_keys
+        if past is None or past.shape[2] == 0:
+            return None
+        if past.shape[-1] != self.head_dim + self.key_state_channels:
+            raise ConfigError(
+                f"fox: the KV cache holds keys of width {past.shape[-1]}, not head_dim + 2 = {self.head_dim + 2} "
+                "(FoX stores its running sum with the keys): the cache was filled by another encoding; start a new "
+                "posenc.KVCache()"
+            )
+        return self._from_channels(past[:, :, -1, self.head_dim :])
+
+    def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+        """Nothing rotates: the gates of the new keys and their running sum ``c`` go with the keys (see the module)."""
+        c = self.cumulative(k, self._past_c(ctx) if ctx.caching else None)
+        state = self._channels(c, k.dtype)
+        if ctx.caching:  # stored with the keys; the attention takes the channels off (ctx.key_state)
+            return q, torch.cat([k, state], dim=-1)
+        ctx.key_state = state
+        return q, k
+
+    def _c(self, k: Tensor, ctx: AttentionContext) -> Tensor:
+        """``c`` of every key of the call: from the channels the rotate hook made, else from the keys."""
+        state = ctx.key_state
+        if state is not None and state.shape[2] == k.shape[2] and not ctx.reference:
+            return self._from_channels(state)
+        return self.cumulative(k)
+
+    # ---------------------------------------------------------------- the hooks' terms
+    def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
+        lq, lk = q.shape[-2], k.shape[-2]
+        if lk < lq:
+            raise ConfigError(f"fox: a call has {lk} keys for {lq} queries; FoX needs the queries among the keys")
+        if ctx.reference:  # the paper's sum of the gates between i and j, term by term (float64)
+            g = self.log_gates(k)
+            if lq * lk * lk <= _LITERAL_MAX:
+                t = torch.arange(lk, device=k.device)
+                i, j = t[lk - lq :, None, None], t[None, :, None]
+                between = ((t > torch.minimum(i, j)) & (t <= torch.maximum(i, j))).to(g.dtype)  # [Lq, Lk, t]
+                d = torch.einsum("bht,qkt->bhqk", g, between)
+            else:  # too many terms to list: the same sums as differences of float64 running sums
+                c = g.cumsum(-1)
+                d = decay_matrix(c[..., lk - lq :], c)
+        else:
+            c = self._c(k, ctx)
+            d = decay_matrix(c[..., lk - lq :], c)
+        return (d / self.scale(ctx.head_dim)).to(q.dtype)
+
+    def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
+        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`fox_attention` on the ``c`` of the call.
+
+        Calls with a mask beyond the causal one, and encoders, compute :meth:`logits`' ``[B, H, Lq, Lk]`` term
+        here instead (correct, not blocked)."""
+        if ctx.reference:
+            return None
+
+        def run(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, mask: Tensor | None) -> Tensor:
+            if causal and mask is None and q.dtype in (torch.float32, torch.float64):
+                return fox_attention(q, k, v, self._c(k, ctx), scale)
+            s = torch.matmul(q, k.transpose(-1, -2)) + self.logits(q, k, ctx)
+            s = s * scale
+            lq, lk = q.shape[-2], k.shape[-2]
+            if causal:
+                i = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+                s = s.masked_fill(torch.arange(lk, device=q.device)[None, :] > i, torch.finfo(s.dtype).min)
+            if mask is not None:
+                s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+            return torch.matmul(torch.softmax(s, dim=-1), v)
+
+        return run

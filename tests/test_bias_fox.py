@@ -1,0 +1,250 @@
+"""FoX (Lin et al. 2025): the forget-gate decay against the paper's formula written out here, the blocked kernel
+against it at several lengths (gradients included), float32 at L = 4096 against float64, left padding, KV-cache
+decoding against no cache, torch.compile, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posenc
+from posenc import KVCache, MultiHeadAttention
+from posenc.bias.fox import FoX, fox_attention
+from posenc.errors import ConfigError
+
+D, H = 24, 3
+DH = D // H
+
+
+def _layers(seed: int = 0, gate_bias: float | None = None) -> tuple[MultiHeadAttention, MultiHeadAttention]:
+    """A fast layer and a reference layer with the same weights, float64."""
+    torch.manual_seed(seed)
+    enc = posenc.get("fox", n_heads=H, head_dim=DH, gate_bias=gate_bias)
+    fast = MultiHeadAttention(D, H, enc).double()
+    ref = MultiHeadAttention(D, H, enc, path="reference").double()
+    ref.load_state_dict(fast.state_dict())
+    return fast, ref
+
+
+def _paper(layer: MultiHeadAttention, x: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The paper's attention as written, with loops: f_t = W_f k_t + b_f (the keys of every head of token t),
+    D_ij = Σ_{t=j+1..i} log σ(f_t) (without a causal mask, the gates between i and j either way)."""
+    enc = layer.encoding
+    assert isinstance(enc, FoX)
+    b, n, _ = x.shape
+    q = layer.q_proj(x).view(b, n, H, DH)
+    k = layer.k_proj(x).view(b, n, H, DH)
+    v = layer.v_proj(x).view(b, n, H, DH)
+    w, bias = enc.gate.weight, enc.gate.bias  # [H, H·DH], [H]
+    out = torch.zeros(b, n, H, DH, dtype=x.dtype)
+    for bi in range(b):
+        gates = [
+            [math.log(1.0 / (1.0 + math.exp(-float(w[h] @ k[bi, t].reshape(-1) + bias[h])))) for t in range(n)]
+            for h in range(H)
+        ]
+        for h in range(H):
+            for i in range(n):
+                keys = range(i + 1) if causal else range(n)
+                logits = []
+                for j in keys:
+                    lo, hi = min(i, j), max(i, j)
+                    decay = sum(gates[h][t] for t in range(lo + 1, hi + 1))
+                    logits.append(float(q[bi, i, h] @ k[bi, j, h]) / math.sqrt(DH) + decay)
+                top = max(logits)
+                weights = [math.exp(a - top) for a in logits]
+                total = sum(weights)
+                for j, wj in zip(keys, weights):
+                    out[bi, i, h] += wj / total * v[bi, j, h]
+    return layer.o_proj(out.reshape(b, n, D))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_paper_formula_in_float64(causal: bool) -> None:
+    fast, ref = _layers()
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    with torch.no_grad():
+        want = _paper(ref, x, causal)
+        torch.testing.assert_close(ref(x, causal=causal), want, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(fast(x, causal=causal), want, rtol=1e-10, atol=1e-12)
+
+
+def test_decay_is_the_cumulative_difference_and_never_positive() -> None:
+    fast, _ = _layers(gate_bias=0.0)
+    x = torch.randn(1, 9, D, dtype=torch.float64)
+    k = fast.k_proj(x).view(1, 9, H, DH).transpose(1, 2)
+    enc = fast.encoding
+    c = enc.cumulative(k)  # c_t = Σ_{s<=t} log σ(f_s)
+    f = enc.gate(k.transpose(1, 2).reshape(1, 9, H * DH)).transpose(1, 2)
+    torch.testing.assert_close(c[..., 5] - c[..., 2], F.logsigmoid(f[..., 3:6]).sum(-1))
+    assert bool((c[..., 1:] < c[..., :-1]).all())  # every gate < 1: the sums fall
+
+
+@pytest.mark.parametrize("length", [5, 64, 300, 600])
+def test_the_blocked_kernel_equals_the_reference_with_gradients(length: int) -> None:
+    fast, ref = _layers(seed=length)
+    x = torch.randn(2, length, D, dtype=torch.float64)
+    assert fast.plan(x, causal=True).kernel == ("own-blocked" if length * length >= 64 * 64 else "biased-sdpa")
+    grads = []
+    for layer in (fast, ref):
+        layer.zero_grad()
+        xx = x.clone().requires_grad_()
+        out = layer(xx, causal=True)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append((out.detach(), xx.grad, {n: p.grad for n, p in layer.named_parameters()}))
+    (a, ga, pa), (b, gb, pb) = grads
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ga, gb, rtol=1e-9, atol=1e-11)
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"{n}: {m}")
+    assert fast.encoding.gate.weight.grad.abs().sum() > 0  # the gates learn
+
+
+@pytest.mark.parametrize("lq, lk", [(6, 6), (4, 9), (1, 5)])
+def test_gradcheck_of_the_kernel(lq: int, lk: int) -> None:
+    torch.manual_seed(lq * 10 + lk)
+    q = torch.randn(1, 2, lq, 3, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, lk, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 2, lk, 3, dtype=torch.float64, requires_grad=True)
+    c = F.logsigmoid(torch.randn(1, 2, lk, dtype=torch.float64)).cumsum(-1).detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda *t: fox_attention(*t, 0.7), (q, k, v, c))
+
+    # and the same numbers as the formula: softmax_j(s q·k + c_i - c_j) over j <= i + lk - lq
+    i = torch.arange(lq)[:, None] + lk - lq
+    allowed = torch.arange(lk)[None, :] <= i
+    bias = (c[..., lk - lq :, None] - c[..., None, :]).masked_fill(~allowed, float("-inf"))
+    want = torch.softmax(0.7 * q @ k.transpose(-1, -2) + bias, dim=-1) @ v
+    torch.testing.assert_close(fox_attention(q, k, v, c, 0.7), want, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_at_4096_keeps_the_float32_floor_of_a_bias() -> None:
+    """c_t falls by thousands over 4096 tokens; one float32 row of -c_j would put errors of ulp(|c|) ~ 2e-4 into
+    the logits (1.7e-3 off in the output, measured). The kernel's output stays within the floor of a materialised
+    float32 bias (the same attention with the bias computed in float64 and rounded once), for a head that forgets
+    fast (σ(f) ~ 0.12), one near 1/2 and one that barely forgets."""
+    torch.manual_seed(0)
+    b, h, n, d = 1, 3, 4096, 16
+    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3))
+    f = torch.tensor([-2.0, 0.0, 4.0], dtype=torch.float64)[None, :, None] + torch.randn(b, h, n, dtype=torch.float64)
+    c = F.logsigmoid(f).cumsum(-1)
+    assert float(c[..., -1].min()) < -5000
+    scale = d**-0.5
+    bias = (c[..., :, None] - c[..., None, :]).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    floor = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float(), scale=scale)
+    got = fox_attention(q.float(), k.float(), v.float(), c, scale)
+    floor_err = (floor.double() - want).abs().amax((0, 2, 3))
+    err = (got.double() - want).abs().amax((0, 2, 3))
+    assert bool((err <= 2 * floor_err + 1e-6).all()), (err, floor_err)
+    # the naive form (one row of -c_j for every query) is far off: the test can tell the two apart
+    naive = F.scaled_dot_product_attention(
+        q.float(),
+        k.float(),
+        v.float(),
+        attn_mask=(-c[..., None, :])
+        .float()
+        .expand(b, h, n, n)
+        .tril()
+        .masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")),
+        scale=scale,
+    )
+    assert float((naive.double() - want).abs().max()) > 20 * float(err.max())
+
+
+def test_left_padding_leaves_the_real_tokens_as_they_are() -> None:
+    fast, ref = _layers(seed=3)
+    x = torch.randn(2, 40, D, dtype=torch.float64)
+    pad = 11
+    padded = torch.cat([torch.randn(1, pad, D, dtype=torch.float64), x[1:, : 40 - pad]], dim=1)
+    batch = torch.cat([x[:1], padded], dim=0)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, :pad] = False
+    for layer in (fast, ref):
+        with torch.no_grad():
+            out = layer(batch, causal=True, attention_mask=mask)
+            alone = layer(x[1:, : 40 - pad], causal=True)
+            torch.testing.assert_close(out[1, pad:], alone[0], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(out[0], layer(x[:1], causal=True)[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunks", [(1,) * 12, (5, 1, 1, 4, 1), (30, 7, 1, 1)])
+def test_kv_cache_decoding_equals_no_cache(chunks: tuple[int, ...]) -> None:
+    fast, ref = _layers(seed=4)
+    total = 60 + sum(chunks)
+    x = torch.randn(2, total, D, dtype=torch.float64)
+    with torch.no_grad():
+        want = ref(x, causal=True)
+        for layer in (fast, ref):
+            cache = KVCache()
+            outs = [layer(x[:, :60], causal=True, kv_cache=cache)]
+            at = 60
+            for m in chunks:
+                outs.append(layer(x[:, at : at + m], causal=True, kv_cache=cache))
+                at += m
+            torch.testing.assert_close(torch.cat(outs, dim=1), want, rtol=1e-10, atol=1e-12)
+            # the cache holds the keys with c as two channels; the running sum is the sum of the gates
+            keys = cache.get(0)[0]
+            assert keys.shape[-1] == DH + FoX.key_state_channels
+            raw = keys[..., :DH]
+            torch.testing.assert_close(keys[..., DH] + keys[..., DH + 1], layer.encoding.cumulative(raw))
+
+
+def test_generate_with_and_without_a_cache() -> None:
+    torch.manual_seed(5)
+    lm = posenc.LanguageModel(50, d_model=D, n_heads=H, n_layers=2, encoding="fox")
+    prompt = torch.randint(0, 50, (2, 6))
+    assert lm.decoding_mode(6, 10)[0] == "cache"
+    torch.testing.assert_close(lm.generate(prompt, 10), lm.generate(prompt, 10, use_cache=False))
+
+
+def test_compiled_layer_keeps_the_kernel() -> None:
+    fast, _ = _layers(seed=6)
+    fast = fast.float()
+    x = torch.randn(1, 300, D, requires_grad=True)
+    want = fast(x, causal=True)
+    (gw,) = torch.autograd.grad(want.square().sum(), x)
+    assert fast.last_plan.kernel == "own-blocked"
+    torch._dynamo.reset()
+    compiled = torch.compile(fast, fullgraph=True, backend="aot_eager")
+    got = compiled(x, causal=True)
+    (gg,) = torch.autograd.grad(got.square().sum(), x)
+    assert fast.last_plan.kernel == "own-blocked"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gg, gw, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_trains_with_it() -> None:
+    torch.manual_seed(7)
+    lm = posenc.LanguageModel(30, d_model=D, n_heads=H, n_layers=2, encoding="fox")
+    opt = torch.optim.Adam(lm.parameters(), lr=3e-3)
+    data = torch.arange(30).repeat(4, 3)[:, :48] % 30  # a counting pattern
+    first = None
+    for _ in range(40):
+        loss = lm.loss(data)
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.5 * first
+
+
+def test_bad_input() -> None:
+    enc = FoX(n_heads=2, head_dim=4)
+    with pytest.raises(ConfigError, match="grouped-query|one key head"):
+        enc.log_gates(torch.randn(1, 1, 5, 4))
+    with pytest.raises(ConfigError, match="gate_bias"):
+        FoX(n_heads=2, head_dim=4, gate_bias=float("nan"))
+    with pytest.raises(ConfigError, match=r"c must be \[1, 2, 5\]"):
+        fox_attention(
+            torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4), torch.zeros(1, 2, 4), 1.0
+        )
+    # a cache filled by another encoding: its keys carry no running sum
+    torch.manual_seed(0)
+    other = MultiHeadAttention(8, 2, posenc.get("alibi", n_heads=2))
+    cache = KVCache()
+    other(torch.randn(1, 4, 8), causal=True, kv_cache=cache)
+    fox = MultiHeadAttention(8, 2, FoX(n_heads=2, head_dim=4))
+    with pytest.raises(ConfigError, match="KV cache|KVCache"):
+        fox(torch.randn(1, 1, 8), causal=True, kv_cache=cache)

@@ -315,3 +315,14 @@ def test_the_live_line_of_a_control_at_chance_says_so_without_a_warning():
     first, second = out.getvalue().splitlines()
     assert "control: at chance, as designed" in first and "!!" not in first
     assert "!! did not learn" in second
+
+
+def test_a_row_whose_chance_is_unknown_is_neither_a_failure_nor_a_crash():
+    res = [record("order", enc, s, counts(512, 400, 300)) for enc in ("rope", "none") for s in range(2)]
+    for r in res:
+        r["config"]["task"] = "a-task-not-registered-here"  # an old store's task: chance unknown
+    rows = leaderboard(res, CONTROLS)
+    assert all(r["chance"]["16"] is None for r in rows)
+    probs = problems(rows, None)
+    assert probs["not learned"] == [] and probs["control not at chance"] == []
+    assert "points" in verdict(rows)

@@ -213,8 +213,9 @@ def problems(rows: list[dict[str, Any]], failures: list[dict[str, Any]] | None) 
         ok, c = learned(r)
         pct = unit(r["metric"])
         run = f"{r['task']}/{r['label']} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})"
-        said = f"in distribution {fmt(r['in_distribution'], r['metric'])}{pct}"
-        said += f", chance {fmt(c, r['metric'])}{pct}"  # type: ignore[arg-type]
+        if ok is None or c is None:  # chance unknown: neither learned nor not
+            continue
+        said = f"in distribution {fmt(r['in_distribution'], r['metric'])}{pct}, chance {fmt(c, r['metric'])}{pct}"
         if ok is False and not r.get("control"):
             weak.append({"run": run, "error": said})
         elif ok is True and r.get("control"):

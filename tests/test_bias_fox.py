@@ -232,8 +232,13 @@ def test_a_model_trains_with_it() -> None:
 
 def test_bad_input() -> None:
     enc = FoX(n_heads=2, head_dim=4)
-    with pytest.raises(ConfigError, match="grouped-query|one key head"):
-        enc.log_gates(torch.randn(1, 1, 5, 4))
+    with pytest.raises(ConfigError, match="keys of 3 heads"):
+        enc.log_gates(torch.randn(1, 3, 5, 4))
+    with pytest.raises(ConfigError, match="width 5"):
+        enc.log_gates(torch.randn(1, 2, 5, 5))
+    # grouped keys (a transformers model): the key head serves both query heads
+    k = torch.randn(1, 1, 5, 4)
+    torch.testing.assert_close(enc.log_gates(k), enc.log_gates(k.expand(1, 2, 5, 4)))
     with pytest.raises(ConfigError, match="gate_bias"):
         FoX(n_heads=2, head_dim=4, gate_bias=float("nan"))
     with pytest.raises(ConfigError, match=r"c must be \[1, 2, 5\]"):

@@ -257,11 +257,15 @@ class FoX(PositionalEncoding):
     def log_gates(self, k: Tensor) -> Tensor:
         """``log σ(f_t)`` for keys ``k`` ``[B, H, L, d]``: ``[B, H, L]`` (float64)."""
         b, h, n, d = k.shape
-        if h != self.n_heads or d != self.head_dim:
+        if d != self.head_dim or h > self.n_heads or self.n_heads % h:
             raise ConfigError(
                 f"fox was built for n_heads={self.n_heads}, head_dim={self.head_dim} but got keys of {h} heads of "
-                f"width {d}; FoX needs one key head per query head (no grouped-query attention)"
+                f"width {d}; it takes keys of width head_dim, one head per query head or grouped ({self.n_heads} "
+                "divisible by the key heads)"
             )
+        if h < self.n_heads:  # grouped keys (a transformers model): each key head serves its group of query heads
+            k = k.repeat_interleave(self.n_heads // h, dim=1)
+            h = self.n_heads
         f = self.gate(k.transpose(1, 2).reshape(b, n, h * d))  # [B, L, H]
         return F.logsigmoid(f.double()).transpose(1, 2)
 
@@ -298,6 +302,11 @@ class FoX(PositionalEncoding):
         c = self.cumulative(k, self._past_c(ctx) if ctx.caching else None)
         state = self._channels(c, k.dtype)
         if ctx.caching:  # stored with the keys; the attention takes the channels off (ctx.key_state)
+            if k.shape[1] != self.n_heads:
+                raise ConfigError(
+                    f"fox keeps one running sum per query head with the keys of a KV cache, which needs one key head "
+                    f"per query head; got {k.shape[1]} key heads for n_heads={self.n_heads}"
+                )
             return q, torch.cat([k, state], dim=-1)
         ctx.key_state = state
         return q, k

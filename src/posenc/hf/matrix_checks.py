@@ -354,7 +354,7 @@ def peft_lora(make: Callable[[], Any]) -> None:
         raise NotApplicable from err
     model, name, x, want = _patched_outputs(make, "t5")
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    target = [n for n in ("q_proj", "qkv_proj", "query_key_value", "query", "c_attn") if n in names][:1]
+    target = [n for n in ("q_proj", "qkv_proj", "query_key_value", "query", "c_attn", "Wqkv") if n in names][:1]
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=target))
     assert patched(wrapped) is not None
     assert (_out(wrapped, x) - want).abs().max() < 1e-5

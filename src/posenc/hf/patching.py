@@ -1,7 +1,9 @@
 """The entry points of :mod:`posenc.hf`: :func:`patch` and :func:`unpatch`.
 
-``patch`` reads the model (its family, sizes, dtype and RoPE settings), builds the encoding(s), decides where the
-encoding acts (HF's own rotation, posenc's attention, the embedding), refuses what cannot work with the reason,
+``patch`` reads the model (its family, sizes, dtype and RoPE settings) and what each layer is asked to get (one
+encoding, encodings by layer type, on some layers, or a schedule: :func:`_requested`), builds each layer's encoding,
+decides where it acts (HF's own rotation, posenc's attention, the embedding: :func:`_plan`), refuses what cannot
+work with the reason,
 adds the :class:`~posenc.hf.state.PosencPatch` module and its attention cores, installs the hooks, runs the
 encoding once on two positions (:func:`_probe`) and records the patch in ``model.config.posenc``. Any failure
 leaves the model as it was.

@@ -1,14 +1,17 @@
-"""The rotary side of :mod:`posenc.hf`: a model's own RoPE settings as posenc options, and the hook on its rotary
-module.
+"""The rotary side of :mod:`posenc.hf`: a model's own RoPE settings as posenc options, and the hooks that hand its
+attention layers their phases.
 
 A rotary encoding patched into a rotary model starts from the model's own numbers (base, rotated width, trained
-length and the fields of the scaling its ``rope_parameters`` names, per layer type where the layer types have
-their own). Where HF's own rotate-half rotation can apply the encoding (:func:`_cos_sin_ok`), the hook on the
-model's rotary module (:func:`_rotary_output`) hands the attention layers the encoding's cos/sin, and the
-attention stays transformers' own; otherwise it hands the identity and the rotation moves into posenc's
-attention. There, a rotation that depends on each key and its position alone (:func:`rotates_per_key`: RoPE in
-the interleaved layout, xPos) rotates each key once, in the KV cache (:func:`rotate_in_cache`), rather than every
-cached key at every decoding step.
+length and the fields of the scaling its ``rope_parameters`` names, per layer type where they are nested:
+:func:`_layer_params`; ``"rope"`` alone is each layer's own RoPE, :func:`own_rotary_name`). Where HF's own rotation
+can apply the encoding (:func:`_cos_sin_ok`: RoPE rotating the pairs the model rotates, over its width), the hook on
+the model's rotary module (:func:`_rotary_output`) hands each layer type the encoding's phases in the model's layout
+(:func:`rotary_layout`: rotate-half cos/sin, Cohere2's interleaved cos/sin, Llama 4's complex numbers) and the
+attention stays transformers' own; otherwise it hands the identity and the rotation moves into posenc's attention.
+A layer whose phases differ from the others of its type gets its own from a hook on its attention module
+(:func:`_layer_phases`). In posenc's attention, a rotation that depends on each key and its position alone
+(:func:`rotates_per_key`: RoPE in the interleaved layout, xPos) rotates each key once, in the KV cache
+(:func:`rotate_in_cache`), rather than every cached key at every decoding step.
 
 Imports :mod:`posenc.hf.state` and, from below :mod:`posenc.hf`, the registry, the base class, the RoPE classes
 and the errors.

@@ -25,8 +25,8 @@ as the paper's ViT leaves its CLS token unrotated. Positions must be integers; w
 be past the grid.
 
 The frequencies are parameters (``freqs``, ``[2, n_heads, head_dim / 2]``: ``f^x`` then ``f^y``), one set per
-layer: a model gives each layer its own, freshly drawn. The phases are computed in the parameters' dtype
-(float32, float64 after ``.double()``), as the paper's code computes them in float32.
+layer: a model gives each layer its own, freshly drawn. The phases are computed in float32 (float64 after
+``.double()``; a half-precision cast of the model still computes them in float32), as the paper's code does.
 """
 
 from __future__ import annotations
@@ -128,10 +128,12 @@ class RoPEMixed(RoPE):
 
     # ------------------------------------------------------------ the phases
     def angles(self, positions: Tensor) -> Tensor:
-        """``f^x x + f^y y`` of flat patch indices ``[B, L]``: ``[B, H, L, head_dim / 2]`` (the parameters' dtype);
-        0 at the prefix tokens."""
+        """``f^x x + f^y y`` of flat patch indices ``[B, L]``: ``[B, H, L, head_dim / 2]`` (float32, or float64 for
+        float64 parameters); 0 at the prefix tokens."""
         row, col = grid_rows_cols(self.info.name, positions, self.grid_width, self.grid_height, self.n_prefix)
         f = self.freqs
+        if f.dtype != torch.float64:  # float32 at least: half-precision phases would lose the position
+            f = f.float()
         x, y = col.to(f.dtype)[:, None, :, None], row.to(f.dtype)[:, None, :, None]
         phi = x * f[0][None, :, None, :] + y * f[1][None, :, None, :]
         if self.n_prefix:

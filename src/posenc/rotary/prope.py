@@ -12,10 +12,11 @@ proposes to keep a fraction ``p`` of the frequencies -- the highest -- and leave
 
 The kept frequencies are RoPE's own top ``k`` (the exponent is still ``2i/d`` over the whole head, the schedule is
 not recomputed over the kept pairs), and the truncated pairs rotate by the angle 0: they carry no position. This
-is the paper's pseudocode (``apply_p_rope``: ``rope_angles = int(rope_percentage * head_dim // 2)``, the rest
-``nope_angles`` with an infinite wavelength) and Gemma 4's ``proportional`` RoPE in transformers
-(``_compute_proportional_rope_parameters``: the top ``k`` of ``base^{-2i/d}``, then zeros). The paper discusses
-only this truncation (of the lowest frequencies), so it is the only one offered.
+is the paper's pseudocode (``apply_p_rope``: ``rope_angles = int(rope_percentage * head_dim // 2)``, the other
+``nope_angles`` pairs unrotated) and Gemma 4's ``proportional`` RoPE in transformers
+(``_compute_proportional_rope_parameters``: the top ``k`` of ``base^{-2i/d}``, then zeros), which the tests
+compare with. The paper's proposal truncates the lowest frequencies and its pseudocode has no other choice, so
+that is the only one offered (the full text was not at hand here; its pseudocode and Gemma's code were).
 
 ``p = 1`` is RoPE exactly (the same numbers as ``rope``); as ``p → 0`` fewer pairs rotate, and a ``p`` with
 ``p · d / 2 < 1`` rotates none: NoPE. Layout rotate-half (pair ``i`` is dimensions ``(i, i + d/2)``), as ``rope``,

@@ -24,8 +24,10 @@ For text all three ids are the token's position ``m``: ``φ_i = m θ_i`` for eve
 ``(t, h, w)`` patches, merged ``m × m`` by the vision encoder (``spatial_merge_size``), gives ``t·h·w / m²`` tokens at
 ``(start + τ_k, start + row, start + col)`` (``τ_k = k`` for Qwen2-VL and Qwen3-VL; Qwen2.5-VL's videos
 ``⌊k · tokens_per_second · seconds_per_grid⌋``, absolute time); the next span starts one past the largest id so far
-(Qwen2-VL §2.1: "incrementing the maximum position ID of the preceding modality by one"). Qwen3-VL gives each video
-frame its own grid of ``t = 1``, with its timestamp as text between the frames.
+(Qwen2-VL §2.1: "incrementing the maximum position ID of the preceding modality by one"; transformers from 5.3 on
+starts it ``max(h, w) / m`` past the span's start instead, ``next_start="spatial"``: the same ids except after a
+video whose temporal ids reach further than its rows and columns). Qwen3-VL gives each video frame its own grid of
+``t = 1``, with its timestamp as text between the frames.
 
 **How the three rows reach the encoding.** posenc's attention carries one position per token (``ctx.q_pos`` /
 ``ctx.k_pos``: masks, KV caches and contiguity checks read them); the three rows travel beside them, in the

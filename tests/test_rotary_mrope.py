@@ -119,6 +119,29 @@ def test_each_axis_moves_only_its_pairs():
 
 
 @pytest.mark.parametrize("name", ["mrope", "mrope-interleaved"])
+def test_scores_depend_only_on_the_offsets_of_each_axis(name):
+    enc = posenc.get(name, head_dim=24)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 9, 24, dtype=torch.float64, generator=g)
+    k = torch.randn(1, 2, 9, 24, dtype=torch.float64, generator=g)
+    rows = random_rows(1, 9, 50, seed=6)
+
+    def scores(shift: list[int]) -> torch.Tensor:
+        moved = rows + torch.tensor(shift)[:, None, None]
+        ctx = AttentionContext(q_pos=moved[0], k_pos=moved[0], n_heads=2, head_dim=24, cache=mrope_cache(moved))
+        rq, rk = enc.rotate(q, k, ctx)
+        return rq @ rk.transpose(-1, -2)
+
+    want = scores([0, 0, 0])
+    for shift in ([7, 0, 0], [0, 13, 0], [0, 0, 21], [3, 100, 41]):
+        torch.testing.assert_close(scores(shift), want, rtol=1e-5, atol=1e-5)
+    # other height and width ids (the time row repeated) give other scores: each row counts
+    ctx = AttentionContext(q_pos=rows[0], k_pos=rows[0], n_heads=2, head_dim=24, cache=mrope_cache(rows[[0, 0, 0]]))
+    rq, rk = enc.rotate(q, k, ctx)
+    assert float((rq @ rk.transpose(-1, -2) - want).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("name", ["mrope", "mrope-interleaved"])
 def test_text_is_rope_bit_for_bit(name):
     enc, rope = posenc.get(name, head_dim=16), posenc.get("rope", head_dim=16)
     x = torch.randn(2, 3, 10, 16)

@@ -326,3 +326,20 @@ def test_a_row_whose_chance_is_unknown_is_neither_a_failure_nor_a_crash():
     probs = problems(rows, None)
     assert probs["not learned"] == [] and probs["control not at chance"] == []
     assert "points" in verdict(rows)
+
+
+def test_the_tasks_say_how_many_examples_a_length_counts():
+    from posenc.bench.outcomes import examples
+
+    order = RunConfig(task="order", encoding="rope", eval_samples=100).as_dict()
+    assert examples(order, "32") == 100 and examples(order, "test") is None
+    copy = RunConfig(task="copy", encoding="rope", eval_samples=64).as_dict()
+    assert examples(copy, "16") == 64 and examples(copy, "16_token") is None  # tokens are not independent examples
+    passkey = RunConfig(
+        task="passkey", encoding="rope", train_lengths=(28, 64), test_lengths=(64,), eval_samples=103
+    ).as_dict()
+    depths = 5  # passkey's default number of depths: 103 // 5 = 20 keys at each, 100 in all
+    from posenc.bench.api import get_task
+
+    assert get_task("passkey").options(RunConfig.from_dict(passkey))["depths"] == depths
+    assert examples(passkey, "64") == 100

@@ -119,6 +119,13 @@ class Passkey(ExtensionTask):
         """A uniform guess of every digit."""
         return 10.0 ** -self.options(cfg)["digits"]
 
+    def examples(self, cfg: RunConfig, label: str) -> int | None:
+        """``"<n>"``: the share of exact answers among ``per_depth`` keys at each of ``depths`` depths (evaluate)."""
+        if not label.isdigit():
+            return None
+        n_depths = self.options(cfg)["depths"]
+        return max(1, cfg.eval_samples // n_depths) * n_depths
+
     def base_extra(self, cfg: RunConfig) -> dict[str, Any]:
         return {"digits": self.options(cfg)["digits"]}
 

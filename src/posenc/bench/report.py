@@ -4,8 +4,11 @@ Runs are grouped by task and *label* (the suite's display name of an encoding wi
 e.g. ``shaw k=4``; by default the encoding name plus its options), and summarised as mean ± std over
 seeds (each seed's value kept: ``per_seed``; seeds that split flagged: :func:`seeds_disagree`), beside
 each task's chance level (``Task.chance``; one rule says what is *at chance*: :func:`at_chance`). Each
-task gets a :func:`verdict`: who won, by how much, and whether a 95 % paired interval over the seeds
-separates the first two rows. Where a suite carries the paper's numbers (``published``), the report shows
+task gets a :func:`verdict`: who won, by how much, and whether the gap between the first two rows is
+separable (:mod:`posenc.bench.reporting.separation`: an interval within the metric's range, on the test
+examples pooled over seeds and lengths where the task counts them, every seed agreeing), and which rows
+are separably ahead of the suite's controls (``[controls]``: at chance by design, never a failure while
+at chance). Where a suite carries the paper's numbers (``published``), the report shows
 them beside ours. Every plot gives an encoding the same colour and marker (:func:`encoding_styles`), and
 ``report.html`` is one self-contained page (:func:`write_report`).
 

@@ -64,6 +64,8 @@ def expected_kernel(model) -> str:
     attn = model.trunk.blocks[0].attn
     if attn.encoding is None:
         return "sdpa"
+    if "probabilities" in enc.hooks():
+        return "materialised"  # weights of its own (stick-breaking): the kernel that hands it the logits
     if has_form(enc) and not (getattr(enc, "terms", ()) and "p2p" in enc.terms):
         return "blocked"
     if "values" in enc.hooks():
@@ -219,11 +221,11 @@ def test_kv_cache_decoding_takes_the_fast_kernel_and_matches_the_full_forward(na
             steps.append(fast(TOKENS[:, t : t + 1], kv_cache=cache))
             ps = plans(fast)
             enc = fast.trunk.encoding
-            # materialised only for a^V without a form, or for logits that read q·kᵀ (computed once for them)
-            assert all(
-                p.contiguous and (p.kernel != "materialised" or "values" in enc.hooks() or "q·kᵀ" in p.reason)
-                for p in ps
-            ), [str(p) for p in ps]
+            # materialised only for a^V without a form, for logits that read q·kᵀ (computed once for them), or for
+            # weights of the encoding's own (a probabilities hook)
+            own = {"values", "probabilities"} & enc.hooks() if enc is not None else set()
+            fine = [p.contiguous and (p.kernel != "materialised" or own or "q·kᵀ" in p.reason) for p in ps]
+            assert all(fine), [str(p) for p in ps]
             if enc is not None and enc.logits_read_scores:
                 assert all(p.kernel == "materialised" and "q·kᵀ" in p.reason for p in ps)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-10)

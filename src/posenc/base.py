@@ -13,17 +13,18 @@ formula (1); for DeBERTa, its formula (3); see docs/background.md):
 
 an encoding is one object implementing any of these hooks:
 
-=========  ==========================================  ==============================
-hook       acts on                                     examples
-=========  ==========================================  ==============================
-positions  the position ids, once per model forward    randomized positions
-embed      token embeddings before the first layer     sinusoidal, learned, binary ...
-rotate     q and k inside attention                    RoPE, xPos
-logits     terms (b), (c), (d) added before scaling     Shaw, Transformer-XL, DeBERTa
-bias       position-only terms added after scaling     T5, ALiBi, KERPLE, FIRE
-values     the a^V term added to the value sum         Shaw, NEZHA
-scale      the softmax temperature                     TENER (1), DeBERTa (1/sqrt(3d))
-=========  ==========================================  ==============================
+=============  ==========================================  ==============================
+hook           acts on                                     examples
+=============  ==========================================  ==============================
+positions      the position ids, once per model forward    randomized positions
+embed          token embeddings before the first layer     sinusoidal, learned, binary ...
+rotate         q and k inside attention                    RoPE, xPos
+logits         terms (b), (c), (d) added before scaling     Shaw, Transformer-XL, DeBERTa
+bias           position-only terms added after scaling     T5, ALiBi, KERPLE, FIRE
+values         the a^V term added to the value sum         Shaw, NEZHA
+scale          the softmax temperature                     TENER (1), DeBERTa (1/sqrt(3d))
+probabilities  the attention weights, instead of softmax   stick-breaking attention
+=============  ==========================================  ==============================
 
 ``logits`` and ``bias`` differ only in where the temperature applies:
 ``A = scale · (q·k + logits) + bias``. Papers disagree on this (Shaw scales its
@@ -54,7 +55,7 @@ from .errors import ConfigError, PositionError
 if TYPE_CHECKING:
     from .fused import RelativeForm
 
-HOOKS = ("positions", "embed", "rotate", "logits", "bias", "values", "scale")
+HOOKS = ("positions", "embed", "rotate", "logits", "bias", "values", "scale", "probabilities")
 
 FAMILIES = ("none", "absolute", "rotary", "relative", "bias", "temperature")
 
@@ -393,6 +394,15 @@ class PositionalEncoding(nn.Module):
 
     def values(self, probs: Tensor, ctx: AttentionContext) -> Tensor | None:
         """``Σ_j probs_ij · a^V_ij``: ``[B, H, Lq, Dh]`` added to the attention output."""
+        return None
+
+    def probabilities(self, logits: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """The attention weights ``[B, H, Lq, Lk]`` from the logits, *instead of* softmax (``None``: softmax).
+
+        ``logits`` are the scaled logits with the ``bias`` added and the mask applied (a key a query may not see is
+        at the dtype's lowest value). A method whose weights are not a softmax (stick-breaking attention) overrides
+        it; the attention then takes the ``materialised`` kernel, which hands the hook the logits and multiplies
+        what it returns with the values (rows need not sum to one)."""
         return None
 
     def scale(self, head_dim: int) -> float:

@@ -22,7 +22,7 @@ from ..base import AttentionContext, PositionalEncoding
 from ..errors import ConfigError
 from ..registry import accepted_arguments, build, example_options, resolve
 
-ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "scale"})
+ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "scale", "probabilities"})
 
 
 class Unmeasurable(Exception):
@@ -206,7 +206,8 @@ class Probe:
         )
 
     def attention_scores(self, q_pos: Tensor, k_pos: Tensor, *, same_content: bool = False) -> Tensor:
-        """``scale · (rotate(q)·rotate(k) + logits) + bias``: ``[draws, H, Lq, Lk]`` (float64)."""
+        """``scale · (rotate(q)·rotate(k) + logits) + bias``: ``[draws, H, Lq, Lk]`` (float64); for an encoding
+        with weights of its own (a ``probabilities`` hook), the logarithm of those weights."""
         enc = self.enc
         lq, lk = q_pos.numel(), k_pos.numel()
         k_content = self.q0 if same_content else self.k0
@@ -226,6 +227,10 @@ class Probe:
                 b = enc.bias(ctx)
                 if b is not None:
                     s = s + b
+            if "probabilities" in self.hooks:  # weights of its own (stick-breaking): their logarithm, which is what
+                p = enc.probabilities(s, ctx)  # softmax's logits are to its weights, up to a constant per query
+                if p is not None:
+                    s = p.clamp_min(torch.finfo(p.dtype).tiny).log()
         return s.expand(q.shape[0], self.heads, lq, lk).double()
 
     def scores(self, q_pos: Tensor, k_pos: Tensor, *, same_content: bool = False) -> Tensor:

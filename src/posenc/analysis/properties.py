@@ -226,7 +226,12 @@ def _measure(
             card.name, card, settings, "unbuilt", (), ms, notes=[f"cannot build: {reason}"], error=_short(e, 1000)
         )
     notes = []
-    if probe.kind == "attention":
+    if probe.kind == "attention" and "probabilities" in probe.hooks:
+        notes.append(
+            "measured on the log of the attention weights it gives (its own, not a softmax), from scale·(q·k + "
+            "logits) + bias with a fixed random q and k at every position"
+        )
+    elif probe.kind == "attention":
         notes.append(
             "measured on the attention scores it induces: scale·(rotate(q)·rotate(k) + logits) + bias, "
             "with a fixed random q and k at every position"

@@ -8,6 +8,7 @@ The plan is :mod:`posenc.attention.plan`'s; the kernels are one file per family 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from torch import Tensor, nn
@@ -73,7 +74,7 @@ class AttentionCore(nn.Module):
             encoding.check_sizes(n_heads=n_heads, head_dim=head_dim)
         self.encoding = encoding
         hooks = encoding.hooks() if encoding is not None else frozenset()
-        self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values")}
+        self._has = {h: h in hooks for h in ("rotate", "logits", "bias", "values", "probabilities")}
         self.last_plan: Plan | None = None
 
     def _keeps_groups(self, call: _Call, return_weights: bool) -> bool:
@@ -91,6 +92,8 @@ class AttentionCore(nn.Module):
             and not return_weights
             and not (self.training and self.dropout > 0)
         )
+        if self._has["probabilities"]:  # the encoding's own weights: the materialised kernel, on repeated keys
+            return False
         if not step or (enc is not None and enc.logits_read_scores):
             return False
         return not (self._has["logits"] or self._has["values"]) or (enc is not None and enc.offers_relative_form())
@@ -101,7 +104,22 @@ class AttentionCore(nn.Module):
         self._take_key_state(call)
         dropout = self.dropout if self.training else 0.0
         facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights)
-        return plan_call(facts, self.encoding, call)
+        plan, form, own = plan_call(facts, self.encoding, call)
+        if self._has["probabilities"]:  # the encoding's own weights: only the materialised kernel hands it logits
+            return self._own_probabilities(plan), None, None
+        return plan, form, own
+
+    def _own_probabilities(self, plan: Plan) -> Plan:
+        """``plan``, or the ``materialised`` kernel where the encoding gives its own attention weights (its
+        ``probabilities`` hook): the one kernel that hands the hook the logits."""
+        if not self._has["probabilities"] or plan.kernel == "materialised":
+            return plan
+        reason = "the encoding gives its own attention weights instead of softmax (probabilities hook)"
+        return replace(plan, kernel="materialised", reason=reason, portable=False)
+
+    def _probabilities(self) -> Callable[[Tensor, AttentionContext], Tensor | None] | None:
+        """The encoding's ``probabilities`` hook (``logits, ctx -> weights or None``), or ``None``."""
+        return self.encoding.probabilities if self._has["probabilities"] and self.encoding is not None else None
 
     def _take_key_state(self, call: _Call) -> None:
         """The keys' trailing channels of per-key state (the encoding's ``key_state_channels``, appended by its rotate
@@ -177,7 +195,9 @@ class AttentionCore(nn.Module):
         elif plan.kernel == "own-blocked":
             out = own_blocked(call, own, scale)
         elif plan.kernel == "materialised":
-            out, weights = materialised(call, scale, plan.dropout, self._terms, self._values())
+            out, weights = materialised(
+                call, scale, plan.dropout, self._terms, self._values(), probabilities=self._probabilities()
+            )
         else:
             out = self._sdpa(call, plan, scale)
         if call.allowed is not None and call.any_padding:

@@ -349,9 +349,13 @@ def test_an_unknown_encoding_gives_close_matches(how):
 
 def test_other_bad_requests_are_refused_with_the_reason():
     model = FAMILIES["cohere2"]()
-    with pytest.raises(ConfigError, match=r"layer 0: the schedule asks for span 'w8'.*layer 0: w4"):
+    with pytest.raises(ConfigError, match=r"layer 0: a span of .w8. is asked.*layer 0: w4"):
         hf.patch(model, "rope@w8*3+nope")
+    with pytest.raises(ConfigError, match=r"layer 0: a span of 'c4' is asked"):
+        hf.patch(model, {"sliding_attention": "rope@c4"})
     hf.patch(model, "rope@w4*3+nope")  # the layers' own spans may be written
+    with pytest.raises(ConfigError, match="θ is given twice"):
+        hf.patch(model, "rope", theta=1e4, base=1e4)
     with pytest.raises(ConfigError, match="options .*go with one encoding name"):
         hf.patch(model, "rope*3+nope", base=1e4)
     with pytest.raises(ConfigError, match="acts once for the whole model"):

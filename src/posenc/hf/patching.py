@@ -223,6 +223,7 @@ class _Ask:
     encoding: str | PositionalEncoding
     options: dict[str, Any] = field(default_factory=dict)
     bare: bool = False
+    span: Span = field(default_factory=Span)  # the span a schedule wrote for the layer (checked: the layer's own)
 
     @property
     def spec(self) -> Any:
@@ -242,7 +243,8 @@ def _options(name: str, options: Mapping[str, Any], where: str = "") -> dict[str
         if "base" not in accepted_arguments(resolve(name)):
             return out  # the encoding's own error names what it takes
         if len(given) > 1 or "base" in out:
-            raise ConfigError(f"{where}{name}: θ is given twice ({', '.join([*given, 'base'][: len(given) + 1])})")
+            both = [k for k in (*THETA_NAMES, "base") if k in out]
+            raise ConfigError(f"{where}{name}: θ is given twice ({', '.join(both)}); give it once, as base")
         out["base"] = out.pop(given[0])
     return out
 
@@ -259,8 +261,8 @@ def _ask(item: Any, where: str) -> _Ask:
         item = parsed.layers[0]
     if isinstance(item, LayerSpec):
         if isinstance(item.encoding, PositionalEncoding):
-            return _Ask(item.encoding)
-        return _Ask(item.encoding, item.built_options(), bare=not item.options)
+            return _Ask(item.encoding, span=item.span)
+        return _Ask(item.encoding, item.built_options(), bare=not item.options, span=item.span)
     if isinstance(item, PositionalEncoding):
         return _Ask(item)
     if isinstance(item, str):
@@ -353,7 +355,7 @@ def _requested(
                 f"{', '.join(map(repr, sorted(set(types))))}"
             )
         made = {t: _ask(v, f"layer type {t!r}: ") for t, v in encoding.items()}
-        return [made.get(t) for t in types], True
+        return _spans_checked(model, attns, [made.get(t) for t in types]), True
     count = len(targets) if targets is not None else n
     if isinstance(encoding, list):
         if len(encoding) != count:
@@ -364,15 +366,6 @@ def _requested(
         sched = encoding if isinstance(encoding, Schedule) else Schedule.parse(encoding)
         specs = sched.for_layers(count)
         where = targets if targets is not None else list(range(n))
-        types = _layer_types(model.config, n) or [None] * n
-        for i, spec in zip(where, specs, strict=True):
-            own = _own_span(model, attns[i], types[i])
-            if not spec.span.is_global and spec.span != own:
-                raise ConfigError(
-                    f"layer {i}: the schedule asks for span {str(spec.span)!r}, but posenc.hf keeps each layer's own "
-                    f"span (this {name}'s layer {i}: {str(own) or 'global'}), which its masks and KV cache follow: "
-                    "leave the span out"
-                )
         asks = [_ask(spec, f"layer {i}: ") for i, spec in zip(where, specs, strict=True)]
     else:
         if isinstance(encoding, PositionalEncoding):
@@ -393,17 +386,44 @@ def _requested(
             rotary_one = (
                 isinstance(encoding, PositionalEncoding) and encoding.info.family == "rotary"
             ) or (isinstance(encoding, str) and resolve(encoding).info.family == "rotary")
+            types = _layer_types(model.config, n) or [None] * n
             return [
-                None if rotary_one and rotary is not None and not _own_rotation(a, model.config) else one
-                for a in attns
+                None if rotary_one and rotary is not None and not _model_rotates(model, a, types[i]) else one
+                for i, a in enumerate(attns)
             ], False
         asks = [one] * count
     if targets is None:
-        return asks, True
+        return _spans_checked(model, attns, asks), True
     out: list[_Ask | None] = [None] * n
     for i, a in zip(targets, asks, strict=True):
         out[i] = a
-    return out, True
+    return _spans_checked(model, attns, out), True
+
+
+def _spans_checked(model: nn.Module, attns: list[nn.Module], asks: list[_Ask | None]) -> list[_Ask | None]:
+    """``asks``, once every span a schedule wrote is the layer's own (posenc.hf does not change which keys a layer
+    sees: the model's masks and KV cache follow its own window or chunk)."""
+    types = _layer_types(model.config, len(attns)) or [None] * len(attns)
+    for i, ask in enumerate(asks):
+        if ask is None or ask.span.is_global:
+            continue
+        own = _own_span(model, attns[i], types[i])
+        if ask.span != own:
+            raise ConfigError(
+                f"layer {i}: a span of {str(ask.span)!r} is asked, but posenc.hf keeps each layer's own span (this "
+                f"{type(model).__name__}'s layer {i}: {str(own) or 'global'}), which its masks and KV cache follow: "
+                "leave the span out"
+            )
+    return asks
+
+
+def _model_rotates(model: nn.Module, attn: nn.Module, layer_type: str | None) -> bool:
+    """Whether the model rotates this layer by its RoPE: not a layer without RoPE (``no_rope_layers``, Cohere2's
+    global layers), nor one whose layer type has no ``rope_parameters`` where they are given per type."""
+    cfg = model.config
+    if not _own_rotation(attn, cfg):
+        return False
+    return getattr(cfg, "rope_parameters", None) is None or _layer_params(cfg, layer_type) is not None
 
 
 @dataclass
@@ -494,7 +514,7 @@ def _plan(
     _check_model_wide(model, family, encs, specs, patched_layers)
     # where each layer's encoding acts
     phases: list[PositionalEncoding | str] = ["own"] * n
-    rotating = [rotary is not None and _own_rotation(a, cfg) for a in attns]
+    rotating = [rotary is not None and _model_rotates(model, a, types[i]) for i, a in enumerate(attns)]
     cores: list[PositionalEncoding | None] = [None] * n
     for i, enc in enumerate(encs):
         if enc is None:
@@ -522,9 +542,9 @@ def _plan(
         for i in range(n):
             e = cores[i]
             if e is not None:
-                fresh = kept[i][1] is e or e.shared_across_layers or id(e) not in first
+                as_is = kept[i][1] is e or e.shared_across_layers or id(e) not in first
                 first.add(id(e))
-                if not fresh:
+                if not as_is:
                     cores[i] = encs[i] = e.fresh_copy()
             elif encs[i] is None:
                 if passthrough is None:

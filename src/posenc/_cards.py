@@ -15,17 +15,16 @@ loaded the registry or the tasks anyway (:func:`keep`), so a first ``posenc benc
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import UnknownNameError
+from ._suggest import close_names, normalized, unknown_encodings  # noqa: F401 (close_names: the CLI's too)
 
 FIELDS = ("name", "family", "position", "learnable", "paper", "year", "summary", "reference", "aliases")
 _PACKAGE = Path(__file__).resolve().parent
@@ -90,54 +89,17 @@ def cards() -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- names and their close matches
-def normalized(name: str) -> str:
-    """A name as the registry looks it up: stripped, lower case, ``_`` as ``-``."""
-    return name.strip().lower().replace("_", "-")
-
-
-def close_names(name: str, names: Iterable[str], aliases: Mapping[str, str], n: int = 5) -> list[str]:
-    """The names closest to ``name`` (a typo), each a name ``posenc list`` shows: names and aliases are ranked by
-    how close they are, and an alias stands for its name (``rope-neoxx`` -> ``rope``, by its alias ``rope-neox``;
-    ``yarnn`` -> ``rope-yarn``), never shown itself; no name twice."""
-    pool = sorted({*names, *aliases})
-    out: list[str] = []
-    for match in difflib.get_close_matches(normalized(name), pool, n=len(pool)):
-        canonical = aliases.get(match, match)
-        if canonical not in out:
-            out.append(canonical)
-    return out[:n]
-
-
-def unknown_encodings(
-    bad: list[str], names: Iterable[str], aliases: Mapping[str, str], where: str = ""
-) -> UnknownNameError:
-    """The error for the unknown encoding names ``bad`` (one or more): each with its close matches
-    (:func:`close_names`), and where the whole list is (``posenc list``), not the ~90 names themselves."""
-    names = list(names)
-    exc = UnknownNameError("encoding", bad[0], names)
-    exc.close_matches = close_names(bad[0], names, aliases)
-    if len(bad) == 1:
-        msg = f"unknown encoding {bad[0]!r}."
-        if exc.close_matches:
-            msg += f" Did you mean: {', '.join(exc.close_matches)}?"
-        msg += " `posenc list` (or posenc.available()) lists every encoding."
-    else:
-        parts = []
-        for b in bad:
-            close = close_names(b, names, aliases)
-            parts.append(f"{b!r}" + (f" (did you mean: {', '.join(close)}?)" if close else ""))
-        msg = f"unknown encodings: {', '.join(parts)}. `posenc list` lists every encoding."
-    exc.args = (f"{where}: {msg}" if where else msg,)
-    return exc
+# (the functions live in posenc._suggest, below the registry, which raises the same error)
 
 
 def check_encodings(names: list[str], where: str = "") -> None:
     """Raise :func:`unknown_encodings`'s error for the names of ``names`` that are neither a registered encoding
     nor an alias, from the cards (no torch once they are cached). Where this process has loaded the registry (a
     program that registered an encoding of its own, then called the command line), the registry is asked."""
-    registry = sys.modules.get("posenc.registry")
-    if registry is not None:
-        registry.check_names(names, where)
+    if sys.modules.get("posenc.registry") is not None:
+        from .schedule import check_names  # plain names by the registry, schedules parsed
+
+        check_names(names, where)
         return
     listed = cards()
     known = [c["name"] for c in listed]

@@ -137,10 +137,8 @@ class _Table:
 
     def table_grad(self) -> Tensor:
         """The table's gradient in the layout it was given, ``[P|R, H|1, d]`` (an expanded compact table's summed),
-        contiguous whichever way it was made: the custom op's fake kernel (:func:`_table_grad`) must promise the
-        strides the real one returns, and an expanded table's sum is contiguous where the others are a permuted
-        view (compiled DeBERTa, whose 2k table is expanded at L = 300, failed Inductor's stride check in the
-        backward). The copy is of a table (``R × H × d``), not of anything ``L × L``."""
+        contiguous however it was made, as the op's fake kernel (:func:`_table_grad`) promises (a permuted view
+        failed Inductor's stride check: compiled DeBERTa). The copy is of a table, ``R × H × d``."""
         g = (self.grad.flip(1) if self.reverse and self.idx is None else self.grad).permute(1, 0, 2)
         if self.given is not None:
             return g.new_zeros(self.given[1], *g.shape[1:]).index_add_(0, self.given[0], g)
@@ -621,8 +619,7 @@ def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
 
 
 def _table_grad(t: Tensor) -> Tensor:
-    """A table's gradient as :func:`_attend_backward` returns it: the table's shape, contiguous
-    (:meth:`_Table.table_grad`)."""
+    """A table's gradient as :func:`_attend_backward` returns it: the table's shape, contiguous (``table_grad``)."""
     return t.new_empty(t.shape)
 
 

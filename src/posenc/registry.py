@@ -19,9 +19,9 @@ import pkgutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._cards import unknown_encodings
+from ._suggest import unknown_encodings
 from .base import Card, NoPositionalEncoding, PositionalEncoding
-from .errors import ConfigError, PosencError, UnknownNameError
+from .errors import ConfigError, UnknownNameError
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 _ALIASES: dict[str, str] = {}
@@ -125,18 +125,10 @@ def unknown_encoding(name: str) -> UnknownNameError:
 
 def check_names(names: list[str], where: str = "") -> None:
     """Raise one :class:`~posenc.errors.UnknownNameError` that names every unknown encoding of ``names`` (each with
-    its close matches), instead of stopping at the first."""
+    its close matches), instead of stopping at the first. Names only: :func:`posenc.schedule.check_names` also
+    takes schedules (``"rope@w64*3+nope"``)."""
     _load_all()
-    from .schedule import Schedule, is_schedule_text  # a schedule names encodings per layer: parsed as one
-
-    for n in names:
-        if is_schedule_text(n):
-            try:
-                Schedule.parse(n)
-            except PosencError as exc:
-                exc.args = (f"{where + ': ' if where else ''}{n!r}: {exc.args[0]}", *exc.args[1:])
-                raise
-    bad = [n for n in names if not is_schedule_text(n) and registered_class(n) is None]
+    bad = [n for n in names if registered_class(n) is None]
     if bad:
         raise unknown_encodings(bad, list(_REGISTRY), _ALIASES, where)
 

@@ -553,6 +553,21 @@ def is_schedule_text(text: Any) -> bool:
     return isinstance(text, str) and (any(c in text for c in "+*@(") or text.rstrip().endswith("..."))
 
 
+def check_names(names: list[str], where: str = "") -> None:
+    """Check encoding names and schedules where they enter (``--encodings``): each schedule parsed (its error names
+    the layer), then every plain name at once by :func:`posenc.registry.check_names` (each with its close matches)."""
+    from .registry import check_names as check_plain
+
+    for n in names:
+        if is_schedule_text(n):
+            try:
+                Schedule.parse(n)
+            except PosencError as exc:
+                exc.args = (f"{where + ': ' if where else ''}{n!r}: {exc.args[0]}", *exc.args[1:])
+                raise
+    check_plain([n for n in names if not is_schedule_text(n)], where)
+
+
 def as_schedule(value: Any) -> Schedule | None:
     """``value`` as a :class:`Schedule` if it is one, a list of layers, or a string in the schedule syntax;
     ``None`` for a bare name, an instance or ``None`` (a model's single encoding)."""

@@ -126,7 +126,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _suite(args: argparse.Namespace):
-    from ..registry import check_names
+    from ..schedule import check_names
     from .suites import Grid, _encoding, load_suite
 
     if args.suite:

@@ -54,7 +54,7 @@ def test_choose_kernel_off_cpu_never_picks_a_cpu_kernel():
                 assert kernel == "materialised" and reason
             on_cpu = choose_kernel(**kw, on_cpu=True)[0]
             assert on_cpu in KERNELS
-    assert seen == set(PORTABLE_KERNELS)
+    assert seen == set(PORTABLE_KERNELS) - {"flex"}  # flex is chosen before this table (plan_call; tests/test_flex.py)
 
 
 def test_portable_nests_restores_and_turns_the_native_code_off():

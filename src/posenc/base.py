@@ -451,6 +451,19 @@ class PositionalEncoding(nn.Module):
         """
         return None
 
+    def flex_score(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Any] | None:
+        """This encoding's terms as a flex_attention ``score_mod``: ``(q̃, k̃, score_mod)``, or ``None``.
+
+        Not a hook of the paper: an optional fast form for :mod:`posenc.attention.flex`, for an encoding whose terms
+        are neither a bias per offset (:meth:`bias_offsets`) nor offset tables (:meth:`relative_form`), from which
+        the flex kernel makes a score_mod itself. ``score_mod(score, b, h, q_idx, kv_idx)`` receives the scaled
+        ``q̃·k̃`` of query row ``q_idx`` and key row ``kv_idx`` (row indices of this call, as ``ctx.q_pos`` /
+        ``ctx.k_pos`` index them) and returns the logit with the encoding's terms added: elementwise torch ops on
+        those scalars and tensors it captures (``torch.compile`` fuses them into the kernel). Return ``None`` (the
+        default) where it does not apply.
+        """
+        return None
+
     def bias_blocks(self, ctx: AttentionContext) -> tuple[Any, tuple[Tensor, ...]] | None:
         """This encoding's ``bias`` evaluated one block of query rows at a time: ``(fn, params)``, or ``None``.
 

@@ -19,13 +19,14 @@ from ..fused import RelativeForm
 from .blocked import blocked, decode
 from .call import _Call, repeat_kv
 from .checks import check_encoding, check_int, check_probability
+from .flex import flex
 from .kernels import Plan
 from .materialised import materialised
 from .own import block_bias, offset_bias, own_blocked
 from .plan import Facts, plan_call
 from .sdpa import sdpa
 
-PATHS = ("auto", "fast", "reference")
+PATHS = ("auto", "fast", "reference", "flex")
 
 
 class AttentionCore(nn.Module):
@@ -40,7 +41,8 @@ class AttentionCore(nn.Module):
         n_heads, head_dim: the shape of q (k and v have the same number of heads).
         encoding: the encoding whose hooks shape the attention (``None``: no position).
         dropout: dropout on the attention probabilities while training.
-        path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
+        path: ``"auto"`` (fast where possible), ``"fast"``, ``"reference"`` or ``"flex"`` (flex_attention with
+            the encoding's score_mod on any device: forward only on a CPU; a clear error where it cannot run).
         layer: this layer's index (the key of its entry in a :class:`KVCache`).
     """
 
@@ -94,17 +96,19 @@ class AttentionCore(nn.Module):
         )
         if self._has["probabilities"]:  # the encoding's own weights: the materialised kernel, on repeated keys
             return False
-        if not step or (enc is not None and enc.logits_read_scores):
+        if not step or (enc is not None and enc.logits_read_scores) or self.path == "flex":
             return False
         return not (self._has["logits"] or self._has["values"]) or (enc is not None and enc.offers_relative_form())
 
-    def _plan(self, call: _Call, return_weights: bool) -> tuple[Plan, RelativeForm | None, Any]:
+    def _plan(
+        self, call: _Call, return_weights: bool, scale: float | None = None
+    ) -> tuple[Plan, RelativeForm | None, Any]:
         """Step 5: the facts of this call (:class:`~posenc.attention.plan.Facts`), then
         :func:`~posenc.attention.plan.plan_call`: the plan, and the encoding's form or own kernel input it uses."""
         self._take_key_state(call)
         dropout = self.dropout if self.training else 0.0
-        facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights)
-        plan, form, own = plan_call(facts, self.encoding, call)
+        facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights, self.path == "flex")
+        plan, form, own = plan_call(facts, self.encoding, call, scale)
         if self._has["probabilities"]:  # the encoding's own weights: only the materialised kernel hands it logits
             return self._own_probabilities(plan), None, None
         return plan, form, own
@@ -115,7 +119,7 @@ class AttentionCore(nn.Module):
         if not self._has["probabilities"] or plan.kernel == "materialised":
             return plan
         reason = "the encoding gives its own attention weights instead of softmax (probabilities hook)"
-        return replace(plan, kernel="materialised", reason=reason, portable=False)
+        return replace(plan, kernel="materialised", reason=reason)  # as portable as the plan it replaces
 
     def _probabilities(self) -> Callable[[Tensor, AttentionContext], Tensor | None] | None:
         """The encoding's ``probabilities`` hook (``logits, ctx -> weights or None``), or ``None``."""
@@ -173,16 +177,18 @@ class AttentionCore(nn.Module):
         for its ``H / Hkv`` query heads first, and the call runs as any other."""
         if call.k.shape[1] != call.q.shape[1] and not self._keeps_groups(call, return_weights):
             call = repeat_kv(call)
-        plan, form, own = self._plan(call, return_weights)
-        if plan.grouped and (self._has["logits"] or self._has["values"]) and plan.kernel != "decode":
-            call = repeat_kv(call)  # an encoding's logits on grouped keys: only the decode kernel reads them so
-            plan, form, own = self._plan(call, return_weights)
-        self.last_plan = plan
         if scale is None:
             enc = self.encoding
             scale = enc.scale(self.head_dim) if enc is not None else self.head_dim**-0.5
+        plan, form, own = self._plan(call, return_weights, scale)
+        if plan.grouped and (self._has["logits"] or self._has["values"]) and plan.kernel != "decode":
+            call = repeat_kv(call)  # an encoding's logits on grouped keys: only the decode kernel reads them so
+            plan, form, own = self._plan(call, return_weights, scale)
+        self.last_plan = plan
         weights = None
-        if plan.kernel == "decode":
+        if plan.kernel == "flex":
+            out = flex(call, own, scale)
+        elif plan.kernel == "decode":
             assert form is not None
             out = decode(call, plan, form, scale)
         elif plan.kernel == "blocked":  # without a form (dropout on CPU): the encoding's terms as one tensor

@@ -21,10 +21,12 @@ KERNELS = {
     "own-blocked": "the encoding's own row-blocked attention (blocked_attention; CoPE: its gates, their sums and "
     "interpolated positions per block of query rows, recomputed in the backward; no [B, H, Lq, Lk] tensor)",
     "materialised": "the logits as one [B, H, Lq, Lk] tensor, softmax, then the values (the formula as written)",
+    "flex": "torch's flex_attention with a score_mod made from the encoding's fast forms and a block mask "
+    "(posenc.attention.flex: no [B, H, Lq, Lk] bias; fused on CUDA and under torch.compile)",
 }
 
 #: the kernels of the portable plan: they exist on every device torch runs on (see :func:`~posenc.attention.portable`)
-PORTABLE_KERNELS = ("sdpa", "materialised")
+PORTABLE_KERNELS = ("sdpa", "materialised", "flex")
 
 #: the CPU kernels ``torch.compile`` keeps: each is one ``torch.library`` custom op (``posenc::...``, with its fake
 #: implementation and its backward a second op), which Dynamo records as it is instead of tracing its row loops

@@ -65,7 +65,7 @@ class MultiHeadAttention(AttentionCore):
         head_dim: width of one head (default ``d_model // n_heads``).
         dropout: dropout on the attention probabilities (every kernel applies it; none falls back for it).
         bias: whether the q/k/v/o projections have a bias.
-        path: ``"auto"`` (fast where possible), ``"fast"`` or ``"reference"``.
+        path: ``"auto"`` (fast where possible), ``"fast"``, ``"reference"`` or ``"flex"`` (see :class:`AttentionCore`).
         layer: this layer's index (the key of its entry in a :class:`KVCache`).
         span: which keys a query sees (:mod:`posenc.schedule`): ``None`` / ``"global"`` (all), ``("window", W)``
             (the last ``W``, its own included) or ``("chunk", C)`` (its chunk of ``C`` tokens). The span is one more

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from .. import block_bias, native
+from ..errors import ConfigError
 from ..fused import RelativeForm
+from . import flex as flex_kernel
 from .blocked import decodable
 from .call import _Call
 from .kernels import COMPILABLE_KERNELS, Plan
@@ -44,9 +46,21 @@ class Facts:
     learnable: bool  # the encoding has a parameter that needs a gradient (its terms are not constants)
     reads_scores: bool  # the logits hook reads q·kᵀ itself (logits_read_scores: CoPE)
     causal_mask_only: bool  # no mask, or only the causal one (no padding, documents or custom mask)
+    flex_forced: bool = False  # path="flex": flex_attention on any device (tests), or a clear error
+    on_cuda: bool = False  # a CUDA device: flex_attention's fused kernels run
+    flex_pairs: bool = False  # Lq·Lk >= FLEX_MIN_PAIRS: long enough for flex to pay off over SDPA with a bias
 
     @classmethod
-    def of(cls, call: _Call, enc: Any, has: dict[str, bool], fused: bool, dropout: float, weights: bool) -> Facts:
+    def of(
+        cls,
+        call: _Call,
+        enc: Any,
+        has: dict[str, bool],
+        fused: bool,
+        dropout: float,
+        weights: bool,
+        flex: bool = False,
+    ) -> Facts:
         q, k = call.q, call.k
         return cls(
             hooks=frozenset(h for h, on in has.items() if on),
@@ -67,7 +81,16 @@ class Facts:
             learnable=enc is not None and any(p.requires_grad for p in enc.parameters()),
             reads_scores=enc is not None and enc.logits_read_scores,
             causal_mask_only=call.allowed is None or (call.causal and not call.any_padding),
+            flex_forced=flex,
+            on_cuda=q.device.type == "cuda",
+            flex_pairs=q.shape[2] * k.shape[2] >= FLEX_MIN_PAIRS,
         )
+
+
+#: below this many (query, key) pairs a CUDA call keeps SDPA with the terms as its mask rather than flex_attention
+#: (a launch and a score_mod per element cost more than a small dense bias). A guess, not a measurement: no GPU was at
+#: hand when it was set; benchmarks/gpu.sh measures the crossing (benchmarks/README.md)
+FLEX_MIN_PAIRS = 1024 * 1024
 
 
 # ---------------------------------------------------------------- the predicates
@@ -129,12 +152,37 @@ def scores_once(f: Facts) -> bool:
     return f.reads_scores and "logits" in f.hooks and f.queries == 1 and not f.compiling
 
 
-def plan_call(f: Facts, enc: Any, call: _Call) -> tuple[Plan, RelativeForm | None, Any]:
+def flex_may_apply(f: Facts) -> bool:
+    """flex_attention may run: asked for (``path="flex"``), or a CUDA call with an encoding's terms and enough pairs;
+    no weights asked for, no dropout (flex has none), not the literal formula, one key head per query head."""
+    wanted = f.flex_forced or (f.on_cuda and f.encoded and bool(f.hooks - {"rotate"}) and f.flex_pairs)
+    return wanted and not f.reference and not f.weights and f.dropout == 0 and not f.grouped
+
+
+def plan_call(f: Facts, enc: Any, call: _Call, scale: float | None = None) -> tuple[Plan, RelativeForm | None, Any]:
     """Ask the encoding for the fast forms the predicates allow, then :func:`choose_kernel`.
 
     Returns the plan, the encoding's offset-table form (``relative_form``) and the input of its own kernel (its
-    bias per offset, ``bias_offsets``, or per block, ``bias_blocks``, or its ``blocked_attention``), each ``None``
-    unless the plan uses it."""
+    bias per offset, ``bias_offsets``, or per block, ``bias_blocks``, or its ``blocked_attention``; for ``flex``,
+    its :class:`~posenc.attention.flex.FlexForm`), each ``None`` unless the plan uses it. ``scale``: the call's
+    temperature (the flex form folds it into its per-query tables)."""
+    if flex_may_apply(f):
+        got = flex_kernel.flex_form(enc, call, scale if scale is not None else call.q.shape[-1] ** -0.5)
+        if got is not None:
+            what = got.source if got.score_mod is not None else "no encoding terms to add"
+            reason = f"flex_attention with {what}" + (
+                " (path='flex')" if f.flex_forced else " (CUDA, long enough to pay off)"
+            )
+            terms = () if got.score_mod is None else ("score_mod",)
+            return Plan("flex", reason, call.ctx.contiguous, terms, f.dropout, not f.on_cpu, f.grouped), None, got
+        if f.flex_forced:
+            raise ConfigError(f"path='flex': {flex_kernel.why_not(enc, call)}; take path='auto' for this encoding")
+    elif f.flex_forced:
+        why = "return_weights needs the probabilities" if f.weights else (
+            "attention dropout (flex_attention has none)" if f.dropout else
+            "grouped keys (one key head per query head)" if f.grouped else "path='reference'"
+        )
+        raise ConfigError(f"path='flex' cannot run this call: {why}")
     form = offsets = blocks = own = None
     wants_decode = decode_may_apply(f, enc)
     blocks_rows = worth_blocking(f) and not f.grouped  # the blocked kernel takes one key head per query head
@@ -203,6 +251,7 @@ def choose_kernel(
     condition                                         kernel          why
     ================================================  ==============  ==================================
     ``path="reference"`` or ``return_weights``        materialised    the formula as written / the weights
+    ``path="flex"``, or CUDA and >= FLEX_MIN_PAIRS   flex            a score_mod from the encoding's forms (2)
     one query, no gradient, a form that fits it (1)   decode          keys, values, tables read once
     the encoding's own row-blocked attention (1)      own-blocked     no ``[B, H, L, L]`` tensor (CoPE)
     one query whose logits read ``q·kᵀ`` (CoPE)        materialised    ``q·kᵀ`` computed once, shared
@@ -222,8 +271,11 @@ def choose_kernel(
     own (fused on GPUs); a learned bias gets its gradient from SDPA's backward (the memory-efficient kernel on
     CUDA). While ``torch.compile`` traces, a CPU kernel runs only if it is a custom op that the compiler keeps
     as one node (:data:`~posenc.attention.kernels.COMPILABLE_KERNELS`); the others' rules are skipped as in (1).
-    ``flex_attention`` with a ``score_mod`` would suit the bias family on GPUs, but its backward does not run on
-    CPU, so the portable plan could not be tested against the reference path here; it is not used.
+    (2) Decided in :func:`plan_call` before this table (:func:`flex_may_apply`): no weights, no dropout, one key
+    head per query head, and an encoding whose terms have a flex form (:func:`posenc.attention.flex.flex_form`: a
+    bias per offset, offset tables, or its own ``flex_score``); ``path="flex"`` without one is a clear error that
+    says why (a values term, CoPE's gates ...). On a CPU flex runs forward only; the CPU tests check that forward
+    against the reference path, and ``benchmarks/gpu.sh`` the backward on CUDA.
     """
 
     def cpu(kernel: str) -> bool:  # the CPU kernel may run: on CPU, and not tracing unless it is a custom op

@@ -286,6 +286,33 @@ class FIRE(PositionalEncoding):
         norm = self.psi(torch.maximum(q_pos.to(self.c.dtype), self.threshold())) + self.eps  # ψ(max{L, i}) + ε
         return _BLOCKS, (self.c, norm, slope, intercept, q_pos, k_pos, knots)
 
+    def flex_score(self, q: Tensor, k: Tensor, ctx: AttentionContext):  # -> tuple[Tensor, Tensor, ScoreMod] | None
+        r"""FIRE as a flex_attention score_mod: ``score + f_θ(ψ(|i - j|) / (ψ(\max\{L, i\}) + ε))`` per pair, the MLP
+        ``f_θ(x)_h = W_{2,h} · \mathrm{relu}(w_1 x + b_1) + b_{2,h}`` evaluated in the kernel (a ``hidden``-wide dot
+        product per pair and head, which flex fuses; no ``[H, L, L]`` bias). The positions are read per row of the
+        batch, so any positions (padding offsets, a KV cache) fit; ``None`` on the reference path or for another
+        MLP than the paper's ``1 -> hidden -> heads`` ReLU one."""
+        if ctx.reference or not self._is_relu_mlp():
+            return None
+        if ctx.n_heads != self.n_heads:
+            raise ConfigError(f"fire was built for n_heads={self.n_heads} but the attention has {ctx.n_heads}")
+        dtype = q.dtype
+        q_pos, k_pos = ctx.q_pos.to(dtype), ctx.k_pos.to(dtype)
+        norm = self.psi(torch.maximum(q_pos, self.threshold().to(dtype))).to(dtype) + self.eps  # [B|1, Lq]
+        c = self.c.abs().to(dtype)
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        w1, b1 = lin1.weight[:, 0].to(dtype), lin1.bias.to(dtype)
+        w2 = lin2.weight.to(dtype)
+        b2 = lin2.bias.to(dtype) if lin2.bias is not None else torch.zeros(self.n_heads, dtype=dtype, device=q.device)
+        per_q, per_k = q_pos.shape[0] > 1, k_pos.shape[0] > 1
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            bq, bk = (b if per_q else 0), (b if per_k else 0)
+            x = torch.log1p(c * (q_pos[bq, q_idx] - k_pos[bk, kv_idx]).abs()) / norm[bq, q_idx]
+            return score + (w2[h] * torch.relu(w1 * x + b1)).sum() + b2[h]
+
+        return q, k, score_mod
+
     def _is_relu_mlp(self) -> bool:
         m = self.mlp
         return (

@@ -46,6 +46,7 @@ each call) the channels go to ``ctx.key_state`` directly and the keys are unchan
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -337,6 +338,26 @@ class FoX(PositionalEncoding):
             c = self._c(k, ctx)
             d = decay_matrix(c[..., lk - lq :], c)
         return (d / self.scale(ctx.head_dim)).to(q.dtype)
+
+    def flex_score(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Any] | None:
+        """FoX as a flex_attention score_mod: ``score + D_ij``, ``D_ij = -|c_i - c_j|`` (``c_i - c_j`` for ``j <= i``),
+        from the running sums ``c`` of the call's keys, each held as two channels of the attention's dtype whose sum
+        keeps its digits (:meth:`_channels`): the difference of the high parts is exact where ``c`` is large, and
+        the low parts carry the rest. No ``[B, H, L, L]`` tensor; a KV-cache step reads the cached sums. ``None`` on
+        the reference path."""
+        lq, lk = q.shape[-2], k.shape[-2]
+        if ctx.reference or lk < lq:
+            return None
+        state = self._channels(self._c(k, ctx), q.dtype)  # [B, H, Lk, 2]
+        hi, lo = state[..., 0], state[..., 1]
+        shift = lk - lq  # query row i is key row i + Lk - Lq
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            i = q_idx + shift
+            d = (hi[b, h, i] - hi[b, h, kv_idx]) + (lo[b, h, i] - lo[b, h, kv_idx])
+            return score - d.abs()
+
+        return q, k, score_mod
 
     def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
         """The causal fast form (the plan's ``own-blocked`` kernel): :func:`fox_attention` on the ``c`` of the call.

@@ -165,6 +165,9 @@ class QueryTemperature(PositionalEncoding):
     def bias_blocks(self, ctx: AttentionContext) -> Any:
         return self.inner.bias_blocks(ctx)
 
+    def flex_score(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Any:
+        return self.inner.flex_score(q, k, ctx)  # q arrives scaled by the temperature: the inner adds its terms
+
     def offers_relative_form(self) -> bool:
         # the inner encoding's form, set on the instance by _wrap where it offers one
         return self.inner.offers_relative_form()

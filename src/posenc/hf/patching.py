@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 #: the attribute of ``model.config`` that records the patch (saved in ``config.json``)
 CONFIG_KEY = "posenc"
 #: the encoding hooks that act inside the attention
-_ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "values", "scale"})
+_ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "values", "scale", "probabilities"})
 
 
 #: the transformers release posenc.hf's tests and support matrix ran against (``constraints.txt`` pins it; a test

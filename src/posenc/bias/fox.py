@@ -70,7 +70,7 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 # ------------------------------------------------------------------------------------------------ the kernel
 def _square(c: Tensor, p: int, ke: int, dtype: torch.dtype) -> Tensor:
     """``c_i - c_j`` over the block's diagonal square (keys and queries ``p .. ke - 1``), ``j > i`` at ``-inf``:
-    ``[B, H, m, m]`` (the differences in float64, then rounded: the float32 floor of a bias of their size)."""
+    ``[..., m, m]`` (the differences in float64, then rounded: the float32 floor of a bias of their size)."""
     cs = c[..., p:ke]
     out = (cs[..., :, None] - cs[..., None, :]).to(dtype)
     m = ke - p
@@ -122,22 +122,23 @@ def _fox_backward(
     dout = dout.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     d_c = extra_grad(c, dc)
-    blocks = []  # per block of rows: (r0, r1, ke, p, the square's bias [B, H, m, m], the prefix's row and column)
+    blocks = []  # per block of rows: (r0, r1, ke, p, the prefix's row and column)
     for r0 in range(0, lq, n):
         r1 = min(lq, r0 + n)
         ke, p = r1 + off, r0 + off
         row = _prefix_row(c, p).to(q.dtype) if p else None  # c_{p-1} - c_j
         col = (c[..., p:ke] - c[..., p - 1 : p]).to(q.dtype)[..., None] if p else None  # c_i - c_{p-1}
-        blocks.append((r0, r1, ke, p, _square(c, p, ke, q.dtype), row, col))
+        blocks.append((r0, r1, ke, p, row, col))
     for bi in range(b):
         for hi in range(h):
             qh, kh, doh = q[bi, hi], k[bi, hi], dout[bi, hi]
             kt, vt = kh.t(), v[bi, hi].t()
             dkh, dvh = dk[bi, hi], dv[bi, hi]
-            for r0, r1, ke, p, square, row, col in blocks:
+            for r0, r1, ke, p, row, col in blocks:
                 qr, dor = qh[r0:r1], doh[r0:r1]
                 s = torch.empty(r1 - r0, ke, dtype=q.dtype, device=q.device)
-                torch.addmm(square[bi, hi], qr, kt[:, p:ke], alpha=scale, out=s[:, p:])
+                square = _square(c[bi, hi], p, ke, q.dtype)  # [m, m]: made here, one at a time
+                torch.addmm(square, qr, kt[:, p:ke], alpha=scale, out=s[:, p:])
                 if p:  # c_{p-1} - c_j plus c_i - c_{p-1}: each small wherever the pair's weight is not
                     torch.addmm(row[bi, hi].expand(r1 - r0, p), qr, kt[:, :p], alpha=scale, out=s[:, :p])
                     s[:, :p] += col[bi, hi]

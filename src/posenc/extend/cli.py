@@ -17,7 +17,9 @@ from .config import (
     DOCUMENTS,
     FULL,
     QUICK,
+    RULER_TASKS,
     SCALINGS,
+    TASK_NAMES,
     ExtendConfig,
     check_documents,
     check_fields,
@@ -62,6 +64,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the quick mode (see below)")
     mode.add_argument("--full", action="store_true", help="the full grid (the default)")
+    p.add_argument("--tasks", nargs="+", metavar="TASK",
+                   help=f"what to measure: {', '.join(TASK_NAMES)} (ruler: all six of RULER's synthetic tasks; "
+                   "default: loss passkey)")
+    p.add_argument("--ruler-scalings", nargs="+", metavar="NAME", help="for the RULER cells (scaling names)")
+    p.add_argument("--ruler-lengths", type=float, nargs="+", metavar="X",
+                   help="RULER context lengths, as multiples of the trained length (--full: 0.5 1 2)")
+    p.add_argument("--haystacks", type=int, metavar="N", help="RULER haystacks (prefills) per cell (default 1)")
+    p.add_argument("--questions", type=int, metavar="N",
+                   help="questions per haystack of the multi-key RULER tasks (default 20)")
     p.add_argument("--model", default="smollm2-135m",
                    help="a packaged model name, a .gguf file or a transformers folder (default: smollm2-135m)")
     p.add_argument("--out", help="the results folder (default: posenc-results/extend or extend-quick)")
@@ -99,7 +110,56 @@ FLAGS = {
     "passkey_lengths": "--passkey-lengths",
     "passkey_depths": "--passkey-depths",
     "chunk": "--chunk",
+    "ruler_tasks": "--tasks",
+    "ruler_scalings": "--ruler-scalings",
+    "ruler_lengths": "--ruler-lengths",
+    "ruler_haystacks": "--haystacks",
+    "ruler_questions": "--questions",
 }
+
+
+def _tasks(args: argparse.Namespace, changes: dict[str, Any]) -> None:
+    """``--tasks``: keep the loss curves and the passkey grid only where named; the RULER tasks named (``ruler``:
+    all six). A flag of a measurement left out is refused, naming both."""
+    tasks = args.tasks
+    if tasks is None:
+        if any(getattr(args, n) is not None for n in ("ruler_scalings", "ruler_lengths", "haystacks", "questions")):
+            raise ConfigError("--ruler-scalings / --ruler-lengths / --haystacks / --questions describe RULER cells: "
+                              "add --tasks ruler (or some of its tasks)")
+        return
+    for t in tasks:
+        if t not in TASK_NAMES:
+            import difflib
+
+            close = difflib.get_close_matches(t, TASK_NAMES, n=2, cutoff=0.5)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"--tasks: unknown task {t!r}{hint}; the tasks are {', '.join(TASK_NAMES)}")
+    ruler = RULER_TASKS if "ruler" in tasks else tuple(t for t in RULER_TASKS if t in tasks)
+    changes["ruler_tasks"] = ruler
+    if "loss" not in tasks:
+        given = [f for f, v in (("--documents", args.documents), ("--scalings", args.scalings),
+                                ("--loss-extension", args.loss_extension)) if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} describe the loss curves, which --tasks leaves out: add loss")
+        changes["scalings"] = changes["loss_long_scalings"] = ()
+    if "passkey" not in tasks:
+        given = [f for f, v in (("--passkey-scalings", args.passkey_scalings), ("--passkey-lengths",
+                 args.passkey_lengths), ("--passkey-depths", args.passkey_depths)) if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} describe the passkey grid, which --tasks leaves out: add passkey")
+        changes["passkey_scalings"] = ()
+    if not ruler and any(getattr(args, n) is not None for n in ("ruler_scalings", "ruler_lengths")):
+        raise ConfigError("--ruler-scalings / --ruler-lengths describe RULER cells, which --tasks leaves out")
+    if args.ruler_scalings:
+        changes["ruler_scalings"] = tuple(args.ruler_scalings)
+    if args.ruler_lengths:
+        changes["ruler_lengths"] = tuple(args.ruler_lengths)
+        changes["ruler_past_tasks"] = None  # the lengths given: every task at each
+        changes["ruler_scaled_inside"] = True
+    if args.haystacks is not None:
+        changes["ruler_haystacks"] = args.haystacks
+    if args.questions is not None:
+        changes["ruler_questions"] = args.questions
 
 
 def config_from(args: argparse.Namespace) -> ExtendConfig:
@@ -130,6 +190,7 @@ def config_from(args: argparse.Namespace) -> ExtendConfig:
         changes["passkey_scalings"] = ()
     if args.chunk is not None:
         changes["chunk"] = args.chunk
+    _tasks(args, changes)
     check_fields(changes, FLAGS)
     if len(changes) > 1:
         changes["mode"] = f"{cfg.mode}, changed"
@@ -139,7 +200,8 @@ def config_from(args: argparse.Namespace) -> ExtendConfig:
 def _run_only_flags(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """The flags that choose or pace cells to run (nothing a report of the stored cells uses), with their values."""
     names = ("documents", "scalings", "passkey_scalings", "loss_extension", "passkey_lengths", "passkey_depths",
-             "no_passkey", "chunk", "threads", "max_cells")
+             "no_passkey", "chunk", "threads", "max_cells", "tasks", "ruler_scalings", "ruler_lengths", "haystacks",
+             "questions")
     return [("--" + n.replace("_", "-"), getattr(args, n)) for n in names]
 
 
@@ -182,8 +244,16 @@ def run(args: argparse.Namespace) -> int:
     paths = report.write(records, out, command=_command(argv))
     text = report.ppl_table(records) + report.passkey_table(records)
     print("\n".join(text))
-    print("verdicts:")
-    for v in report.verdicts(records):
-        print(f"  {v.verdict:>15}: {v.finding} -- {v.evidence}")
+    if any(r.get("kind") in ("loss", "passkey") for r in records):
+        print("verdicts:")
+        for v in report.verdicts(records):
+            print(f"  {v.verdict:>15}: {v.finding} -- {v.evidence}")
+    if any(r.get("kind") == "ruler" for r in records):
+        from . import ruler_report
+
+        print("\n".join(ruler_report.table(records)))
+        print("RULER verdicts (on the intervals):")
+        for rv in ruler_report.verdicts(records):
+            print(f"  {rv.verdict:>22}: {rv.finding} -- {rv.evidence}")
     print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({time.perf_counter() - t0:.0f} s)")
     return 0

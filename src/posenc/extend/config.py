@@ -85,6 +85,20 @@ class ExtendConfig:
     chunk: int | None = None
     seed: int = 0
     mode: str = "custom"
+    #: RULER's synthetic tasks (:mod:`posenc.extend.ruler`), each at every length of ``ruler_lengths`` for every
+    #: scaling of ``ruler_scalings`` (factor: the longest length over L); ``ruler_floor_lengths`` run only for a
+    #: task the model as trained is not at the floor on inside L (see :func:`posenc.extend.report.floor_tasks`)
+    ruler_tasks: tuple[str, ...] = ()
+    ruler_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-yarn")
+    ruler_lengths: tuple[float, ...] = (0.5, 1.0, 2.0)
+    ruler_floor_lengths: tuple[float, ...] = ()
+    #: haystacks (prefills) per cell, and questions per haystack where a task has many keys (niah_multikey_*)
+    ruler_haystacks: int = 1
+    ruler_questions: int = 20
+    #: the tasks that run at the lengths past L (``None``: all of ``ruler_tasks``), and whether the scalings run at
+    #: the lengths inside L too (else only the model as trained does there)
+    ruler_past_tasks: tuple[str, ...] | None = None
+    ruler_scaled_inside: bool = True
 
     def __post_init__(self) -> None:
         check_fields({f.name: getattr(self, f.name) for f in fields(self)})
@@ -95,11 +109,22 @@ class ExtendConfig:
                 "ExtendConfig.passkey_scalings asks for a passkey grid, but passkey_lengths or passkey_depths is "
                 "empty; give both, or passkey_scalings=() for none"
             )
-        if not self.scalings and not self.passkey_scalings:
-            raise ConfigError("this ExtendConfig plans no cells: both scalings and passkey_scalings are empty")
+        if self.ruler_tasks and not (self.ruler_scalings and self.ruler_lengths):
+            raise ConfigError(
+                "ExtendConfig.ruler_tasks asks for RULER cells, but ruler_scalings or ruler_lengths is empty; give "
+                "both, or ruler_tasks=() for none"
+            )
+        if not self.scalings and not self.passkey_scalings and not self.ruler_tasks:
+            raise ConfigError(
+                "this ExtendConfig plans no cells: scalings, passkey_scalings and ruler_tasks are all empty"
+            )
 
     def passkey_factor(self) -> float:
         return max(1.0, max(self.passkey_lengths, default=1.0))
+
+    def ruler_factor(self) -> float:
+        """The scalings' factor in the RULER cells: the longest length over L (at least 1)."""
+        return max(1.0, max((*self.ruler_lengths, *self.ruler_floor_lengths), default=1.0))
 
 
 #: the scaling names a run takes (the loss curves' and the passkey grid's)
@@ -108,6 +133,12 @@ SCALING_NAMES = (AS_TRAINED, *SCALINGS)
 #: at L or later (shorter is no extension, and a few tokens have no loss to show); a passkey example needs room
 #: for its instruction, key sentence and question (about 60 tokens), so it is not shorter than L / 8
 LOSS_LEAST, PASSKEY_LEAST = 1.0, 0.125
+#: the shortest RULER length, as a multiple of L (cwe's one-shot example and question take about 500 tokens)
+RULER_LEAST = 0.0625
+#: RULER's six synthetic tasks (posenc.extend.ruler.TASKS, named here without importing torch)
+RULER_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
+#: what ``--tasks`` chooses among: the loss curves, the passkey grid, RULER's tasks (``ruler``: all six)
+TASK_NAMES = ("loss", "passkey", "ruler", *RULER_TASKS)
 
 
 def _names(name: str, value: Any, known: tuple[str, ...] | None, what: str) -> tuple[str, ...]:
@@ -174,6 +205,15 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
             _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=PASSKEY_LEAST, why=w))
         elif field == "passkey_depths":
             _numbers(n(field), value, lambda k, v: fraction(k, v, why="where the key sits in the filler"))
+        elif field == "ruler_tasks" or (field == "ruler_past_tasks" and value is not None):
+            _names(n(field), value, RULER_TASKS, "tasks")
+        elif field == "ruler_scalings":
+            _names(n(field), value, SCALING_NAMES, "scalings")
+        elif field in ("ruler_lengths", "ruler_floor_lengths"):
+            why = "multiples of the trained length L; shorter leaves no room for a task's haystack"
+            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=RULER_LEAST, why=w))
+        elif field in ("ruler_haystacks", "ruler_questions"):
+            positive_int(n(field), value)
         elif field == "chunk":
             if value is not None:
                 positive_int(n(field), value)
@@ -197,7 +237,25 @@ def loss_lengths(cfg: ExtendConfig, scaling: str) -> list[float]:
 def count_cells(cfg: ExtendConfig) -> int:
     """How many cells ``cfg`` plans (:func:`posenc.extend.runner.plan` lists them)."""
     loss = sum(len(loss_lengths(cfg, s)) for s in cfg.scalings) * len(cfg.documents)
-    return loss + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(cfg.passkey_depths)
+    ruler = len(ruler_grid(cfg)) * cfg.ruler_haystacks
+    return loss + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(cfg.passkey_depths) + ruler
+
+
+def ruler_grid(cfg: ExtendConfig) -> list[tuple[float, bool, str, str]]:
+    """The RULER cells of ``cfg`` as ``(length multiple, unless_floor, task, scaling)``, one haystack each, by
+    length (the lengths that run unless at the floor last)."""
+    out = []
+    past = cfg.ruler_tasks if cfg.ruler_past_tasks is None else cfg.ruler_past_tasks
+    for lengths, floor in ((cfg.ruler_lengths, False), (cfg.ruler_floor_lengths, True)):
+        for mult in sorted(lengths):
+            for task in cfg.ruler_tasks:
+                if mult > 1 and task not in past:
+                    continue
+                for s in cfg.ruler_scalings:
+                    if mult <= 1 and s != AS_TRAINED and not cfg.ruler_scaled_inside:
+                        continue
+                    out.append((mult, floor, task, s))
+    return out
 
 
 QUICK = ExtendConfig(
@@ -209,6 +267,12 @@ QUICK = ExtendConfig(
     passkey_scalings=(AS_TRAINED, "rope-yarn"),
     passkey_lengths=(2.0,),
     passkey_depths=(0.5,),
+    # RULER (--tasks ruler): every task as trained at L/4 (the floor inside L), then niah_multikey_2 (20 questions
+    # on one prefill) at 2L as trained and with YaRN s=2: what 10 minutes on 2 cores hold (docs/extend.md)
+    ruler_scalings=(AS_TRAINED, "rope-yarn"),
+    ruler_lengths=(0.25, 2.0),
+    ruler_past_tasks=("niah_multikey_2",),
+    ruler_scaled_inside=False,
     mode="quick",
 )
 FULL = replace(ExtendConfig(), mode="full")

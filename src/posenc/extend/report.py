@@ -475,7 +475,8 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
         lines.append("- **Produced by:** " + " and ".join(f"`{c}`" for c in command.split(" and ")))
     lines += [
         f"- **Cells:** {s['cells']} ({sum(1 for r in records if r['kind'] == 'loss')} loss curves, "
-        f"{sum(1 for r in records if r['kind'] == 'passkey')} passkey examples), {duration(s['seconds'])} of "
+        f"{sum(1 for r in records if r['kind'] == 'passkey')} passkey examples, "
+        f"{sum(1 for r in records if r['kind'] == 'ruler')} RULER haystacks), {duration(s['seconds'])} of "
         "wall time in all"
         + (f" at a load average of {s['load'][0]:.1f}-{s['load'][1]:.1f}" if s["load"] else " (load not recorded)"),
         "- **Machine:** " + "; ".join(s["machines"]),
@@ -486,6 +487,10 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
     ]
     if passkey_grid(records):
         lines += [f"![passkey retrieval]({img_rel}/extend-passkey.png)", "", *passkey_table(records)]
+    if any(r.get("kind") == "ruler" for r in records):
+        lines += ruler_section(records, img_rel=img_rel, heading=heading)
+    if not any(r.get("kind") in ("loss", "passkey") for r in records):
+        return "\n".join(lines)
     lines += [
         f"{heading}# Verdicts beside the published shapes",
         "",
@@ -504,12 +509,24 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
     return "\n".join(lines)
 
 
+def ruler_section(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#") -> list[str]:
+    """RULER by length: the table, the heatmaps and the verdicts (:mod:`posenc.extend.ruler_report`)."""
+    from . import ruler_report
+
+    lines = [f"{heading}# RULER by length", "", f"![RULER by length]({img_rel}/extend-ruler.png)", "",
+             *ruler_report.table(records), "| finding | verdict | on |", "|---|---|---|"]
+    lines += [f"| {v.finding} | **{v.verdict}** | {v.evidence} |" for v in ruler_report.verdicts(records)]
+    return [*lines, ""]
+
+
 def write(records: Sequence[dict[str, Any]], out: str | Path, *, command: str = "") -> dict[str, Path]:
-    """Write ``report.md``, ``report.html`` and the two plots into ``out``; returns their paths."""
+    """Write ``report.md``, ``report.html`` and the plots into ``out``; returns their paths."""
+    from .ruler_report import plot as plot_ruler
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    for name, fn in (("loss", plot_losses), ("passkey", plot_passkey)):
+    for name, fn in (("loss", plot_losses), ("passkey", plot_passkey), ("ruler", plot_ruler)):
         p = fn(records, out / f"extend-{name}.png")
         if p:
             paths[name] = p

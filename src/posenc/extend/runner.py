@@ -162,19 +162,34 @@ def trained_length(model: nn.Module) -> int:
 # ---------------------------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class Cell:
-    kind: str  # "loss" | "passkey"
+    """One stored measurement. A RULER cell of the table (task, scaling, length) is several of these, one a
+    haystack (``haystack`` = 0, 1, ...): each is stored as it finishes, so a run resumes per prefill."""
+
+    kind: str  # "loss" | "passkey" | "ruler"
     scaling: str
     factor: float
     document: str = ""
     tokens: int = 0
     depth: float = 0.0
+    task: str = ""
+    haystack: int = 0
+    questions: int = 0
+    seed: int = 0
+    #: a RULER length that runs only where the model as trained is not at the floor on the task inside L
+    unless_floor: bool = False
 
     def key(self) -> str:
         if self.kind == "loss":
             return f"loss|{self.document}|{self.scaling}|{self.factor:g}|{self.tokens}"
+        if self.kind == "ruler":
+            return (f"ruler|{self.task}|{self.scaling}|{self.factor:g}|{self.tokens}|h{self.haystack}"
+                    f"|q{self.questions}|s{self.seed}")
         return f"passkey|{self.scaling}|{self.factor:g}|{self.tokens}|{self.depth:g}"
 
     def describe(self) -> str:
+        if self.kind == "ruler":
+            scale = self.scaling if self.scaling == AS_TRAINED else f"{self.scaling} x{self.factor:g}"
+            return f"RULER {self.task}, {self.tokens} tokens, {scale}, haystack {self.haystack + 1}"
         what = f"loss on {self.document}" if self.kind == "loss" else f"passkey at depth {self.depth:g}"
         scale = self.scaling if self.scaling == AS_TRAINED else f"{self.scaling} x{self.factor:g}"
         return f"{what}, {self.tokens} tokens, {scale}"
@@ -214,7 +229,31 @@ def plan(cfg: ExtendConfig, trained: int) -> list[Cell]:
                 cells.append(Cell("passkey", s, factor, tokens=int(mult * trained), depth=depth))
     for doc in cfg.documents[1:]:
         cells += loss_cells(doc)
+    cells += ruler_cells(cfg, trained)
     return cells
+
+
+def ruler_cells(cfg: ExtendConfig, trained: int) -> list[Cell]:
+    """RULER's cells: by length (the shortest first, so that the floor inside L is known before the longer
+    lengths), then by haystack (every task and scaling's first haystack before any second one: an interrupted run
+    has them all), then task and scaling. ``ruler_floor_lengths`` come last, marked :attr:`Cell.unless_floor`."""
+    from .config import RULER_TASKS, ruler_grid
+
+    for t in cfg.ruler_tasks:
+        if t not in RULER_TASKS:
+            raise ConfigError(f"unknown RULER task {t!r}; the tasks are {', '.join(RULER_TASKS)}")
+    factor = cfg.ruler_factor()
+    grid = ruler_grid(cfg)
+    out = []
+    for mult, floor in dict.fromkeys((m, f) for m, f, _, _ in grid):
+        for h in range(cfg.ruler_haystacks):
+            for m, f, task, s in grid:
+                if (m, f) == (mult, floor):
+                    out.append(Cell("ruler", s, 1.0 if s == AS_TRAINED else factor, tokens=int(mult * trained),
+                                    task=task, haystack=h, seed=cfg.seed,
+                                    questions=cfg.ruler_questions if task in RULER_TASKS[1:3] else 1,
+                                    unless_floor=floor))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the store
@@ -278,7 +317,9 @@ def _binned(losses: torch.Tensor) -> list[float]:
 # ---------------------------------------------------------------------------------------------- running
 @dataclass
 class Progress:
-    """One line per cell, and a line per chunk while a long cell runs (to stderr)."""
+    """One line per cell, a line per prefill chunk and per batch of questions inside a cell (to stderr), with the
+    time left from the first chunk on: the seconds per unit of work so far (:func:`cell_work`: a chunk from token
+    ``a`` to ``b`` is ``(b - a) / L + (b^2 - a^2) / L^2``) times the work left."""
 
     total: int
     quiet: bool = False
@@ -287,18 +328,52 @@ class Progress:
     spent: float = 0.0  # seconds of the cells run in this process
     ran: int = 0
     work: float = 0.0  # their cell_work
+    trained: int = 1
+    left: float = 0.0  # the work of the cells not yet finished (less what their chunks did)
+    chunk_spent: float = 0.0  # seconds and work of the chunks measured (the pace before the first cell ends)
+    chunk_work: float = 0.0
 
     def say(self, text: str) -> None:
         if not self.quiet:
             print(text, file=sys.stderr, flush=True)
 
+    def eta(self) -> str:
+        spent, work = (self.spent, self.work) if self.ran else (self.chunk_spent, self.chunk_work)
+        if work <= 0:
+            return ""
+        return f", about {_fmt(spent / work * max(self.left, 0.0))} left in the run at this pace"
+
     def chunk(self, cell: Cell) -> Callable[[int, int], None]:
         t0 = time.perf_counter()
+        last = [t0, 0]
 
         def report(done: int, total: int) -> None:
+            now = time.perf_counter()
+            a, b, n = last[1], done, self.trained
+            w = (b - a) / n + (b * b - a * a) / (n * n)
+            self.chunk_spent += now - last[0]
+            self.chunk_work += w
+            self.left -= w
+            last[0], last[1] = now, done
             if done < total:
-                rate = done / max(time.perf_counter() - t0, 1e-9)
-                self.say(f"    {done:>6}/{total} tokens ({rate:.0f} tokens/s)")
+                rate = done / max(now - t0, 1e-9)
+                self.say(f"    {done:>6}/{total} tokens ({rate:.0f} tokens/s){self.eta()}")
+
+        return report
+
+    def ruler(self, cell: Cell) -> Callable[[str, int, int], None]:
+        """The progress of a RULER haystack: prefill chunks as :meth:`chunk`, then each batch of questions."""
+        prefill = self.chunk(cell)
+        t0 = [time.perf_counter()]
+
+        def report(what: str, done: int, total: int) -> None:
+            if what == "prefill":
+                prefill(done, total)
+                if done == total:
+                    t0[0] = time.perf_counter()
+                    self.say(f"    prefilled {total} tokens; asking {cell.task}'s question(s)")
+                return
+            self.say(f"    question {done}/{total} ({time.perf_counter() - t0[0]:.0f} s){self.eta()}")
 
         return report
 
@@ -346,7 +421,8 @@ def run(
                 f"tokens, too short ({err}); give longer --passkey-lengths"
             ) from None
     todo = [c for c in cells if c.key() not in done]
-    progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo))
+    progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo), trained=trained,
+                        left=sum(cell_work(c, trained) for c in todo))
     progress.say(
         f"posenc extend: {ident.get('name')} (trained context {trained}); {len(cells)} cells, "
         f"{len(cells) - len(todo)} already in {store.path}, {len(todo)} to run"
@@ -363,11 +439,21 @@ def run(
             per = progress.spent / max(progress.work, 1e-9)
             left = sum(cell_work(c, trained) for c in todo[i:])
             eta = f", about {_fmt(per * left)} left at this pace"
+        if cell.unless_floor:
+            floor = floor_tasks(store.records(), trained)
+            if cell.task in floor:
+                progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}: cut, the model as trained is "
+                             f"at the floor on {cell.task} inside L ({floor[cell.task]})")
+                progress.done += 1
+                progress.left -= cell_work(cell, trained)
+                continue
         progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}{eta}")
         t0 = time.perf_counter()
         load0 = _load_average()
         options = apply_scaling(model, cell.scaling, cell.factor)
         chunk = None if length_dependent(cell.scaling) else choose_chunk(cfg.chunk, model, cell.tokens)
+        if cell.kind == "ruler" and chunk is None and not length_dependent(cell.scaling):
+            chunk = RULER_CHUNK  # a line per chunk: progress within seconds, and the cache is filled anyway
         record: dict[str, Any] = {
             "key": cell.key(),
             "kind": cell.kind,
@@ -390,6 +476,8 @@ def run(
                 ids, info = docs[key]
                 losses = token_losses(model, ids, chunk=chunk, progress=progress.chunk(cell))
                 record.update(info, bin=BIN, loss_bins=_binned(losses), mean_loss=float(losses.double().mean()))
+            elif cell.kind == "ruler":
+                record.update(ruler_record(model, tokenizer, cell, chunk, progress))
             else:
                 rng = random.Random(f"{rng_base}|{cell.tokens}|{cell.depth:g}")
                 key_ = random_key(rng)
@@ -408,20 +496,61 @@ def run(
         progress.ran += 1
         progress.spent += seconds
         progress.work += cell_work(cell, trained)
-        tail = (
-            f"ppl {math.exp(record['mean_loss']):.2f}"
-            if cell.kind == "loss"
-            else ("retrieved" if record["correct"] else "missed") + f" ({record['tokens_right']:.0%} of the key)"
-        )
+        progress.left = sum(cell_work(c, trained) for c in todo[i + 1 :])
+        if cell.kind == "loss":
+            tail = f"ppl {math.exp(record['mean_loss']):.2f}"
+        elif cell.kind == "ruler":
+            tail = f"score {record['score']:.0%} over {len(record['answers'])} question(s)"
+        else:
+            tail = ("retrieved" if record["correct"] else "missed") + f" ({record['tokens_right']:.0%} of the key)"
         progress.say(f"    done in {_fmt(seconds)}: {tail}")
     return store.records()
 
 
 def cell_work(cell: Cell, trained: int) -> float:
     """What a cell costs, in units of one forward of ``trained`` tokens' linear layers: ``n / L`` for the layers
-    plus ``(n / L)^2`` for the attention (as measured on SmolLM2: 45 s at 8k, 136 s at 16k, 488 s at 32k)."""
+    plus ``(n / L)^2`` for the attention (as measured on SmolLM2: 45 s at 8k, 136 s at 16k, 488 s at 32k); a RULER
+    haystack adds its questions' decoding steps at :data:`DECODE_WORK` each."""
     x = cell.tokens / max(trained, 1)
+    if cell.kind == "ruler":
+        from .config import RULER_TASKS
+
+        steps = RULER_STEPS.get(cell.task, 40) * (cell.questions if cell.task in RULER_TASKS[1:3] else 1)
+        return x + x * x + steps * DECODE_WORK * (1 + x)
     return x + x * x
+
+
+#: tokens a prefill chunk of a RULER haystack (a line each: the first within seconds)
+RULER_CHUNK = 1024
+#: a decoding step in units of one forward of L tokens (SmolLM2 on 2 cores: about 0.3 s a step, 60 s an 8k forward)
+DECODE_WORK = 0.005
+#: about the steps of one question (its ids and the answer generated)
+RULER_STEPS = {"niah_single_1": 45, "niah_multikey_2": 45, "niah_multikey_3": 120, "vt": 80, "cwe": 100, "fwe": 70}
+
+
+def ruler_record(model: nn.Module, tokenizer: Any, cell: Cell, chunk: int | None, progress: Progress) -> dict[str, Any]:
+    """One RULER haystack of ``cell``: built for the tokenizer, prefilled once, every question asked."""
+    from . import ruler
+
+    ex = ruler.build(cell.task, tokenizer, cell.tokens, seed=cell.seed * 100_003 + cell.haystack,
+                     questions=cell.questions)
+    answers = ruler.ask(model, tokenizer, ex, chunk=chunk, progress=progress.ruler(cell))
+    return {
+        "task": cell.task,
+        "haystack": cell.haystack,
+        "seed": cell.seed,
+        "context_tokens": len(ex.context),
+        "example": ex.info,
+        "answers": answers,
+        "score": sum(a["score"] for a in answers) / len(answers),
+    }
+
+
+def floor_tasks(records: Sequence[dict[str, Any]], trained: int) -> dict[str, str]:
+    """The RULER tasks the model as trained is at the floor on inside L (:func:`posenc.extend.report.floor_tasks`)."""
+    from .ruler_report import floor_tasks as floor
+
+    return floor(records, trained)
 
 
 def _load_average() -> float | None:

@@ -1,0 +1,277 @@
+"""RULER by length, as the paper reports it: a score per task and on average for each scaling at each length, every
+cell with its Wilson 95 % interval, its questions and the haystacks behind them; heatmaps; verdicts decided on the
+intervals; the tasks the model is at the floor on inside its trained length (those carry no verdict).
+
+A cell's score is the mean of RULER's ``string_match_all`` over its questions; its interval is
+:func:`posenc.extend.ruler.wilson` of that mean over the question count (for a task of several references per
+question, vt, cwe and fwe, this is at least as wide as needed: see there). The average over tasks is the mean of the
+task scores (RULER's average); its interval adds the tasks' Wilson half-widths in quadrature over the task count
+(independent tasks), and it is shown only where every task of the row was measured at that length.
+
+A verdict compares two intervals: "A beats B" when A's lower end is above B's upper end; "no difference resolved"
+when they overlap. "As trained fails past L": its interval past L lies wholly below its interval at the longest
+length inside L. A task is **at the floor** inside L when the model as trained scores under :data:`FLOOR` there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import AS_TRAINED, LABELS, RULER_TASKS, SCALINGS
+
+#: below this score inside L a task is at the floor (no verdict)
+FLOOR = 0.1
+ORDER = (AS_TRAINED, *SCALINGS)
+Key = tuple[str, str, float, int]  # task, scaling, factor, tokens
+
+
+@dataclass(frozen=True)
+class CellScore:
+    task: str
+    scaling: str
+    factor: float
+    tokens: int
+    questions: int
+    haystacks: int
+    score: float
+    low: float
+    high: float
+
+    def text(self) -> str:
+        return f"{self.score:.0%} [{self.low:.0%}–{self.high:.0%}] n={self.questions}/{self.haystacks}h"
+
+
+def _wilson(successes: float, n: int) -> tuple[float, float]:
+    from .ruler import wilson
+
+    return wilson(successes, n)
+
+
+def cells(records: Sequence[dict[str, Any]]) -> dict[Key, CellScore]:
+    """The table's cells from the stored haystack records (kind ``ruler``)."""
+    groups: dict[Key, list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") != "ruler":
+            continue
+        key = (r["task"], r["scaling"], float(r.get("factor") or 1.0), int(r["tokens"]))
+        groups.setdefault(key, []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        scores = [a["score"] for r in rs for a in r["answers"]]
+        lo, hi = _wilson(sum(scores), len(scores))
+        out[key] = CellScore(*key, len(scores), len(rs), sum(scores) / len(scores), lo, hi)
+    return out
+
+
+def _order(names: Sequence[str]) -> list[str]:
+    return sorted(set(names), key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
+
+
+def trained_of(records: Sequence[dict[str, Any]]) -> int | None:
+    return next((int(r["trained_length"]) for r in records if r.get("kind") == "ruler"), None)
+
+
+def floor_tasks(records: Sequence[dict[str, Any]], trained: int | None = None) -> dict[str, str]:
+    """``{task: why}``: the tasks the model as trained scores under :data:`FLOOR` on at the longest length it was
+    measured at inside L (its questions there pooled)."""
+    trained = trained or trained_of(records) or 0
+    out = {}
+    for task in RULER_TASKS:
+        inside = [c for (t, s, _, n), c in cells(records).items() if t == task and s == AS_TRAINED and n <= trained]
+        if not inside:
+            continue
+        c = max(inside, key=lambda c: c.tokens)
+        if c.score < FLOOR:
+            out[task] = f"{c.score:.0%} [{c.low:.0%}–{c.high:.0%}] of {c.questions} question(s) at {c.tokens} tokens"
+    return out
+
+
+def average(records: Sequence[dict[str, Any]], scaling: str, factor: float, tokens: int,
+            tasks: Sequence[str] | None = None) -> tuple[float, float, float, int] | None:
+    """RULER's average over ``tasks`` (default: every task of the row) at one length: ``(score, low, high, tasks)``,
+    or ``None`` where a task of the row was not measured at that length."""
+    cs = cells(records)
+    if tasks is None:
+        tasks = sorted({t for t, s, f, _ in cs if s == scaling and f == factor})
+    got = [cs.get((t, scaling, factor, tokens)) for t in tasks]
+    if not got or any(c is None for c in got):
+        return None
+    score = sum(c.score for c in got) / len(got)
+    half = math.sqrt(sum(((c.high - c.low) / 2) ** 2 for c in got)) / len(got)
+    return score, max(0.0, score - half), min(1.0, score + half), len(got)
+
+
+def _mult(n: int, trained: int) -> str:
+    x = n / trained
+    return f"{x:g}L" if x >= 1 or abs(1 / x - round(1 / x)) > 1e-9 else f"L/{round(1 / x)}"
+
+
+def _label(scaling: str, factor: float) -> str:
+    base = LABELS.get(scaling, scaling)
+    return base if scaling == AS_TRAINED else f"{base}, s={factor:g}"
+
+
+def table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown: a row per task and scaling, then the averages; a column per length."""
+    cs = cells(records)
+    if not cs:
+        return []
+    trained = trained_of(records) or 1
+    lengths = sorted({n for *_, n in cs})
+    scal = sorted({(s, f) for _, s, f, _ in cs}, key=lambda sf: (ORDER.index(sf[0]) if sf[0] in ORDER else 99, sf[1]))
+    head = " | ".join(f"{_mult(n, trained)} ({n})" for n in lengths)
+    lines = [
+        f"RULER by length (L = {trained}): score [Wilson 95 %] n=questions/haystacks; the average is over the "
+        "tasks of its row where all were measured",
+        "",
+        f"| task | scaling | {head} |",
+        "|---|---|" + "---:|" * len(lengths),
+    ]
+    for task in [t for t in RULER_TASKS if any(k[0] == t for k in cs)]:
+        for s, f in scal:
+            row = [cs[(task, s, f, n)].text() if (task, s, f, n) in cs else "—" for n in lengths]
+            if any(x != "—" for x in row):
+                lines.append(f"| {task} | {_label(s, f)} | " + " | ".join(row) + " |")
+    floor = floor_tasks(records, trained)
+    for name, tasks in (("average", None), ("average, tasks not at the floor", "live")):
+        for s, f in scal:
+            chosen = None
+            if tasks == "live":
+                chosen = sorted({t for t, s2, f2, _ in cs if s2 == s and f2 == f and t not in floor})
+                if not floor or not chosen:
+                    continue
+            row = []
+            for n in lengths:
+                a = average(records, s, f, n, chosen)
+                row.append(f"{a[0]:.0%} [{a[1]:.0%}–{a[2]:.0%}] {a[3]} tasks" if a else "—")
+            lines.append(f"| **{name}** | {_label(s, f)} | " + " | ".join(row) + " |")
+    lines.append("")
+    if floor:
+        lines += ["At the floor inside L (no verdict): " + "; ".join(f"{t} ({w})" for t, w in floor.items()), ""]
+    return lines
+
+
+@dataclass(frozen=True)
+class RulerVerdict:
+    finding: str
+    verdict: str  # "yes" | "no difference resolved" | "no" | "not measured"
+    evidence: str
+
+
+def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
+    """Verdicts decided on the intervals, on the average of the tasks not at the floor (and per such task for
+    "as trained fails past L"): every pair of scalings at every length past L, and the model as trained past L
+    against itself inside L."""
+    cs = cells(records)
+    if not cs:
+        return []
+    trained = trained_of(records) or 1
+    floor = floor_tasks(records, trained)
+    live = sorted({t for t, *_ in cs if t not in floor}, key=RULER_TASKS.index)
+    out: list[RulerVerdict] = []
+    if not live:
+        return [RulerVerdict("any verdict", "not measured",
+                             "every task measured is at the floor inside L: " + ", ".join(floor))]
+    lengths = sorted({n for *_, n in cs})
+    past = [n for n in lengths if n > trained]
+    inside = [n for n in lengths if n <= trained]
+    def common(pairs: Sequence[tuple[str, float, int]]) -> list[str]:
+        """The tasks not at the floor measured in every (scaling, factor, length) of ``pairs``."""
+        return [t for t in live if all((t, s, f, n) in cs for s, f, n in pairs)]
+
+    def fmt(a: tuple[float, float, float, int] | None) -> str:
+        return "—" if a is None else f"{a[0]:.0%} [{a[1]:.0%}–{a[2]:.0%}]"
+
+    def over(tasks: Sequence[str]) -> str:
+        return f"average of {', '.join(tasks)}" if len(tasks) > 1 else tasks[0]
+
+    scal = sorted({(s, f) for _, s, f, _ in cs}, key=lambda sf: (ORDER.index(sf[0]) if sf[0] in ORDER else 99, sf[1]))
+    # the model as trained past L, against itself at the longest length inside L where the same tasks were measured
+    plain = next(((s, f) for s, f in scal if s == AS_TRAINED), None)
+    if plain and inside and past:
+        for n in past:
+            ref_n = next((m for m in reversed(inside) if common([(*plain, m), (*plain, n)])), None)
+            finding = f"as trained fails past L (at {_mult(n, trained)})"
+            if ref_n is None:
+                out.append(RulerVerdict(finding, "not measured", "no task measured both inside L and here"))
+                continue
+            tasks = common([(*plain, ref_n), (*plain, n)])
+            ref, got = average(records, *plain, ref_n, tasks), average(records, *plain, n, tasks)
+            assert ref is not None and got is not None
+            verdict = "yes" if got[2] < ref[1] else ("no" if got[1] >= ref[1] else "no difference resolved")
+            out.append(RulerVerdict(
+                finding, verdict, f"{over(tasks)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at "
+                f"{_mult(ref_n, trained)}"))
+    # every pair of scalings at L (the longest length inside) and past it
+    for n in [*inside[-1:], *past]:
+        for i, a in enumerate(scal):
+            for b in scal[i + 1 :]:
+                tasks = common([(*a, n), (*b, n)])
+                if not tasks:
+                    continue
+                x, y = average(records, *a, n, tasks), average(records, *b, n, tasks)
+                assert x is not None and y is not None
+                la, lb = _label(*a), _label(*b)
+                if x[1] > y[2]:
+                    finding, verdict = f"{la} beats {lb} at {_mult(n, trained)}", "yes"
+                elif y[1] > x[2]:
+                    finding, verdict = f"{lb} beats {la} at {_mult(n, trained)}", "yes"
+                else:
+                    finding, verdict = f"{la} against {lb} at {_mult(n, trained)}", "no difference resolved"
+                out.append(RulerVerdict(finding, verdict, f"{over(tasks)}: {la} {fmt(x)}, {lb} {fmt(y)}"))
+    for t, why in floor.items():
+        out.append(RulerVerdict(f"{t}", "at the floor", f"as trained inside L: {why}; no verdict"))
+    return out
+
+
+def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
+    """Heatmaps: a panel per task and one for the average; rows the scalings, columns the lengths; each cell its
+    score and Wilson interval."""
+    cs = cells(records)
+    if not cs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trained = trained_of(records) or 1
+    lengths = sorted({n for *_, n in cs})
+    scal = sorted({(s, f) for _, s, f, _ in cs}, key=lambda sf: (ORDER.index(sf[0]) if sf[0] in ORDER else 99, sf[1]))
+    tasks = [t for t in RULER_TASKS if any(k[0] == t for k in cs)]
+    panels = [*tasks, "average"]
+    cols = min(4, len(panels))
+    rws = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rws, cols, figsize=(3.2 * cols + 1, 0.55 * len(scal) * rws + 1.3 * rws), squeeze=False)
+    floor = floor_tasks(records, trained)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, panels):
+        grid = [[math.nan] * len(lengths) for _ in scal]
+        notes = [[""] * len(lengths) for _ in scal]
+        for i, (s, f) in enumerate(scal):
+            for j, n in enumerate(lengths):
+                if name == "average":
+                    a = average(records, s, f, n)
+                    if a:
+                        grid[i][j], notes[i][j] = a[0], f"{a[0]:.0%}\n{a[1]:.0%}–{a[2]:.0%}"
+                elif (name, s, f, n) in cs:
+                    c = cs[(name, s, f, n)]
+                    grid[i][j], notes[i][j] = c.score, f"{c.score:.0%}\n{c.low:.0%}–{c.high:.0%}\nn={c.questions}"
+        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        for i in range(len(scal)):
+            for j in range(len(lengths)):
+                if notes[i][j]:
+                    ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [_mult(n, trained) for n in lengths], fontsize=8)
+        ax.set_yticks(range(len(scal)), [_label(s, f) for s, f in scal], fontsize=8)
+        ax.set_title(name + (" (floor)" if name in floor else ""), fontsize=9)
+    fig.suptitle(f"RULER by length (L = {trained}): score and Wilson 95 % interval", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,329 @@
+"""RULER's six tasks (posenc.extend.ruler): each built to an exact token count with its needles, chains, words and
+answers where the paper's configuration puts them, the same for a seed; many questions on one prefill give the
+answers a full forward of each whole prompt gives (transformers' generate); the Wilson interval against worked
+values; the table, verdicts and floor from stored cells; the command line. On the tiny GGUF model's tokenizer
+(byte-level BPE: about a token a byte) and model (tests/tiny_gguf.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+pytest.importorskip("wonderwords")
+
+from tiny_gguf import write  # noqa: E402
+
+import posenc.hf  # noqa: E402
+from posenc.errors import ConfigError  # noqa: E402
+from posenc.extend import ruler, ruler_report  # noqa: E402
+from posenc.extend import runner as extend_run  # noqa: E402
+from posenc.extend.config import AS_TRAINED, QUICK, ExtendConfig, count_cells  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ruler")
+    path = root / "tiny.gguf"
+    write(path, layers=2, hidden=32, heads=4, kv_heads=2, ff=64, context=256)
+    old = os.environ.get("POSENC_DATA")
+    os.environ["POSENC_DATA"] = str(root / "cache")
+    try:
+        model, tok = posenc.hf.load_pretrained(path, quiet=True)
+    finally:
+        if old is None:
+            del os.environ["POSENC_DATA"]
+        else:
+            os.environ["POSENC_DATA"] = old
+    return model, tok, path
+
+
+def _text(tok, ids) -> str:
+    return tok.decode(list(ids))
+
+
+# ---------------------------------------------------------------------------------------------- construction
+@pytest.mark.parametrize("task", ruler.TASKS)
+@pytest.mark.parametrize("n", [2200, 3111])
+def test_every_task_is_built_to_its_exact_length(tiny, task, n):
+    _, tok, _ = tiny
+    ex = ruler.build(task, tok, n, seed=3, questions=6)
+    longest = max(len(q.ids) for q in ex.questions)
+    assert len(ex.context) + longest + ex.generate == n == ex.length
+    assert ex.generate == ruler.GENERATE[task]
+    # the ids are the pieces' own tokenizations: they decode to the text of the example
+    assert _text(tok, ex.context) == ex.text and ex.text.startswith(("A special", "Memorize", "Below", "Read"))
+    for q in ex.questions:
+        assert 0 < q.depth < 1
+        prompt = _text(tok, ex.prompt(ex.questions.index(q)))
+        assert prompt.rstrip().endswith(("provided text is", "they are:", "in the list are:", "words are:"))
+    assert (len(ex.questions) == 6) == (task in ruler.MULTI)
+
+
+def test_niah_single_needle_once_at_its_depth(tiny):
+    _, tok, _ = tiny
+    depths = []
+    for seed in range(6):
+        ex = ruler.build("niah_single_1", tok, 1200, seed=seed)
+        (q,) = ex.questions
+        (value,) = q.answers
+        assert re.fullmatch(r"[1-9]\d{6}", value) and re.fullmatch(r"[a-z]+-[a-z]+", q.key.lower())
+        needle = f"One of the special magic numbers for {q.key} is: {value}."
+        assert ex.text.count(needle) == 1 and ex.text.count(value) == 1 and ex.text.count(q.key) == 1
+        # the recorded depth is where the needle starts, as a share of the context's tokens
+        start = ex.text.index(needle)
+        assert abs(len(tok(ex.text[:start], add_special_tokens=False)["input_ids"]) / len(ex.context) - q.depth) < 0.02
+        assert ex.text.replace(needle + "\n", "").count(ruler.NOISE) >= 8
+        depths.append(q.depth)
+    assert max(depths) - min(depths) > 0.3  # RULER's random places, not one depth
+
+
+@pytest.mark.parametrize("task", ruler.MULTI)
+def test_multikey_every_asked_key_and_value_once(tiny, task):
+    _, tok, _ = tiny
+    ex = ruler.build(task, tok, 3000, seed=1, questions=8)
+    lines = [line for line in ex.text.split("\n") if line.startswith("One of the special magic")]
+    assert len(lines) == ex.info["needles"] >= 8
+    pattern = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}" if task.endswith("3") else None
+    depths = [q.depth for q in ex.questions]
+    assert depths == sorted(depths) and len({q.key for q in ex.questions}) == 8
+    for q in ex.questions:
+        (value,) = q.answers
+        assert ex.text.count(q.key) == 1 and ex.text.count(value) == 1
+        assert f"for {q.key} is: {value}." in ex.text
+        if pattern:
+            assert re.fullmatch(pattern, q.key) and re.fullmatch(pattern, value)
+
+
+def test_vt_chain_in_order_after_a_one_shot(tiny):
+    _, tok, _ = tiny
+    ex = ruler.build("vt", tok, 2000, seed=5)
+    (q,) = ex.questions
+    names = q.answers
+    assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", v) for v in names)
+    value = q.key
+    body = ex.text[ex.text.rindex("Memorize and track"):]  # after the one-shot example
+    assert body.count(value) == 1 and f"VAR {names[0]} = {value}" in body
+    at = [body.index(f"VAR {names[0]} = {value}")] + [body.index(f"VAR {names[i + 1]} = VAR {names[i]}") for i in
+                                                       range(4)]
+    assert at == sorted(at)  # the hops in order
+    shot = ex.text[: ex.text.rindex("Memorize and track")]
+    assert re.search(r"they are: [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3}\n\n$", shot)
+    assert value not in shot
+
+
+@pytest.mark.parametrize("n, common, rare", [(2500, 6, 1), (8000, 30, 3)])
+def test_cwe_counts_its_words(tiny, n, common, rare):
+    _, tok, _ = tiny
+    ex = ruler.build("cwe", tok, n, seed=2)
+    (q,) = ex.questions
+    listing = ex.text[ex.text.rindex(ruler.CWE_HEAD) + len(ruler.CWE_HEAD):]
+    items = re.findall(r"(\d+)\. (\S+)", listing)
+    assert [int(i) for i, _ in items] == list(range(1, len(items) + 1))
+    counts = Counter(w for _, w in items)
+    assert {counts[w] for w in q.answers} == {common} and len(q.answers) == 10
+    assert {c for w, c in counts.items() if w not in q.answers} == {rare}
+    assert len(counts) == 10 + ex.info["uncommon_words"]
+
+
+def test_fwe_counts_follow_zipf(tiny):
+    _, tok, _ = tiny
+    ex = ruler.build("fwe", tok, 3000, seed=4)
+    (q,) = ex.questions
+    words = ex.text[len(ruler.FWE_HEAD):].split()
+    counts = Counter(w for w in words if w != "...")
+    want = ruler.zipf_counts(ex.info["words"], ex.info["vocabulary"])
+    assert [counts[w] for w in q.answers] == want[1:4]
+    assert [w for w, _ in counts.most_common(3)] == list(q.answers)
+    # zeta(2) = pi^2 / 6
+    assert ruler.zipf_counts(1000, 3) == [int(1000 / (torch.pi**2 / 6) / k**2) for k in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("task", ruler.TASKS)
+def test_the_same_seed_the_same_example(tiny, task):
+    _, tok, _ = tiny
+    a, b = ruler.build(task, tok, 2400, seed=9, questions=3), ruler.build(task, tok, 2400, seed=9, questions=3)
+    assert a == b
+    assert ruler.build(task, tok, 2400, seed=10, questions=3).context != a.context
+
+
+def test_bad_input_is_named(tiny):
+    _, tok, _ = tiny
+    with pytest.raises(ConfigError, match="unknown RULER task 'niah'"):
+        ruler.build("niah", tok, 1000, 0)
+    with pytest.raises(ConfigError, match="needs more than"):
+        ruler.build("cwe", tok, 300, 0)
+    with pytest.raises(ConfigError, match="positive number of tokens"):
+        ruler.build("vt", tok, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def test_wilson_against_worked_values():
+    # 8 of 10, z = 1.96: centre (0.8 + 0.19208) / 1.38416 = 0.71674, half 1.96 sqrt(0.016 + 0.009604) / 1.38416
+    lo, hi = ruler.wilson(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
+    assert ruler.wilson(0, 20) == pytest.approx((0.0, 0.1611), abs=1e-4)  # 3.8416 / 23.8416
+    assert ruler.wilson(20, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
+    with pytest.raises(ConfigError):
+        ruler.wilson(3, 0)
+
+
+def test_string_match_all_is_rulers():
+    assert ruler.string_match_all(" 1234567.", ["1234567"]) == 1.0
+    assert ruler.string_match_all("ABCDE fghij", ["abcde", "FGHIJ", "KLMNO"]) == pytest.approx(2 / 3)
+    assert ruler.string_match_all("nothing", ["x1"]) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- asking
+@pytest.mark.parametrize("scaling", [None, ("rope-yarn", {"factor": 4})])
+@pytest.mark.parametrize("chunk", [64, None])
+def test_many_questions_on_one_prefill_equal_a_full_forward_each(tiny, scaling, chunk):
+    model, tok, _ = tiny
+    posenc.hf.unpatch(model)
+    if scaling:
+        posenc.hf.patch(model, scaling[0], **scaling[1])
+    try:
+        ex = ruler.build("niah_multikey_2", tok, 700, seed=0, questions=4)
+        got = ruler.ask(model, tok, ex, chunk=chunk)
+        assert len(got) == 4
+        for i, rec in enumerate(got):
+            ids = torch.tensor([ex.prompt(i)])
+            with torch.no_grad():
+                full = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=ex.generate,
+                                      do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+            want = tok.decode(full[0, ids.shape[1]:].tolist())
+            assert rec["prediction"] == want  # the tiny random model finds no answer: it stops at the limit or EOS
+            assert rec["generated"] == full.shape[1] - ids.shape[1] and rec["score"] == 0.0
+            slow = ruler.greedy(model, torch.tensor([ex.prompt(i)]), None, ex.generate, tok.eos_token_id)
+            assert tok.decode(slow) == want
+    finally:
+        posenc.hf.unpatch(model)
+
+
+def test_generation_stops_once_every_reference_is_found(tiny):
+    model, tok, _ = tiny
+    ex = ruler.build("niah_single_1", tok, 600, seed=0)
+    q = ex.questions[0]
+    first = ruler.greedy(model, torch.tensor([ex.prompt(0)]), None, 1, None)
+    # a question whose reference is the model's own first generated token is done after one step
+    fake = ruler.Example(ex.task, ex.context, (ruler.Question(q.ids, (tok.decode(first),), q.key, q.depth),),
+                         ex.length, ex.generate, ex.seed)
+    got = ruler.ask(model, tok, fake)[0]
+    assert got["generated"] == 1 and got["score"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- cells and report
+def _cfg(**kw):
+    base = dict(model="tiny", scalings=(), loss_long_scalings=(), passkey_scalings=(),
+                ruler_tasks=("niah_multikey_2", "vt"), ruler_scalings=(AS_TRAINED, "rope-yarn"),
+                ruler_lengths=(3.0, 4.0), ruler_haystacks=2, ruler_questions=3, chunk=128)
+    base.update(kw)
+    return ExtendConfig(**base)
+
+
+def test_the_plan_of_ruler_cells_and_the_quick_mode():
+    cfg = _cfg()
+    cells = extend_run.plan(cfg, 256)
+    assert len(cells) == count_cells(cfg) == 2 * 2 * 2 * 2
+    assert [c.tokens for c in cells] == [768] * 8 + [1024] * 8
+    assert [c.haystack for c in cells[:8]] == [0] * 4 + [1] * 4  # every first haystack before any second
+    assert {c.factor for c in cells if c.scaling == "rope-yarn"} == {4.0}
+    assert {c.questions for c in cells if c.task == "vt"} == {1} and {c.questions for c in cells} == {1, 3}
+    quick = [(c.task, c.scaling, c.tokens) for c in extend_run.plan(replace_ruler(QUICK), 8192)]
+    assert quick == [(t, AS_TRAINED, 2048) for t in ruler.TASKS] + [
+        ("niah_multikey_2", AS_TRAINED, 16384), ("niah_multikey_2", "rope-yarn", 16384)]
+
+
+def replace_ruler(cfg):
+    from dataclasses import replace
+
+    return replace(cfg, scalings=(), passkey_scalings=(), ruler_tasks=ruler.TASKS)
+
+
+def test_run_stores_resumes_and_reports_ruler(tiny, tmp_path, capsys):
+    model, tok, _ = tiny
+    cfg = _cfg(ruler_lengths=(5.0, 6.0))  # vt needs about 1200 tokens of this byte-level tokenizer
+    first = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, max_cells=3)
+    err = capsys.readouterr().err
+    assert "prefilled" in err and "question 3/3" in err and "left in the run at this pace" in err
+    assert len(first) == 3
+    records = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, quiet=True)
+    assert len(records) == 16 and posenc.hf.patched(model) is None
+    r = next(r for r in records if r["task"] == "niah_multikey_2")
+    assert len(r["answers"]) == 3 and r["context_tokens"] < r["tokens"] and r["model"]["sha256"] and r["env"]
+    cs = ruler_report.cells(records)
+    c = cs[("niah_multikey_2", AS_TRAINED, 1.0, 1280)]
+    assert (c.questions, c.haystacks) == (6, 2)
+    assert (c.low, c.high) == pytest.approx(ruler.wilson(c.score * 6, 6))
+    table = "\n".join(ruler_report.table(records))
+    assert "n=6/2h" in table and "**average**" in table
+    # past L only (L = 256): no floor known, and the random model's zeros resolve no difference
+    assert ruler_report.floor_tasks(records) == {}
+    assert {v.verdict for v in ruler_report.verdicts(records)} == {"no difference resolved"}
+    # taken as inside a longer L, the tiny random model is at the floor on every task: no verdict
+    assert set(ruler_report.floor_tasks(records, 2000)) == {"niah_multikey_2", "vt"}
+    from posenc.extend import report
+
+    paths = report.write(records, tmp_path, command="posenc extend --tasks ruler (test)")
+    assert paths["ruler"].stat().st_size > 10_000 and "## RULER by length" in paths["markdown"].read_text()
+
+
+def test_lengths_past_the_floor_are_cut(tmp_path, monkeypatch):
+    path = tmp_path / "tiny-2k.gguf"
+    write(path, layers=1, hidden=16, heads=2, kv_heads=1, ff=32, context=2048)  # L = 2048: room inside L
+    monkeypatch.setenv("POSENC_DATA", str(tmp_path / "cache"))
+    model, tok = posenc.hf.load_pretrained(path, quiet=True)
+    cfg = _cfg(ruler_tasks=("niah_multikey_2",), ruler_lengths=(0.5,), ruler_floor_lengths=(2.0,), ruler_haystacks=1,
+               ruler_scalings=(AS_TRAINED,), ruler_questions=2, chunk=512)
+    records = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, quiet=True)
+    assert [r["tokens"] for r in records] == [1024]  # at the floor inside L: 2L never runs
+    assert ruler_report.floor_tasks(records) == {"niah_multikey_2": "0% [0%–66%] of 2 question(s) at 1024 tokens"}
+
+
+def _rec(task, scaling, tokens, scores, factor=2.0, trained=100, haystack=0):
+    return {"kind": "ruler", "task": task, "scaling": scaling, "factor": 1.0 if scaling == AS_TRAINED else factor,
+            "tokens": tokens, "trained_length": trained, "haystack": haystack,
+            "answers": [{"score": s} for s in scores]}
+
+
+def test_verdicts_follow_the_intervals():
+    recs = [
+        _rec("niah_multikey_2", AS_TRAINED, 100, [1] * 18 + [0] * 2),
+        _rec("niah_multikey_2", AS_TRAINED, 200, [0] * 20),
+        _rec("niah_multikey_2", "rope-yarn", 200, [1] * 15 + [0] * 5),
+        _rec("niah_multikey_2", "rope-linear", 200, [1] * 3 + [0] * 17),
+        _rec("niah_multikey_2", "rope-ntk", 200, [1] * 12 + [0] * 8),
+        _rec("cwe", AS_TRAINED, 100, [0.0, 0.05]),  # at the floor inside L
+        _rec("cwe", AS_TRAINED, 200, [0.0, 0.0]),
+    ]
+    v = {x.finding: x for x in ruler_report.verdicts(recs)}
+    assert v["as trained fails past L (at 2L)"].verdict == "yes"
+    assert v["YaRN, s=2 beats PI (linear), s=2 at 2L"].verdict == "yes"
+    assert v["NTK-aware, s=2 against YaRN, s=2 at 2L"].verdict == "no difference resolved"
+    assert v["cwe"].verdict == "at the floor" and "cwe" not in v["YaRN, s=2 beats PI (linear), s=2 at 2L"].evidence
+    table = "\n".join(ruler_report.table(recs))
+    assert "At the floor inside L (no verdict): cwe" in table and "75% [53%–89%] n=20/1h" in table
+
+
+def test_cli_tasks_ruler_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
+    from posenc.cli import main
+
+    _, _, path = tiny
+    monkeypatch.setenv("POSENC_DATA", str(tmp_path / "cache"))
+    out = tmp_path / "r"
+    argv = ["extend", "--tasks", "niah_multikey_3", "--model", str(path), "--out", str(out), "--ruler-lengths", "8",
+            "--ruler-scalings", "as-trained", "--questions", "2", "--chunk", "512"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "RULER by length" in printed and "RULER verdicts" in printed
+    assert {r["kind"] for r in extend_run.Store(out).records()} == {"ruler"}
+    assert (out / "extend-ruler.png").is_file()
+    assert main(["extend", "--tasks", "rulr", "--out", str(out)]) == 2
+    assert "did you mean ruler" in capsys.readouterr().err
+    assert main(["extend", "--tasks", "ruler", "--scalings", "rope-yarn", "--out", str(out)]) == 2
+    assert "add loss" in capsys.readouterr().err

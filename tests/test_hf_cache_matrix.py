@@ -109,3 +109,20 @@ def test_the_tested_release_is_the_pinned_one():
         line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line
     )
     assert pins["transformers"].strip() == TESTED_TRANSFORMERS
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static", "sliding_window"])
+def test_an_encoding_that_reads_the_query_position_sees_it_with_a_cache_and_left_padding(cache):
+    """Llama 4's temperature reads the query's own position (a floor of 2 makes it change every other token):
+    with a cache, posenc.hf once placed a left-padded row's queries at the cache's slots, pads included, so the
+    cached logits differed from the uncached ones (3e-3 with a dynamic cache, 2e-2 with a static one). The slots are
+    now shifted per row to the forward's own positions."""
+    import posenc.hf as hf
+
+    model = matrix_checks._sharp_llama(4)
+    hf.patch(model, "qtemp-llama4", floor_scale=2, attn_scale=0.5)
+    lengths = (9, 5)  # the second row left-padded by 4
+    seq, logits = matrix_checks._steps(model, lengths, **matrix_checks.CACHES[cache])
+    want_seq, want = matrix_checks._steps(model, lengths, use_cache=False)
+    assert float((logits - want).abs().max()) < 1e-4
+    assert torch.equal(seq, want_seq)

@@ -124,12 +124,25 @@ def _query_key_positions(
                 "cannot tell their positions in this cache; use another cache_implementation (dynamic, static, "
                 "offloaded, quantized)"
             )
-        key = ("hf-cache-positions", q_start, k_start, lq, lk, device)
+        key = ("hf-cache-positions", q_start, k_start, lq, lk, device, id(pos))
         got = cache.get(key)
         if got is None:
-            q_pos = mark_arange(cache, torch.arange(q_start, q_start + lq, device=device)[None, :])
-            k_pos = mark_arange(cache, torch.arange(k_start, k_start + lk, device=device)[None, :])
+            q_pos = torch.arange(q_start, q_start + lq, device=device)[None, :]
+            k_pos = torch.arange(k_start, k_start + lk, device=device)[None, :]
+            if pos is not None and pos.shape[-1] == lq and not pos.is_floating_point():
+                # the slots shifted per row to the forward's own positions (a left-padded row's start later than
+                # its slots): offsets stay the slots', and an encoding that reads the query's position itself
+                # (FIRE's normaliser, Llama 4's temperature) sees the position it has without a cache
+                shift = q_pos[:, -1:] - pos[:, -1:].to(device)  # [B, 1], from the last query (never left padding)
+                if bool((shift != 0).any()):
+                    q_pos, k_pos = q_pos - shift, k_pos - shift
+            q_pos = mark_arange(cache, q_pos)
+            if bool((k_pos < 0).any()):  # a left-padded row's pads before position 0: masked, placed at 0
+                k_pos = k_pos.clamp(min=0)  # (no longer start + arange: the kernels take the gather forms)
+            else:
+                k_pos = mark_arange(cache, k_pos)
             cache[key] = got = (q_pos, k_pos)
+            cache[("hf-cache-positions-source", id(pos))] = pos  # keeps the id from being reused in the forward
         return got[0], got[1], True
     if whole:
         assert pos is not None

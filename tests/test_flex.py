@@ -117,6 +117,26 @@ def test_flex_equals_the_reference_path_on_a_kv_cache_step(name):
     _close(outs[1], outs[0])
 
 
+@pytest.mark.parametrize("span", [("window", 5), ("chunk", 8)])
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "relative-key", "fire", "fox"])
+def test_flex_on_a_local_layer_equals_the_reference_path(name, span):
+    """A schedule's local layer (a sliding window or chunks, posenc.schedule): its span is part of the call's mask,
+    which the block mask reads; a KV-cache step keeps only the span's keys."""
+    ref, fl = _layers(name, causal=True)
+    ref.span = fl.span = MultiHeadAttention(D_MODEL, N_HEADS, None, span=span).span
+    x = _x(2, 21)
+    with torch.no_grad():
+        want, got = ref(x, causal=True), fl(x, causal=True)
+        _close(got, want)
+        outs = []
+        for layer in (ref, fl):
+            cache = KVCache()
+            layer(x[:, :20], causal=True, kv_cache=cache)
+            outs.append(layer(x[:, 20:], causal=True, kv_cache=cache))
+    assert fl.last_plan.kernel == "flex", str(fl.last_plan)
+    _close(outs[1], outs[0])
+
+
 @pytest.mark.parametrize("name", sorted(NO_FLEX))
 def test_an_encoding_without_a_score_mod_is_refused_by_name(name):
     _, fl = _layers(name, causal=True)

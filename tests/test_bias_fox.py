@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import posenc
 from posenc import KVCache, MultiHeadAttention
+from posenc.base import AttentionContext
 from posenc.bias.fox import FoX, fox_attention
 from posenc.errors import ConfigError
 
@@ -19,10 +20,12 @@ D, H = 24, 3
 DH = D // H
 
 
-def _layers(seed: int = 0, gate_bias: float | None = None) -> tuple[MultiHeadAttention, MultiHeadAttention]:
+def _layers(
+    seed: int = 0, gate_bias: float | None = None, causal: bool = True
+) -> tuple[MultiHeadAttention, MultiHeadAttention]:
     """A fast layer and a reference layer with the same weights, float64."""
     torch.manual_seed(seed)
-    enc = posenc.get("fox", n_heads=H, head_dim=DH, gate_bias=gate_bias)
+    enc = posenc.get("fox", n_heads=H, head_dim=DH, gate_bias=gate_bias, causal=causal)
     fast = MultiHeadAttention(D, H, enc).double()
     ref = MultiHeadAttention(D, H, enc, path="reference").double()
     ref.load_state_dict(fast.state_dict())
@@ -31,27 +34,34 @@ def _layers(seed: int = 0, gate_bias: float | None = None) -> tuple[MultiHeadAtt
 
 def _paper(layer: MultiHeadAttention, x: torch.Tensor, causal: bool) -> torch.Tensor:
     """The paper's attention as written, with loops: f_t = W_f k_t + b_f (the keys of every head of token t),
-    D_ij = Σ_{t=j+1..i} log σ(f_t) (without a causal mask, the gates between i and j either way)."""
+    D_ij = Σ_{t=j+1..i} log σ(f_t); without a causal mask, for j > i, Σ_{t=i..j-1} log σ(g_t) with an encoder's
+    second gate g (rows H.. of the gate), else Σ_{t=i+1..j} log σ(f_t)."""
     enc = layer.encoding
     assert isinstance(enc, FoX)
     b, n, _ = x.shape
     q = layer.q_proj(x).view(b, n, H, DH)
     k = layer.k_proj(x).view(b, n, H, DH)
     v = layer.v_proj(x).view(b, n, H, DH)
-    w, bias = enc.gate.weight, enc.gate.bias  # [H, H·DH], [H]
+    w, bias = enc.gate.weight, enc.gate.bias  # [H or 2H, H·DH], [H or 2H]
     out = torch.zeros(b, n, H, DH, dtype=x.dtype)
+
+    def log_gate(row: int, bi: int, t: int) -> float:
+        return math.log(1.0 / (1.0 + math.exp(-float(w[row] @ k[bi, t].reshape(-1) + bias[row]))))
+
     for bi in range(b):
-        gates = [
-            [math.log(1.0 / (1.0 + math.exp(-float(w[h] @ k[bi, t].reshape(-1) + bias[h])))) for t in range(n)]
-            for h in range(H)
-        ]
+        gates = [[log_gate(h, bi, t) for t in range(n)] for h in range(H)]
+        back = None if enc.causal else [[log_gate(H + h, bi, t) for t in range(n)] for h in range(H)]
         for h in range(H):
             for i in range(n):
                 keys = range(i + 1) if causal else range(n)
                 logits = []
                 for j in keys:
-                    lo, hi = min(i, j), max(i, j)
-                    decay = sum(gates[h][t] for t in range(lo + 1, hi + 1))
+                    if j <= i:
+                        decay = sum(gates[h][t] for t in range(j + 1, i + 1))
+                    elif back is None:
+                        decay = sum(gates[h][t] for t in range(i + 1, j + 1))
+                    else:
+                        decay = sum(back[h][t] for t in range(i, j))
                     logits.append(float(q[bi, i, h] @ k[bi, j, h]) / math.sqrt(DH) + decay)
                 top = max(logits)
                 weights = [math.exp(a - top) for a in logits]
@@ -61,9 +71,9 @@ def _paper(layer: MultiHeadAttention, x: torch.Tensor, causal: bool) -> torch.Te
     return layer.o_proj(out.reshape(b, n, D))
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_the_paper_formula_in_float64(causal: bool) -> None:
-    fast, ref = _layers()
+@pytest.mark.parametrize("causal, two_gates", [(True, False), (False, False), (False, True)])
+def test_the_paper_formula_in_float64(causal: bool, two_gates: bool) -> None:
+    fast, ref = _layers(causal=not two_gates)
     x = torch.randn(2, 7, D, dtype=torch.float64)
     with torch.no_grad():
         want = _paper(ref, x, causal)
@@ -153,8 +163,9 @@ def test_float32_at_4096_keeps_the_float32_floor_of_a_bias() -> None:
     assert float((naive.double() - want).abs().max()) > 20 * float(err.max())
 
 
-def test_left_padding_leaves_the_real_tokens_as_they_are() -> None:
-    fast, ref = _layers(seed=3)
+@pytest.mark.parametrize("causal", [True, False])
+def test_left_padding_leaves_the_real_tokens_as_they_are(causal: bool) -> None:
+    fast, ref = _layers(seed=3, causal=causal)
     x = torch.randn(2, 40, D, dtype=torch.float64)
     pad = 11
     padded = torch.cat([torch.randn(1, pad, D, dtype=torch.float64), x[1:, : 40 - pad]], dim=1)
@@ -163,10 +174,23 @@ def test_left_padding_leaves_the_real_tokens_as_they_are() -> None:
     mask[1, :pad] = False
     for layer in (fast, ref):
         with torch.no_grad():
-            out = layer(batch, causal=True, attention_mask=mask)
-            alone = layer(x[1:, : 40 - pad], causal=True)
+            out = layer(batch, causal=causal, attention_mask=mask)
+            alone = layer(x[1:, : 40 - pad], causal=causal)
             torch.testing.assert_close(out[1, pad:], alone[0], rtol=1e-10, atol=1e-12)
-            torch.testing.assert_close(out[0], layer(x[:1], causal=True)[0], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(out[0], layer(x[:1], causal=causal)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_an_encoder_tells_before_from_after() -> None:
+    """causal=False: the keys after the query decay by a gate of their own, so the same content one token before
+    and one token after scores differently (a symmetric extension could not tell them apart)."""
+    torch.manual_seed(8)
+    k = torch.randn(1, H, 1, DH).expand(1, H, 5, DH)  # the same key at every position
+    q = torch.randn(1, H, 5, DH)
+    ctx = AttentionContext(torch.arange(5)[None], torch.arange(5)[None], H, DH, reference=True)
+    two = FoX(n_heads=H, head_dim=DH, causal=False).logits(q, k, ctx)
+    one = FoX(n_heads=H, head_dim=DH).logits(q, k, ctx)
+    torch.testing.assert_close(one[..., 2, 1], one[..., 2, 3])
+    assert not torch.allclose(two[..., 2, 1], two[..., 2, 3])
 
 
 @pytest.mark.parametrize("chunks", [(1,) * 12, (5, 1, 1, 4, 1), (30, 7, 1, 1)])

@@ -20,8 +20,11 @@ of ``x_t`` is one of these where ``W_k`` is invertible (``n_heads · head_dim = 
 the keys also makes the gates work wherever posenc puts an encoding (its own attention, a patched transformers
 model) without the layer's input.
 
-**Without a causal mask** (an encoder) the paper has no formula; here ``D_ij = -|c_i - c_j|``, the gates of the
-tokens between ``i`` and ``j`` in either direction (``D_ij`` is the paper's for ``j <= i``, and symmetric).
+**Without a causal mask** (an encoder) the paper has no formula. ``causal=False`` (what the models pass an
+encoder's encoding) gives the keys after the query a second gate of their own, FoX of the reversed sequence:
+``D_ij = Σ_{t=i..j-1} log σ(g_t)`` for ``j > i``, ``g_t = W_g k_t + b_g``, so that before and after differ (as a
+bidirectional LSTM's two directions). ``causal=True`` used without a mask extends the paper's formula
+symmetrically, ``D_ij = -|c_i - c_j|`` (the forward gates between ``i`` and ``j``).
 
 **Kernels.** :meth:`FoX.logits` gives ``D / scale`` as a ``[B, H, Lq, Lk]`` term (the reference path, short calls,
 masks beyond the causal one, encoders). A causal call of many pairs on CPU takes :func:`fox_attention` (the plan's
@@ -187,12 +190,18 @@ def fox_attention(q: Tensor, k: Tensor, v: Tensor, c: Tensor, scale: float) -> T
 
 
 # ------------------------------------------------------------------------------------------------ the encoding
-def decay_matrix(c_q: Tensor, c_k: Tensor, causal_only: bool = False) -> Tensor:
-    """``D_ij = -|c_i - c_j|`` (``c_i - c_j`` for ``j <= i`` where the sums fall, as they do): ``[..., Lq, Lk]``.
+def decay_matrix(c: Tensor, lq: int, e: Tensor | None = None) -> Tensor:
+    """``D_ij`` for the last ``lq`` of the keys as queries: ``[..., Lq, Lk]`` from the running sums of the keys.
 
-    ``causal_only``: ``c_i - c_j`` as written for every pair (a causal mask removes ``j > i``)."""
-    diff = c_q[..., :, None] - c_k[..., None, :]
-    return diff if causal_only else -diff.abs()
+    ``c`` ``[..., Lk]``: ``Σ_{s<=t} log σ(f_s)``; ``D_ij = c_i - c_j`` for ``j <= i``. ``e`` (a bidirectional FoX):
+    ``Σ_{s<t} log σ(g_s)``, and ``D_ij = e_j - e_i`` for ``j > i``; without it ``-|c_i - c_j|`` (the sums fall, so
+    that is ``c_i - c_j`` for ``j <= i`` and ``c_j - c_i`` after)."""
+    lk = c.shape[-1]
+    diff = c[..., lk - lq :, None] - c[..., None, :]
+    if e is None:
+        return -diff.abs()
+    later = torch.arange(lk, device=c.device)[None, :] > torch.arange(lk - lq, lk, device=c.device)[:, None]
+    return torch.where(later, e[..., None, :] - e[..., lk - lq :, None], diff)
 
 
 @register
@@ -204,14 +213,16 @@ class FoX(PositionalEncoding):
         f_t = W_f\, k_t + b_f \in \mathbb{R}^{H}
 
     (``k_t``: the token's keys of every head, so ``f_t`` is an affine function of the layer input ``x_t`` as in the
-    paper, where ``f_t = w_f^\top x_t + b_f``; see the module's docstring.) Without a causal mask the decay is
-    ``-|c_i - c_j|``, the gates between the two tokens in either direction.
+    paper, where ``f_t = w_f^\top x_t + b_f``; see the module's docstring.) Without a causal mask
+    (``causal=False``) the keys after the query decay by gates of their own, ``Σ_{t=i..j-1} log σ(g_t)``.
 
     Args:
         n_heads: heads (one gate per head and token).
         head_dim: width of one head's key.
         gate_bias: the initial ``b_f`` (``None``: ``nn.Linear``'s default initialisation, the paper's; a large
             value, e.g. 5, starts with gates near 1, little forgetting).
+        causal: the model is causal (the paper's); ``False``: an encoder, with the second gate ``g`` for the keys
+            after the query (without it, a call with no mask extends the forward decay symmetrically).
     """
 
     info = Card(
@@ -226,18 +237,20 @@ class FoX(PositionalEncoding):
         "data-dependent ALiBi; causal blocks of rows through flash with a row of c_ref - c_j.",
         reference="the paper's sum of log-gates in float64 (a literal triple loop); fast kernel, KV cache == literal",
         shortcoming="the gates come from the keys (an affine function of x, as the paper's, another parameterisation);"
-        " without a causal mask the decay is posenc's symmetric extension",
+        " an encoder's second gate for the keys after the query is posenc's extension",
     )
     shared_across_layers = False
     key_state_channels = 2  # c as hi + lo, carried with the keys through a KV cache
     fused_min_pairs = 64 * 64  # the blocked kernel pays off early (no L x L tensor, SDPA's flash per block)
     claims = {"relative_only": True, "decay": True, "params_constant": True}
 
-    def __init__(self, n_heads: int, head_dim: int, gate_bias: float | None = None):
+    def __init__(self, n_heads: int, head_dim: int, gate_bias: float | None = None, causal: bool = True):
         super().__init__()
         self.n_heads, self.head_dim = n_heads, head_dim
         self.gate_bias = gate_bias
-        self.gate = nn.Linear(n_heads * head_dim, n_heads)
+        self.causal = bool(causal)
+        # the forward gates f (and, for an encoder, the reversed sequence's g): one per head and token
+        self.gate = nn.Linear(n_heads * head_dim, n_heads * (1 if self.causal else 2))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -246,10 +259,11 @@ class FoX(PositionalEncoding):
             nn.init.constant_(self.gate.bias, float(self.gate_bias))
 
     def cost(self, head_dim: int) -> Cost:
-        # per token and head: the gate f = W_f[h]·k_t reads the token's keys of every head (2·H·d products); the
-        # log-sigmoid and the running sum (~5); per pair and head: one add of c_i - c_j (the kernel's row of -c_j)
+        # per token and head: the gate f = W_f[h]·k_t reads the token's keys of every head (2·H·d products; an
+        # encoder's g as many again); the log-sigmoid and the running sum (~5); per pair and head: one add of
+        # c_i - c_j (the kernel's row of -c_j)
         return Cost(
-            token=2.0 * self.n_heads * head_dim,
+            token=2.0 * self.n_heads * head_dim * (1 if self.causal else 2),
             token_elementwise=5.0,
             pair_elementwise=1.0,
             note="a gate per token and head from its keys; one add per pair (flash with a row of -c_j per block)",
@@ -257,7 +271,8 @@ class FoX(PositionalEncoding):
 
     # ---------------------------------------------------------------- the gates
     def log_gates(self, k: Tensor) -> Tensor:
-        """``log σ(f_t)`` for keys ``k`` ``[B, H, L, d]``: ``[B, H, L]`` (float64)."""
+        """``log σ(f_t)`` for keys ``k`` ``[B, H, L, d]``: ``[B, H, L]`` (float64); for an encoder
+        (``causal=False``) ``[B, 2H, L]``, the forward gates then the reversed sequence's ``log σ(g_t)``."""
         b, h, n, d = k.shape
         if d != self.head_dim or h > self.n_heads or self.n_heads % h:
             raise ConfigError(
@@ -268,13 +283,21 @@ class FoX(PositionalEncoding):
         if h < self.n_heads:  # grouped keys (a transformers model): each key head serves its group of query heads
             k = k.repeat_interleave(self.n_heads // h, dim=1)
             h = self.n_heads
-        f = self.gate(k.transpose(1, 2).reshape(b, n, h * d))  # [B, L, H]
+        f = self.gate(k.transpose(1, 2).reshape(b, n, h * d))  # [B, L, H] (or 2H)
         return F.logsigmoid(f.double()).transpose(1, 2)
 
     def cumulative(self, k: Tensor, start: Tensor | None = None) -> Tensor:
         """``c_t = start + Σ_{s<=t} log σ(f_s)`` for the keys ``k``: ``[B, H, L]`` float64 (``start`` ``[B, H]``)."""
-        c = self.log_gates(k).cumsum(-1)
+        c = self.log_gates(k)[:, : self.n_heads].cumsum(-1)
         return c if start is None else c + start[..., None]
+
+    def reversed_cumulative(self, k: Tensor) -> Tensor | None:
+        """An encoder's ``e_t = Σ_{s<t} log σ(g_s)`` for the keys ``k`` (``[B, H, L]`` float64), ``None`` where
+        ``causal``: ``D_ij = e_j - e_i`` for the keys ``j > i``."""
+        if self.causal:
+            return None
+        g = self.log_gates(k)[:, self.n_heads :]
+        return g.cumsum(-1) - g
 
     @staticmethod
     def _channels(c: Tensor, dtype: torch.dtype) -> Tensor:
@@ -326,18 +349,19 @@ class FoX(PositionalEncoding):
         if lk < lq:
             raise ConfigError(f"fox: a call has {lk} keys for {lq} queries; FoX needs the queries among the keys")
         if ctx.reference:  # the paper's sum of the gates between i and j, term by term (float64)
-            g = self.log_gates(k)
+            gates = self.log_gates(k)
+            f, g = gates[:, : self.n_heads], gates[:, self.n_heads :]
             if lq * lk * lk <= _LITERAL_MAX:
                 t = torch.arange(lk, device=k.device)
                 i, j = t[lk - lq :, None, None], t[None, :, None]
-                between = ((t > torch.minimum(i, j)) & (t <= torch.maximum(i, j))).to(g.dtype)  # [Lq, Lk, t]
-                d = torch.einsum("bht,qkt->bhqk", g, between)
+                before = ((t > j) & (t <= i)).to(f.dtype)  # [Lq, Lk, t]: j < t <= i
+                after = ((t >= i) & (t < j)) if g.shape[1] else ((t > i) & (t <= j))  # i <= t < j, or i < t <= j
+                d = torch.einsum("bht,qkt->bhqk", f, before)
+                d = d + torch.einsum("bht,qkt->bhqk", g if g.shape[1] else f, after.to(f.dtype))
             else:  # too many terms to list: the same sums as differences of float64 running sums
-                c = g.cumsum(-1)
-                d = decay_matrix(c[..., lk - lq :], c)
+                d = decay_matrix(f.cumsum(-1), lq, g.cumsum(-1) - g if g.shape[1] else None)
         else:
-            c = self._c(k, ctx)
-            d = decay_matrix(c[..., lk - lq :], c)
+            d = decay_matrix(self._c(k, ctx), lq, self.reversed_cumulative(k))
         return (d / self.scale(ctx.head_dim)).to(q.dtype)
 
     def flex_score(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Any] | None:
@@ -351,12 +375,17 @@ class FoX(PositionalEncoding):
             return None
         state = self._channels(self._c(k, ctx), q.dtype)  # [B, H, Lk, 2]
         hi, lo = state[..., 0], state[..., 1]
+        e = self.reversed_cumulative(k)
+        back = self._channels(e, q.dtype) if e is not None else None
         shift = lk - lq  # query row i is key row i + Lk - Lq
 
         def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             i = q_idx + shift
             d = (hi[b, h, i] - hi[b, h, kv_idx]) + (lo[b, h, i] - lo[b, h, kv_idx])
-            return score - d.abs()
+            if back is None:
+                return score - d.abs()
+            after = (back[b, h, kv_idx, 0] - back[b, h, i, 0]) + (back[b, h, kv_idx, 1] - back[b, h, i, 1])
+            return score + torch.where(kv_idx > i, after, d)
 
         return q, k, score_mod
 

@@ -70,7 +70,11 @@ def _projections(module: nn.Module) -> Any:
     """What the encoding's context lends as ``attention`` (the layer's own query/key projections), or None."""
     got = module.__dict__.get("_posenc_projections")
     if got is None:
-        if isinstance(getattr(module, "q_proj", None), nn.Module) and getattr(module, "num_key_value_groups", 1) == 1:
+        if (
+            isinstance(getattr(module, "q_proj", None), nn.Module)
+            and isinstance(getattr(module, "k_proj", None), nn.Module)
+            and getattr(module, "num_key_value_groups", 1) == 1
+        ):
             got = module  # Llama-style, every head its own key
         elif all(isinstance(getattr(module, a, None), nn.Module) for a in ("query", "key")):
             got = _Projections(module.query, module.key)  # BERT
@@ -223,6 +227,9 @@ def posenc_attention(
     if query.dtype in _HALF:  # posenc's kernels and encodings compute in float32 (as HF upcasts its softmax)
         query, key, value = query.float(), key.float(), value.float()
     b, h, lq, d = query.shape
+    dv = value.shape[-1]
+    if dv != d:  # values narrower than the queries and keys (multi-head latent attention: DeepSeek-V3's v_head_dim)
+        value = _value_width(core, value, d)
     # grouped-query attention (each key/value head serves h / Hkv query heads): the keys stay grouped; the core
     # repeats them only for a kernel that needs one key head per query head (AttentionCore.attend)
     check_groups(h, key.shape[1])
@@ -280,8 +287,30 @@ def posenc_attention(
         weights = weights if want else None
     else:
         out, weights = core.attend(call, want, scale=scale)
+    if dv != d:
+        out = out[..., :dv]
     out = out.transpose(1, 2).contiguous().to(out_dtype)
     return out, (weights.to(out_dtype) if weights is not None else None)
+
+
+def _value_width(core: AttentionCore, value: Tensor, d: int) -> Tensor:
+    """Values of width ``dv < d`` padded with zeros to the queries' width ``d`` (the kernels take one head width;
+    the padded channels of the output are zeros, cut off after): ``softmax(.) V`` is unchanged. Refused for an
+    encoding with a values term (it is defined on the width of the heads it was built for) and for ``dv > d``."""
+    enc = core.encoding
+    dv = value.shape[-1]
+    if enc is not None and "values" in enc.hooks():
+        raise ConfigError(
+            f"{enc.info.name} adds a term to the values, but this model's value heads are {dv} wide where its query "
+            f"and key heads are {d} (multi-head latent attention's v_head_dim): name an encoding without a values "
+            "term (alibi, t5, fire, rope-mla ...)"
+        )
+    if dv > d:
+        raise ConfigError(
+            f"this model's value heads ({dv}) are wider than its query and key heads ({d}); posenc's attention takes "
+            "values at most as wide as the keys"
+        )
+    return torch.nn.functional.pad(value, (0, d - dv))
 
 
 def _materialised(

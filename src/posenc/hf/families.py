@@ -60,6 +60,8 @@ class Family:
     interface: bool = True
     #: why a model of this family cannot be patched at all (None: it can), given the model
     refuse: Callable[[nn.Module], str | None] | None = None
+    #: a further test of the base model that tells this family from another built alike (None: none)
+    match: Callable[[nn.Module], bool] | None = None
 
     def attention(self, base: nn.Module) -> list[nn.Module]:
         """The attention modules, in layer order."""
@@ -89,6 +91,7 @@ class Family:
             and isinstance(_get(base, self.token_path), nn.Embedding)
             and (self.table_path is None or isinstance(_get(base, self.table_path), nn.Embedding))
             and (self.rotary_path is None or isinstance(_get(base, self.rotary_path), nn.Module))
+            and (self.match is None or self.match(base))
         )
 
 
@@ -101,7 +104,27 @@ def _falcon_refuses(model: nn.Module) -> str | None:
     return None
 
 
+def _three_rows(base: nn.Module) -> bool:
+    """A text model whose rotary module takes three position rows (Qwen2-VL's and Qwen2.5-VL's M-RoPE)."""
+    return isinstance(getattr(getattr(base, "rotary_emb", None), "mrope_section", None), (list, tuple))
+
+
 SUPPORTED: tuple[Family, ...] = (
+    Family(
+        "qwen2-vl",
+        "the text models of Qwen2-VL and Qwen2.5-VL (Qwen2VLForConditionalGeneration, "
+        "Qwen2_5_VLForConditionalGeneration, their *Model and *TextModel): M-RoPE on three position rows (time, "
+        "height, width); the vision encoder is left as it is",
+        layers="layers", attn="self_attn", projections=("q_proj", "k_proj", "v_proj"), token_path="embed_tokens",
+        head_dim_attr="head_dim", rotary_path="rotary_emb", match=_three_rows,
+    ),
+    Family(
+        "deepseek-v3",
+        "DeepSeek-V3 (DeepseekV3ForCausalLM, DeepseekV3Model): multi-head latent attention, RoPE (DeepSeek's YaRN) on "
+        "the last qk_rope_head_dim channels of each head, its mscale² in the softmax scale",
+        layers="layers", attn="self_attn", projections=("kv_a_proj_with_mqa", "kv_b_proj"), token_path="embed_tokens",
+        head_dim_attr="qk_head_dim", rotary_path="rotary_emb",
+    ),
     Family(
         "llama",
         "rotary decoders built like Llama: Llama, Mistral, Qwen2/3, Gemma 1-3, Mixtral, Qwen2-MoE, OLMo 1-3, Granite, "
@@ -170,8 +193,10 @@ def _base_and_family(model: nn.Module) -> tuple[nn.Module, Family]:
     supported family is a :class:`~posenc.errors.ConfigError` listing them."""
     base = getattr(model, "base_model", model)
     inner = model._modules.get("model") if isinstance(getattr(model, "_modules", None), dict) else None
-    # Llama4ForCausalLM names its base model prefix "language_model" but keeps it at .model
-    for candidate in (base, model, inner):
+    # Llama4ForCausalLM names its base model prefix "language_model" but keeps it at .model; a vision-language
+    # model (Qwen2-VL) keeps its text model at .model.language_model
+    nested = [getattr(c, "_modules", {}).get("language_model") for c in (base, model, inner) if c is not None]
+    for candidate in (base, model, inner, *nested):
         if candidate is None:
             continue
         for family in SUPPORTED:
@@ -205,9 +230,23 @@ def _own_temperature(attn: nn.Module) -> bool:
     return bool(getattr(attn, OWN_TEMPERATURE, False)) and not bool(getattr(attn, "use_rope", True))
 
 
+def _latent(attn: nn.Module) -> bool:
+    """Whether this attention module is multi-head latent attention (DeepSeek-V3): keys and values from a latent,
+    RoPE on the last ``qk_rope_head_dim`` channels of each head, a softmax ``scaling`` of its own."""
+    return hasattr(attn, "qk_rope_head_dim") and hasattr(attn, "kv_b_proj") and hasattr(attn, "scaling")
+
+
+def text_config(model: nn.Module) -> Any:
+    """The config of the model's text decoder: ``model.config`` itself, or its ``text_config`` in a vision-language
+    model (Qwen2-VL), whose own config holds the text model's sizes and RoPE settings there."""
+    cfg = model.config
+    inner = getattr(cfg, "text_config", None)
+    return inner if inner is not None and getattr(inner, "hidden_size", None) is not None else cfg
+
+
 def _model_dims(model: nn.Module, family: Family, attn: nn.Module) -> dict[str, Any]:
     """The sizes an encoding is built for, read from the model's config and its first attention module."""
-    cfg = model.config
+    cfg = text_config(model)
     return dict(
         d_model=int(cfg.hidden_size),
         n_heads=int(cfg.num_attention_heads),

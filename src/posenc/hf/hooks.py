@@ -75,6 +75,8 @@ def _install(
     enc = state.encoding
     before = _Bound(_before_forward, model, state, base, family.tokens(base))
     state.handles.append(base.register_forward_pre_hook(before, with_kwargs=True))
+    after = _Bound(_after_forward, state)
+    state.handles.append(base.register_forward_hook(after, with_kwargs=True, always_call=True))
     if "embed" in enc.hooks():
         state.handles.append(family.tokens(base).register_forward_hook(_Bound(_add_codes, state)))
     table = family.table(base)
@@ -87,8 +89,10 @@ def _install(
     attns = family.attention(base)
     for i in state.phase_layers:  # a layer whose phases differ from those of its type
         state.handles.append(attns[i].register_forward_pre_hook(_Bound(_layer_phases, state, i), with_kwargs=True))
-    for attn, attr, _ in state.saved_attrs:  # the model's own temperature off where the patch gives an encoding
-        setattr(attn, attr, False)
+    # the model's own temperature off where the patch gives an encoding; MLA's softmax scale the encoding's
+    values = list(getattr(state, "attr_values", None) or [False] * len(state.saved_attrs))
+    for (attn, attr, _), value in zip(state.saved_attrs, values, strict=True):
+        setattr(attn, attr, value)
     if in_attention:
         for attn, core in zip(state.attns, state.cores, strict=True):
             object.__setattr__(attn, "_posenc_core", core)
@@ -184,6 +188,7 @@ def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, token
         x = ids if ids is not None else embeds
         state.forward_cache = {}
         state.embedded = False
+        state.in_forward = True
         state.cache_sizes = None
         if x is None:
             state.positions = None
@@ -198,6 +203,8 @@ def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, token
             if state.key_rotation:
                 state.past = weakref.ref(past)  # where rotary.rotate_in_cache stores keys rotated
         pos = bound.get("position_ids")
+        if pos is not None and pos.dim() == 3:  # three or four rows (Qwen2-VL's M-RoPE): one position per token
+            pos = _one_row(pos.to(x.device), length)
         if pos is None:
             start = int(past.get_seq_length()) if past is not None and hasattr(past, "get_seq_length") else 0
             pos = mark_arange(state.forward_cache, torch.arange(start, start + length, device=x.device)[None, :])
@@ -220,6 +227,34 @@ def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, token
         return None
 
     return hook
+
+
+def _after_forward(state: PosencPatch):
+    """The hook after the base model's forward (also when it raised): the forward is over, so a call of the token
+    embedding before the next one (a vision-language model embeds its tokens before its text model's forward, which
+    then adds the codes) adds no codes."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        state.in_forward = False
+
+    return hook
+
+
+def _one_row(pos: Tensor, length: int) -> Tensor | None:
+    """One position per token from transformers' three or four position rows (Qwen2-VL, Qwen2.5-VL): the text
+    positions where four rows lead with them (what ``generate`` passes: ``[text; time; height; width]``); the rows
+    themselves where the three are equal (text); else ``None``, the sequence index (as transformers' masks take it
+    then). The three rows reach the M-RoPE encodings on the rotary module's own call (:func:`rotary._phases`)."""
+    if pos.shape[0] == 4:
+        return pos[0]
+    if pos.shape[0] != 3:
+        raise ConfigError(
+            f"position_ids of shape {tuple(pos.shape)}: posenc.hf takes [B, L], or three rows [3, B, L] (time, "
+            "height, width) with an optional leading row of text positions [4, B, L]"
+        )
+    if bool((pos[0] == pos[1]).all()) and bool((pos[0] == pos[2]).all()):
+        return pos[0]
+    return None
 
 
 def _check_still_patched(model: nn.Module, base: nn.Module, state: PosencPatch) -> None:
@@ -291,7 +326,7 @@ def _add_codes(state: PosencPatch):
     """The hook after the token embedding: the encoding's absolute codes added (once per forward)."""
 
     def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor | None:
-        if state.embedded or state.positions is None:
+        if state.embedded or state.positions is None or not getattr(state, "in_forward", True):
             return None  # a later use of the same table in this forward (GPT-2's token types), or outside one
         state.embedded = True
         tokens = args[0] if args else None

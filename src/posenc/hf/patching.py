@@ -33,11 +33,13 @@ from .families import (
     OWN_TEMPERATURE,
     Family,
     _base_and_family,
+    _latent,
     _model_dims,
     _model_dtype_device,
     _own_rotation,
     _own_temperature,
     _unwrap,
+    text_config,
 )
 from .hooks import _install, _uninstall
 from .probe import _probe
@@ -174,6 +176,7 @@ def patch(
     state.layer_specs, state.layer_encodings = plan.specs, plan.encodings
     state.layer_phases, state.layer_keys, state.layout = plan.phases, plan.keys, plan.layout
     state.by_type, state.rotary_mode, state.saved_attrs = plan.by_type, plan.rotary_mode, plan.saved_attrs
+    state.attr_values = plan.attr_values
     state.phase_layers = plan.hooked
     _settle_dtype(state, dtype, device)
     in_attention = any(c is not None for c in plan.cores)
@@ -303,7 +306,7 @@ def _layer_indices(model: nn.Module, layers: Any, n: int) -> list[int]:
 def _own_span(model: nn.Module, attn: nn.Module, layer_type: str | None) -> Span:
     """Which keys the model lets this layer's queries see: its chunk (Llama 4's chunked layers), its sliding
     window, or all of them."""
-    cfg = model.config
+    cfg = text_config(model)
     if layer_type == "chunked_attention" and getattr(cfg, "attention_chunk_size", None):
         return Span("chunk", int(cfg.attention_chunk_size))
     window = getattr(attn, "sliding_window", None)
@@ -337,7 +340,7 @@ def _requested(
     if isinstance(encoding, Mapping):
         if targets is not None:
             raise ConfigError("give layers= or encodings by layer type, not both")
-        types = _layer_types(model.config, n)
+        types = _layer_types(text_config(model), n)
         if types is None:
             raise ConfigError(
                 f"this {name} has no layer types (config.layer_types), so encodings by layer type do not apply: give a "
@@ -386,7 +389,7 @@ def _requested(
             rotary_one = (
                 isinstance(encoding, PositionalEncoding) and encoding.info.family == "rotary"
             ) or (isinstance(encoding, str) and resolve(encoding).info.family == "rotary")
-            types = _layer_types(model.config, n) or [None] * n
+            types = _layer_types(text_config(model), n) or [None] * n
             return [
                 None if rotary_one and rotary is not None and not _model_rotates(model, a, types[i]) else one
                 for i, a in enumerate(attns)
@@ -403,7 +406,7 @@ def _requested(
 def _spans_checked(model: nn.Module, attns: list[nn.Module], asks: list[_Ask | None]) -> list[_Ask | None]:
     """``asks``, once every span a schedule wrote is the layer's own (posenc.hf does not change which keys a layer
     sees: the model's masks and KV cache follow its own window or chunk)."""
-    types = _layer_types(model.config, len(attns)) or [None] * len(attns)
+    types = _layer_types(text_config(model), len(attns)) or [None] * len(attns)
     for i, ask in enumerate(asks):
         if ask is None or ask.span.is_global:
             continue
@@ -420,7 +423,7 @@ def _spans_checked(model: nn.Module, attns: list[nn.Module], asks: list[_Ask | N
 def _model_rotates(model: nn.Module, attn: nn.Module, layer_type: str | None) -> bool:
     """Whether the model rotates this layer by its RoPE: not a layer without RoPE (``no_rope_layers``, Cohere2's
     global layers), nor one whose layer type has no ``rope_parameters`` where they are given per type."""
-    cfg = model.config
+    cfg = text_config(model)
     if not _own_rotation(attn, cfg):
         return False
     return getattr(cfg, "rope_parameters", None) is None or _layer_params(cfg, layer_type) is not None
@@ -442,6 +445,7 @@ class _Plan:
     saved_attrs: list[tuple[nn.Module, str, Any]]
     recorded: dict[str, Any]
     hooked: list[int]  # the layers whose phases differ from their type's: a hook on their attention hands them
+    attr_values: list[Any]  # what the patch sets each of saved_attrs' attributes to
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -461,7 +465,7 @@ def _plan(
 ) -> _Plan:
     """Build each layer's encoding and decide where it acts: HF's own rotation (its phases in the model's
     layout), posenc's attention (a core), or the embedding; refuse what cannot work."""
-    cfg = model.config
+    cfg = text_config(model)
     n = len(attns)
     mname = type(model).__name__
     types = _layer_types(cfg, n) or [None] * n
@@ -485,7 +489,8 @@ def _plan(
         else:
             name, opts = ask.encoding, ask.options
             if ask.bare and name == "rope" and rotary is not None:
-                name = own_rotary_name(params, f"this {mname}'s {where}")
+                # multi-head latent attention (DeepSeek-V3): its own RoPE is the decoupled one on a slice of each head
+                name = "rope-mla" if _latent(attns[i]) else own_rotary_name(params, f"this {mname}'s {where}")
             key = (name, repr(sorted(opts.items())), repr(params), _rotary_dim_of(rotary, keys[i]),
                    family.head_dim(attns[i]))
         if key not in built:
@@ -566,6 +571,12 @@ def _plan(
         ident = any(isinstance(p, str) and p == "identity" for p in used)
         mode = "mixed" if cos and turns else "cos-sin" if cos else "identity" if (ident or turns) else "own"
     saved = [(a, OWN_TEMPERATURE, True) for i, a in enumerate(attns) if encs[i] is not None and _own_temperature(a)]
+    values: list[Any] = [False] * len(saved)  # the model's own temperature off
+    for i, a in enumerate(attns):
+        if encs[i] is not None and _latent(a):
+            new_scaling = _latent_scaling(model, a, encs[i], cores[i])
+            saved.append((a, "scaling", a.scaling))
+            values.append(new_scaling)
     unique: list[PositionalEncoding] = []
     wide = [e for e in encs if e is not None and e.hooks() & {"embed", "positions"}]
     for e in [*wide, *encs, *cores]:
@@ -573,7 +584,33 @@ def _plan(
             unique.append(e)
     if not unique:
         raise ConfigError("this patch gives no layer an encoding: name at least one layer's")
-    return _Plan(specs, encs, phases, keys, cores, unique, by_type, mode, layout, saved, recorded, hooked)
+    return _Plan(specs, encs, phases, keys, cores, unique, by_type, mode, layout, saved, recorded, hooked, values)
+
+
+def _latent_scaling(
+    model: nn.Module, attn: nn.Module, enc: PositionalEncoding, core: PositionalEncoding | None
+) -> float:
+    """The softmax scale a patched layer of multi-head latent attention (DeepSeek-V3) runs with. The model's own
+    (``qk_head_dim^{-1/2}`` times YaRN's ``mscale(factor, mscale_all_dim)²``) belongs to its RoPE, so the patch
+    replaces it: with the encoding's own scale where the model's attention runs (``rope-mla``: DeepSeek's factor, in
+    transformers' order of products), ``qk_head_dim^{-1/2}`` where posenc's attention does (it applies the encoding's
+    own change to it). A rotation posenc's attention would apply is refused: it would turn the whole head, or a
+    slice of its own, where the model's position lives in the last ``qk_rope_head_dim`` channels."""
+    d = int(attn.qk_head_dim)
+    if core is not None and "rotate" in core.hooks():
+        r = int(attn.qk_rope_head_dim)
+        why = ""
+        if getattr(core, "rope_dim", r) != r or getattr(core, "rope_first", False):
+            why = f" (this one rotates {'the first' if core.rope_first else 'the last'} {core.rope_dim} channels)"
+        raise ConfigError(
+            f"{core.info.name}{why} would rotate in posenc's attention, but this {type(model).__name__} has multi-head "
+            f"latent attention: the position lives in the last qk_rope_head_dim={r} channels of each head (DeepSeek's "
+            "decoupled RoPE; the other channels come from the latent and carry none), which only the model's own "
+            f"rotation reaches. Name rope-mla (rope_dim={r}), or RoPE or a RoPE scaling (rope-linear, rope-yarn ...), "
+            "which the model applies to that slice; encodings that act on the logits (alibi, t5, fire ...) or the "
+            "embeddings go in as they are"
+        )
+    return float(enc.scale(d)) if core is None else d**-0.5
 
 
 def _pairs_as_the_model(enc: PositionalEncoding) -> None:
@@ -680,7 +717,7 @@ def _build_encoding(
 
 def _temperature_defaults(model: nn.Module, cls: type[PositionalEncoding]) -> dict[str, Any]:
     """``qtemp-llama4`` on a model with Llama 4's temperature settings takes them (``floor_scale``, ``attn_scale``)."""
-    cfg = model.config
+    cfg = text_config(model)
     if cls.info.name != "qtemp-llama4" or getattr(cfg, "floor_scale", None) is None:
         return {}
     return {"floor_scale": float(cfg.floor_scale), "attn_scale": float(getattr(cfg, "attn_scale", 0.1))}
@@ -700,7 +737,7 @@ def _add_cores(
             continue
         idx = getattr(attn, "layer_idx", None)
         core = AttentionCore(
-            int(model.config.num_attention_heads),
+            int(text_config(model).num_attention_heads),
             family.head_dim(attn),
             layer_enc,
             path=path,

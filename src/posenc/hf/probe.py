@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import ConfigError, PosencError
 from .attention import posenc_attention
-from .families import Family, _model_dtype_device
+from .families import Family, _model_dtype_device, text_config
 from .hooks import _add_codes
 from .state import PosencPatch
 
@@ -32,17 +32,17 @@ def _probe(
     codes, and each distinct attention layer's own forward (which shows every keyword the model passes)."""
     enc = state.encoding
     dtype, dev = _model_dtype_device(model)
-    saved = (state.positions, state.forward_cache, state.embedded, state.cache_sizes)
+    saved = (state.positions, state.forward_cache, state.embedded, state.cache_sizes, state.in_forward)
     try:
         with torch.no_grad():
             pos = torch.arange(2, device=dev)[None, :]
-            state.positions, state.forward_cache, state.cache_sizes = pos, {}, None
+            state.positions, state.forward_cache, state.cache_sizes, state.in_forward = pos, {}, None, True
             if "embed" in enc.hooks():
-                x = torch.zeros(1, 2, int(model.config.hidden_size), device=dev, dtype=dtype)
+                x = torch.zeros(1, 2, int(text_config(model).hidden_size), device=dev, dtype=dtype)
                 state.embedded = False
                 _add_codes(state)(family.tokens(base), (torch.zeros(1, 2, dtype=torch.long, device=dev),), x)
             if rotary is not None:  # the rotary hook once (the cos/sin layout), for each layer type
-                hidden = torch.zeros(1, 2, int(model.config.hidden_size), device=dev, dtype=dtype)
+                hidden = torch.zeros(1, 2, int(text_config(model).hidden_size), device=dev, dtype=dtype)
                 takes_type = "layer_type" in inspect.signature(rotary.forward).parameters
                 for t in dict.fromkeys(state.layer_keys or [None]):
                     if t is None or hasattr(rotary, f"{t}_inv_freq"):
@@ -66,7 +66,7 @@ def _probe(
         hint = "" if dtype == torch.float32 else f" (in {dtype}; cast the model to float32 to patch it)"
         raise ConfigError(f"{state.name} cannot act in this {type(model).__name__}{hint}: {err}") from err
     finally:
-        state.positions, state.forward_cache, state.embedded, state.cache_sizes = saved
+        state.positions, state.forward_cache, state.embedded, state.cache_sizes, state.in_forward = saved
 
 
 def _probe_layer(
@@ -81,7 +81,7 @@ def _probe_layer(
     """One attention layer's own forward on two zero tokens (through transformers' code, so that every keyword it
     passes reaches posenc's attention); where the layer's forward takes other arguments than the usual ones, the
     attention function alone."""
-    hidden = torch.zeros(1, 2, int(model.config.hidden_size), device=dev, dtype=dtype)
+    hidden = torch.zeros(1, 2, int(text_config(model).hidden_size), device=dev, dtype=dtype)
     kwargs: dict[str, Any] = {"hidden_states": hidden, "attention_mask": None}
     if rotary is not None:
         sig = inspect.signature(rotary.forward).parameters
@@ -94,6 +94,6 @@ def _probe_layer(
         raise
     except Exception:  # a forward with other arguments: the attention function alone
         pass
-    h, d = int(model.config.num_attention_heads), family.head_dim(attn)
+    h, d = int(text_config(model).num_attention_heads), family.head_dim(attn)
     q = torch.zeros(1, h, 2, d, device=dev, dtype=dtype)
     posenc_attention(attn, q, q, q, None, scaling=d**-0.5)

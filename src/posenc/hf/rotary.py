@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, PositionalEncoding, as_position_rows, is_arange_rows, mark_arange
 from ..errors import ConfigError
 from ..registry import accepted_arguments
+from .families import text_config
 from .state import PosencPatch
 
 #: posenc's RoPE scalings and the rope_type transformers gives the same one in ``rope_parameters``
@@ -100,7 +101,7 @@ def _rotary_defaults(
     if cls.info.family != "rotary":
         return {}
     params = params or {}
-    cfg = model.config
+    cfg = text_config(model)
     accepted = accepted_arguments(cls)
     out: dict[str, Any] = {}
     if "base" in accepted and "rope_theta" in params:
@@ -110,6 +111,10 @@ def _rotary_defaults(
     original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
     if "original_max_len" in accepted:
         out["original_max_len"] = int(original or cfg.max_position_embeddings)
+    if "mrope_section" in accepted and isinstance(params.get("mrope_section"), (list, tuple)):
+        out["mrope_section"] = [int(v) for v in params["mrope_section"]]  # Qwen2-VL's sections of the rotary pairs
+    if cls.info.name == "rope-mla":
+        return {**out, **_mla_defaults(cfg, params)}
     if HF_ROPE_TYPES.get(cls.info.name) == params.get("rope_type"):
         for field, option in HF_ROPE_FIELDS.items():
             value = params.get(field)
@@ -117,6 +122,27 @@ def _rotary_defaults(
                 out[option] = list(value) if isinstance(value, (list, tuple)) else value
         if "factor" in accepted and params.get("factor") is None and original:
             out["factor"] = float(cfg.max_position_embeddings) / float(original)
+    return out
+
+
+def _mla_defaults(cfg: Any, params: dict) -> dict[str, Any]:
+    """``rope-mla`` on a model with multi-head latent attention (DeepSeek-V3) takes its rotated slice
+    (``qk_rope_head_dim``), its pairs' layout (``rope_interleave``) and, where its ``rope_parameters`` name YaRN,
+    DeepSeek's YaRN fields (``factor``, ``original_max_position_embeddings``, ``beta_fast`` / ``beta_slow``,
+    ``mscale`` / ``mscale_all_dim``)."""
+    out: dict[str, Any] = {}
+    if getattr(cfg, "qk_rope_head_dim", None) is not None:
+        out["rope_dim"] = int(cfg.qk_rope_head_dim)
+    out["interleaved"] = bool(getattr(cfg, "rope_interleave", True))
+    if params.get("rope_type") == "yarn":
+        fields = {"factor": "factor", "original_max_position_embeddings": "original_max_len"}
+        fields.update(beta_fast="beta_fast", beta_slow="beta_slow", mscale="mscale", mscale_all_dim="mscale_all_dim")
+        for field, option in fields.items():
+            if params.get(field) is not None:
+                out[option] = params[field]
+        if out.get("original_max_len") is None:
+            trained = getattr(cfg, "original_max_position_embeddings", None) or cfg.max_position_embeddings
+            out["original_max_len"] = int(trained)
     return out
 
 
@@ -138,6 +164,8 @@ def own_rotary_name(params: dict | None, where: str) -> str:
     """The posenc encoding that is a layer's own RoPE as its ``rope_parameters`` name it (``rope_type``: default ->
     ``rope``, linear -> ``rope-linear``, yarn -> ``rope-yarn`` ...); a type posenc does not have is refused."""
     rope_type = (params or {}).get("rope_type", "default") or "default"
+    if rope_type == "default" and isinstance((params or {}).get("mrope_section"), (list, tuple)):
+        return "mrope"  # Qwen2-VL / Qwen2.5-VL: RoPE on three position rows, in sections of the rotary pairs
     if rope_type == "default":
         return "rope"
     for name, hf_type in HF_ROPE_TYPES.items():
@@ -182,9 +210,27 @@ def _cos_sin_ok(
     """Whether HF's own rotation can apply this encoding: RoPE (any scaling) whose pairs are the model's (the
     rotate-half pairs ``(i, i + d/2)`` where the model rotates those, else ``(2i, 2i+1)``) over the width the model
     rotates, and nothing else."""
+    from ..rotary.mla import RoPEMLA
+    from ..rotary.mrope import MRoPE
     from ..rotary.rope import RoPE
     from ..rotary.scaling import ScaledRoPE
 
+    if isinstance(enc, MRoPE):  # per-pair phases of three rows, in the rotate-half layout
+        return (
+            rotary is not None
+            and layout == "half"
+            and enc.hooks() == {"rotate"}
+            and not any(True for _ in enc.parameters())
+            and enc.rotary_dim == _rotary_dim_of(rotary, layer_type)
+        )
+    if isinstance(enc, RoPEMLA):  # the slice's phases; the model's own rotation applies them in its own layout
+        return (
+            rotary is not None
+            and layout == "half"
+            and enc.rope_dim == _rotary_dim_of(rotary, layer_type)
+            and not enc.rope_first
+            and enc.hooks() <= {"rotate", "scale"}
+        )
     return (
         rotary is not None
         and isinstance(enc, RoPE)
@@ -206,13 +252,19 @@ def _phases(state: PosencPatch, want: PositionalEncoding | str, out: Any, positi
         cos, sin = out
         return torch.ones_like(cos), torch.zeros_like(sin)
     template = out if isinstance(out, Tensor) else out[0]
+    three = None  # three position rows (time, height, width: Qwen2-VL's M-RoPE), for an encoding that takes them
+    if position_ids is not None and position_ids.dim() == 3:
+        if hasattr(want, "axis_cos_sin"):
+            three = position_ids
+        else:
+            position_ids = state.positions  # any other encoding: the forward's one position per token
     if position_ids is None:
         position_ids = state.positions
     key = ("hf-phases", id(want), id(position_ids), tuple(template.shape), template.dtype)
     got = state.forward_cache.get(key) if position_ids is not None else None
     if got is not None and got[0] is position_ids:
         return got[1]
-    rows = as_position_rows(position_ids, template.shape[-2])
+    rows = as_position_rows(position_ids, template.shape[-2]) if three is None else three
     made: Any
     if isinstance(out, Tensor) and not getattr(want, "length_dependent", False) and hasattr(want, "angles"):
         # complex phases (Llama 4) made as it makes them, polar(1, m θ) times the attention factor (torch.polar's
@@ -223,7 +275,10 @@ def _phases(state: PosencPatch, want: PositionalEncoding | str, out: Any, positi
         if position_ids is not None:
             state.forward_cache[key] = (position_ids, made)
         return made
-    c, s = want.cos_sin(rows)  # type: ignore[operator]
+    if three is not None:
+        c, s = want.axis_cos_sin(three)  # type: ignore[operator]
+    else:
+        c, s = want.cos_sin(rows)  # type: ignore[operator]
     if isinstance(out, Tensor):  # complex phases of a length-dependent scaling
         made = torch.complex(c.float(), s.float()).to(template.dtype).expand_as(template)
     else:

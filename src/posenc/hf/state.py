@@ -59,6 +59,7 @@ class PosencPatch(nn.Module):
         self.layout = "half"  # how the model's rotary module lays out its phases (rotary.rotary_layout)
         self.per_layer = False  # patched per layer (a schedule, layer types, layers=...), not with one encoding
         self.saved_attrs: list[tuple[nn.Module, str, Any]] = []  # attention modules' settings the patch changed
+        self.attr_values: list[Any] = []  # what it set each of them to
         self.layer_ids: list[int] = []  # the cache index of each patched attention layer
         self.attns: list[nn.Module] = []  # the attention modules the cores serve (plain list: not submodules)
         # "cos-sin": HF rotates with the encodings' phases; "identity": posenc does (or nothing rotates); "mixed":
@@ -75,6 +76,7 @@ class PosencPatch(nn.Module):
         self.checkpointing = False  # gradient checkpointing while training: each layer its own memo
         self.first_cache: dict | None = None  # the memo as the forward's positions left it (checkpointing)
         self.embedded = False
+        self.in_forward = False  # between the base model's forward hooks (the token embedding adds codes only then)
         self.warned_frozen = False
         self.model_dtype: torch.dtype = torch.float32  # the model's dtype the encodings were settled for
 
@@ -97,7 +99,10 @@ class PosencPatch(nn.Module):
 def _patch_of(model: nn.Module) -> PosencPatch | None:
     model = _unwrap(model)
     base = getattr(model, "base_model", model)
-    for m in (base, model, getattr(model, "_modules", {}).get("model")):
+    owners = [base, model, getattr(model, "_modules", {}).get("model")]
+    # a vision-language model (Qwen2-VL) holds the patch on its text model, at .model.language_model
+    owners += [getattr(m, "_modules", {}).get("language_model") for m in owners if m is not None]
+    for m in owners:
         p = getattr(m, "_modules", {}).get("posenc")
         if isinstance(p, PosencPatch):
             return p

@@ -28,6 +28,7 @@ examples:
   posenc bench --suite alibi --workers 2        a paper reproduction, 2 processes
   posenc bench --suite my_suite.toml            a suite file of your own
   posenc bench --task order --encodings rope alibi --seeds 0 1 2 --steps 200
+  posenc bench --task order --encodings rope nope 'rope+nope' 'rope@w8+nope'   per layer: RoPE, then NoPE
   posenc bench --task order --encodings shaw --encoding-option max_relative_position=4
   posenc bench --suite quick --executor ray --ray-address auto
   posenc bench --task order --encodings rope --ddp 2     one run across 2 torchrun processes
@@ -58,7 +59,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="import a module of tasks of your own (a name or a .py file; repeatable), here and in every worker",
     )
     what.add_argument("--tasks", "--task", nargs="+", metavar="TASK", dest="tasks", help="tasks (default: the suite's)")
-    what.add_argument("--encodings", nargs="+", metavar="NAME", help="encodings ('all' for every one)")
+    what.add_argument(
+        "--encodings",
+        nargs="+",
+        metavar="NAME",
+        help="encodings ('all' for every one), or schedules of encodings per layer: 'rope*3+nope' (NoPE on every "
+        "4th layer), 'rope@w64*3+nope' (sliding windows of 64 keys), 'rope@c128' (chunks): docs/schedules.md",
+    )
     what.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the suite's; quick: 0 1)")
     what.add_argument(
         "--data",

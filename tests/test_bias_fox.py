@@ -277,3 +277,18 @@ def test_bad_input() -> None:
     fox = MultiHeadAttention(8, 2, FoX(n_heads=2, head_dim=4))
     with pytest.raises(ConfigError, match="KV cache|KVCache"):
         fox(torch.randn(1, 1, 8), causal=True, kv_cache=cache)
+
+
+def test_a_query_temperature_over_it_decodes_with_a_cache() -> None:
+    """SSMax over FoX: the running sums go through the wrapper into the KV cache and back."""
+    torch.manual_seed(9)
+    enc = posenc.get("ssmax", inner="fox", n_heads=H, head_dim=DH, max_len=128)
+    layer = MultiHeadAttention(D, H, enc).double()
+    x = torch.randn(2, 80, D, dtype=torch.float64)
+    with torch.no_grad():
+        full = layer(x, causal=True)
+        cache = KVCache()
+        steps = [layer(x[:, :70], causal=True, kv_cache=cache)]
+        steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(70, 80)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-12)
+    assert cache.get(0)[0].shape[-1] == DH + FoX.key_state_channels

@@ -141,3 +141,23 @@ def test_a_model_trains_with_it() -> None:
     assert losses[-1] < 0.5 * losses[0]
     prompt = torch.randint(0, 30, (2, 5))
     torch.testing.assert_close(lm.generate(prompt, 6), lm.generate(prompt, 6, use_cache=False))
+
+
+def test_a_query_temperature_over_it_keeps_its_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A temperature (SSMax) over stick-breaking: the attention still asks the inner encoding for its weights."""
+    calls = []
+    real = sb.StickBreaking.probabilities
+
+    def spy(self, logits, ctx):
+        calls.append(logits.shape)
+        return real(self, logits, ctx)
+
+    monkeypatch.setattr(sb.StickBreaking, "probabilities", spy)
+    torch.manual_seed(5)
+    enc = posenc.get("ssmax", inner="stick-breaking", n_heads=H, head_dim=DH, max_len=64)
+    layer = MultiHeadAttention(D, H, enc).double()
+    x = torch.randn(1, 6, D, dtype=torch.float64)
+    with torch.no_grad():
+        _, weights = layer(x, causal=True, return_weights=True)
+    assert calls and layer.last_plan.kernel == "materialised"
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, H, 6, dtype=torch.float64))

@@ -111,6 +111,7 @@ class QueryTemperature(PositionalEncoding):
         self.fused_min_pairs = enc.fused_min_pairs  # type: ignore[misc]
         self.logits_read_scores = enc.logits_read_scores  # type: ignore[misc]
         self.codes_read_the_row = enc.codes_read_the_row  # type: ignore[misc]
+        self.key_state_channels = enc.key_state_channels  # type: ignore[misc]  (FoX's running sums in a KV cache)
         # the inner encoding's fast forms that are declared by their presence: CoPE's own row-blocked kernel (the plan
         # looks for the attribute) and an offset-table form (an overridden relative_form declares one; offered here
         # only where the inner encoding offers it, see offers_relative_form)
@@ -155,6 +156,9 @@ class QueryTemperature(PositionalEncoding):
 
     def scale(self, head_dim: int) -> float:
         return self.inner.scale(head_dim)
+
+    def probabilities(self, logits: Tensor, ctx: AttentionContext) -> Tensor | None:
+        return self.inner.probabilities(logits, ctx)  # weights of the inner encoding's own (stick-breaking)
 
     def content_query(self, q: Tensor, ctx: AttentionContext) -> Tensor | None:
         return self.inner.content_query(q, ctx)

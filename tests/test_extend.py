@@ -448,3 +448,27 @@ def test_cli_refuses_a_chunk_that_is_not_a_positive_number_of_tokens(tmp_path, c
 
     assert main(["extend", "--chunk", "0", "--out", str(tmp_path)]) == 2
     assert "--chunk must be a whole number >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_conversion_says_the_tokenizer_step_as_it_goes(capsys, tmp_path, monkeypatch):
+    """The tokenizer's conversion reports nothing itself for ~20 s: its step prints its elapsed seconds while it
+    runs and the seconds it took; a quiet load prints nothing."""
+    import time as time_
+
+    from posenc import pretrained
+
+    with pretrained._ticking("  1/3 the tokenizer", quiet=False, every=0.05):
+        time_.sleep(0.3)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "posenc:   1/3 the tokenizer"
+    assert sum("1/3 the tokenizer: " in line and " s so far" in line for line in err) >= 2
+    assert err[-1].startswith("posenc:   1/3 the tokenizer: done in ")
+    with pretrained._ticking("x", quiet=True, every=0.01):
+        time_.sleep(0.05)
+    assert capsys.readouterr().err == ""
+    path = tmp_path / "t.gguf"
+    write(path, layers=1, hidden=16, heads=2, kv_heads=1, ff=32, context=64)
+    monkeypatch.setenv("POSENC_DATA", str(tmp_path / "cache"))
+    posenc.hf.load_pretrained(path)
+    err = capsys.readouterr().err
+    assert "1/3 the tokenizer: done in" in err and "measured on 2 shared cores" in err

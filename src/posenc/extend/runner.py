@@ -365,15 +365,24 @@ class Progress:
         """The progress of a RULER haystack: prefill chunks as :meth:`chunk`, then each batch of questions."""
         prefill = self.chunk(cell)
         t0 = [time.perf_counter()]
+        x = cell.tokens / max(self.trained, 1)
+        asking = max(cell_work(cell, self.trained) - x - x * x, 0.0)  # the questions' share of the work
+        last = [time.perf_counter(), 0]
 
         def report(what: str, done: int, total: int) -> None:
             if what == "prefill":
                 prefill(done, total)
                 if done == total:
-                    t0[0] = time.perf_counter()
+                    t0[0] = last[0] = time.perf_counter()
                     self.say(f"    prefilled {total} tokens; asking {cell.task}'s question(s)")
                 return
-            self.say(f"    question {done}/{total} ({time.perf_counter() - t0[0]:.0f} s){self.eta()}")
+            now = time.perf_counter()
+            w = asking * (done - last[1]) / max(total, 1)
+            self.chunk_spent += now - last[0]
+            self.chunk_work += w
+            self.left -= w
+            last[0], last[1] = now, done
+            self.say(f"    question {done}/{total} ({now - t0[0]:.0f} s){self.eta()}")
 
         return report
 
@@ -522,8 +531,9 @@ def cell_work(cell: Cell, trained: int) -> float:
 
 #: tokens a prefill chunk of a RULER haystack (a line each: the first within seconds)
 RULER_CHUNK = 1024
-#: a decoding step in units of one forward of L tokens (SmolLM2 on 2 cores: about 0.3 s a step, 60 s an 8k forward)
-DECODE_WORK = 0.005
+#: a decoding step in units of one forward of L tokens, times ``1 + n / L`` (the cache grows); SmolLM2 on 2 busy
+#: cores: a question of niah_multikey_3 at 2k (about 50 steps) took as long as a 2k prefill, 0.3 units
+DECODE_WORK = 0.002
 #: about the steps of one question (its ids and the answer generated)
 RULER_STEPS = {"niah_single_1": 45, "niah_multikey_2": 45, "niah_multikey_3": 120, "vt": 80, "cwe": 100, "fwe": 70}
 

@@ -54,6 +54,59 @@ LLAMA4 = dict(
 )
 
 
+#: the special tokens of the tiny Qwen2-VL models (inside their vocabulary)
+QWEN2_VL_TOKENS = dict(image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
+#: their text model: M-RoPE sections of the 8 rotary pairs of a 16-wide head (Qwen2-VL's [16, 24, 24] of 64, scaled)
+_QWEN2_VL_TEXT = {
+    **_DEC, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+}
+#: DeepSeek-V3's YaRN (mscale = mscale_all_dim = 1) at factor 4 over a trained length of 16
+DEEPSEEK_YARN = {
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0,
+}
+
+
+def qwen2_vl() -> Any:
+    """A tiny random Qwen2-VL (its vision encoder one block deep)."""
+    import transformers as t
+
+    vision = dict(
+        depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=2, temporal_patch_size=2,
+        spatial_merge_size=2, in_channels=3,
+    )
+    config = t.Qwen2VLConfig(text_config=_QWEN2_VL_TEXT, vision_config=vision, **QWEN2_VL_TOKENS)
+    return t.Qwen2VLForConditionalGeneration(config)
+
+
+def qwen2_5_vl() -> Any:
+    """A tiny random Qwen2.5-VL (its vision encoder one block deep)."""
+    import transformers as t
+
+    vision = dict(
+        depth=1, hidden_size=32, out_hidden_size=64, num_heads=2, intermediate_size=64, patch_size=2,
+        temporal_patch_size=2, spatial_merge_size=2, window_size=8, fullatt_block_indexes=[0], in_channels=3,
+    )
+    config = t.Qwen2_5_VLConfig(text_config=_QWEN2_VL_TEXT, vision_config=vision, **QWEN2_VL_TOKENS)
+    return t.Qwen2_5_VLForConditionalGeneration(config)
+
+
+def deepseek_v3(**overrides: Any) -> Any:
+    """A tiny random DeepSeek-V3: MLA with 16 unrotated and 8 rotated channels per query/key head, values 12 wide,
+    DeepSeek's YaRN; a dense first layer, then 4 routed experts (2 per token) and a shared one; transformers' eager
+    experts (its grouped kernel takes no float64)."""
+    import transformers as t
+
+    config = t.DeepseekV3Config(
+        **{**_DEC, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=12, **{"rope_parameters": DEEPSEEK_YARN, **overrides},
+    )
+    model = t.DeepseekV3ForCausalLM(config)
+    model.set_experts_implementation("eager")
+    return model
+
+
 def _models() -> dict[str, Callable[[], Any]]:
     """One tiny random model per row: (family member, how it is built)."""
     import transformers as t
@@ -98,6 +151,9 @@ def _models() -> dict[str, Callable[[], Any]]:
                 shared_expert_intermediate_size=32,
             )
         ),
+        "qwen2-vl (M-RoPE, 3 position rows)": qwen2_vl,
+        "qwen2.5-vl (M-RoPE, 3 position rows)": qwen2_5_vl,
+        "deepseek-v3 (MLA, YaRN mscale², MoE)": deepseek_v3,
         "phi3 (fused qkv_proj)": lambda: t.Phi3ForCausalLM(t.Phi3Config(**_DEC, pad_token_id=0)),
         "gpt-neox (fused, partial rotary)": lambda: t.GPTNeoXForCausalLM(
             t.GPTNeoXConfig(**{k: v for k, v in _DEC.items() if k != "num_key_value_heads"})

@@ -106,6 +106,8 @@ def _rotary_defaults(
     out: dict[str, Any] = {}
     if "base" in accepted and "rope_theta" in params:
         out["base"] = float(params["rope_theta"])
+    if cls.info.name == "rope-mla":
+        return {**out, **_mla_defaults(cfg, params)}
     if "rotary_dim" in accepted and rotary_dim is not None:
         out["rotary_dim"] = rotary_dim
     original = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
@@ -113,8 +115,6 @@ def _rotary_defaults(
         out["original_max_len"] = int(original or cfg.max_position_embeddings)
     if "mrope_section" in accepted and isinstance(params.get("mrope_section"), (list, tuple)):
         out["mrope_section"] = [int(v) for v in params["mrope_section"]]  # Qwen2-VL's sections of the rotary pairs
-    if cls.info.name == "rope-mla":
-        return {**out, **_mla_defaults(cfg, params)}
     if HF_ROPE_TYPES.get(cls.info.name) == params.get("rope_type"):
         for field, option in HF_ROPE_FIELDS.items():
             value = params.get(field)

@@ -292,3 +292,17 @@ def test_a_query_temperature_over_it_decodes_with_a_cache() -> None:
         steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(70, 80)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-12)
     assert cache.get(0)[0].shape[-1] == DH + FoX.key_state_channels
+
+
+def test_randomized_positions_over_it_decode_with_a_cache() -> None:
+    from posenc.randomized import randomized
+
+    torch.manual_seed(10)
+    layer = MultiHeadAttention(D, H, randomized(FoX(n_heads=H, head_dim=DH), max_len=256)).double().eval()
+    x = torch.randn(1, 75, D, dtype=torch.float64)
+    with torch.no_grad():
+        full = layer(x, causal=True)
+        cache = KVCache()
+        steps = [layer(x[:, :70], causal=True, kv_cache=cache)]
+        steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(70, 75)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-12)

@@ -62,6 +62,10 @@ class Recorder(PositionalEncoding):
     def scale(self, head_dim):
         return 0.125
 
+    def probabilities(self, logits, ctx):
+        self.calls["probabilities"] = True
+        return torch.full_like(logits, 7.0)
+
 
 class BiasRecorder(PositionalEncoding):
     """Records the query positions the attention gives its bias hook."""
@@ -249,6 +253,7 @@ def test_every_hook_and_attribute_is_forwarded() -> None:
     assert enc.bias(ctx).unique().item() == 5.0
     assert enc.values(torch.ones(1, 2, 4, 4), ctx).unique().item() == 6.0
     assert enc.scale(64) == 0.125
+    assert enc.probabilities(torch.zeros(1, 2, 4, 4), ctx).unique().item() == 7.0
     assert set(inner.calls) == set(HOOKS) - {"scale"}
     rope = randomized("rope", max_len=10, head_dim=4)
     x = torch.randn(1, 3, 4)

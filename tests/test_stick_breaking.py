@@ -161,3 +161,16 @@ def test_a_query_temperature_over_it_keeps_its_weights(monkeypatch: pytest.Monke
         _, weights = layer(x, causal=True, return_weights=True)
     assert calls and layer.last_plan.kernel == "materialised"
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, H, 6, dtype=torch.float64))
+
+
+def test_randomized_positions_over_it_keep_its_weights() -> None:
+    """posenc.randomized over stick-breaking (positions it does not read): the same attention as the bare one."""
+    from posenc.randomized import randomized
+
+    torch.manual_seed(6)
+    bare = _layer(seed=6).eval()
+    wrapped = MultiHeadAttention(D, H, randomized(posenc.get("stick-breaking"), max_len=64)).double().eval()
+    wrapped.load_state_dict(bare.state_dict())
+    x = torch.randn(1, 7, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(x, causal=True), bare(x, causal=True), rtol=1e-12, atol=1e-12)

@@ -116,6 +116,7 @@ class Randomized(PositionalEncoding):
         self.key_projection = inner.key_projection  # type: ignore[misc]
         self.requires_tokens = inner.requires_tokens  # type: ignore[misc]
         self.scale_token_embeddings = inner.scale_token_embeddings  # type: ignore[misc]
+        self.key_state_channels = inner.key_state_channels  # type: ignore[misc]
         if type(self).info.name == "randomized":
             base: Card | None = getattr(type(inner), "info", None)  # an unregistered encoding may have none
             name = base.name if base is not None else type(inner).__name__.lower()
@@ -202,6 +203,9 @@ class Randomized(PositionalEncoding):
 
     def scale(self, head_dim: int) -> float:
         return self.inner.scale(head_dim)
+
+    def probabilities(self, logits: Tensor, ctx: AttentionContext) -> Tensor | None:
+        return self.inner.probabilities(logits, ctx)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the wrapper calls the inner encoding (e.g. ``rope(x, positions)``)."""

@@ -88,6 +88,7 @@ REASONS = (
     ("SDPA itself", "own SDPA call"),
     ("set_attn_implementation", "drops the encoding"),
     ("cannot act", "cannot act"),
+    ("latent attention", "rotates outside MLA's RoPE slice"),
 )
 
 

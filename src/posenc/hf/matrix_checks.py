@@ -378,7 +378,12 @@ def auto_save_load(make: Callable[[], Any]) -> None:
     import transformers
 
     model, name, x, want = _patched_outputs(make, "fire")
-    auto = transformers.AutoModelForCausalLM if "Bert" not in type(model).__name__ else transformers.AutoModel
+    kind = type(model).__name__
+    auto = (
+        transformers.AutoModel if "Bert" in kind
+        else transformers.AutoModelForImageTextToText if kind.endswith("ForConditionalGeneration")  # Qwen2-VL
+        else transformers.AutoModelForCausalLM
+    )
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         back = auto.from_pretrained(folder).eval()

@@ -29,11 +29,12 @@ window's kept keys) and the new queries' follow the cached ones, which is what t
 offsets ``j - i`` (all a relative encoding sees) are then exact, left padding included.
 
 Supported (:data:`SUPPORTED`, one entry per family): the rotary decoders built like Llama (Llama, Mistral,
-Qwen2/3, Gemma 1-3, Mixtral, Qwen2-MoE ...), Phi-3, GPT-NeoX, Falcon (rotary and absolute encodings only),
-GPT-2 and BERT, in transformers 5.x (tested against the version the project pins). The model's parameters are
-untouched; the encoding's own parameters live in ``model.<base>.posenc`` and train with the model. The patch is
-recorded in ``model.config.posenc``, so that ``model.save_pretrained`` and the Auto classes' ``from_pretrained``
-/ ``from_config`` give the patched model back (see :func:`restore`).
+Qwen2/3, Gemma 1-3, Mixtral, Qwen2-MoE ...), the text models of Qwen2-VL and Qwen2.5-VL (M-RoPE on three position
+rows), DeepSeek-V3 (multi-head latent attention, RoPE on a slice of each head), Phi-3, GPT-NeoX, Falcon (rotary and
+absolute encodings only), GPT-2 and BERT, in transformers 5.x (tested against the version the project pins). The
+model's parameters are untouched; the encoding's own parameters live in ``model.<base>.posenc`` and train with the
+model. The patch is recorded in ``model.config.posenc``, so that ``model.save_pretrained`` and the Auto classes'
+``from_pretrained`` / ``from_config`` give the patched model back (see :func:`restore`).
 
 The package, bottom to top (each module imports only those before it):
 

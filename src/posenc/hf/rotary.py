@@ -9,7 +9,9 @@ the model's rotary module (:func:`_rotary_output`) hands each layer type the enc
 (:func:`rotary_layout`: rotate-half cos/sin, Cohere2's interleaved cos/sin, Llama 4's complex numbers) and the
 attention stays transformers' own; otherwise it hands the identity and the rotation moves into posenc's attention.
 A layer whose phases differ from the others of its type gets its own from a hook on its attention module
-(:func:`_layer_phases`). In posenc's attention, a rotation that depends on each key and its position alone
+(:func:`_layer_phases`). M-RoPE (Qwen2-VL, Qwen2.5-VL) takes its phases from the three position rows the rotary
+module is called with; DeepSeek-V3's decoupled RoPE (``rope-mla``) hands the phases of its slice, which the model
+rotates in its own layout. In posenc's attention, a rotation that depends on each key and its position alone
 (:func:`rotates_per_key`: RoPE in the interleaved layout, xPos) rotates each key once, in the KV cache
 (:func:`rotate_in_cache`), rather than every cached key at every decoding step.
 

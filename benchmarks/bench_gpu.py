@@ -139,9 +139,6 @@ def run_case(case: Case, args: argparse.Namespace, device: str) -> dict[str, Any
     finally:
         _flex_off(False)
     row["kernels"] = sorted(plans)
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return row
 
 
@@ -190,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = run_case(case, args, device)
         rows.append(row)
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the case's model is gone with run_case's frame
         if args.json:
             print(json.dumps(row), flush=True)
         elif not args.dry_run:

@@ -235,7 +235,8 @@ class FoX(PositionalEncoding):
         learnable=True,
         summary="Σ_{t=j+1..i} log σ(f_t) added after scaling, f_t = W_f k_t + b (gates from the keys): a "
         "data-dependent ALiBi; causal blocks of rows through flash with a row of c_ref - c_j.",
-        reference="the paper's sum of log-gates in float64 (a literal triple loop); fast kernel, KV cache == literal",
+        reference="the paper's sum of log-gates in float64 (a literal triple loop): max diff 2.8e-16, the fast "
+        "kernel and the reference path; KV cache == literal",
         shortcoming="the gates come from the keys (an affine function of x, as the paper's, another parameterisation);"
         " an encoder's second gate for the keys after the query is posenc's extension",
     )

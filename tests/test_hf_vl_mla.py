@@ -203,6 +203,29 @@ def test_vl_refusals():
     assert hf.patched(model) is None
 
 
+def test_other_multimodal_ropes_are_not_taken_for_qwen2_vl():
+    """Qwen3-VL interleaves its axes: its vision-language model is no supported family, and its text model (built
+    like Llama) refuses ``rope`` by name rather than rotating by Qwen2-VL's sections."""
+    text = {
+        **matrix_checks._QWEN2_VL_TEXT, "head_dim": 16,
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2], "mrope_interleaved": True,
+        },
+    }
+    vision = dict(
+        depth=1, hidden_size=32, out_hidden_size=64, num_heads=2, intermediate_size=64, patch_size=2,
+        temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16, deepstack_visual_indexes=[],
+    )
+    torch.manual_seed(0)
+    config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision)
+    model = transformers.Qwen3VLForConditionalGeneration(config)
+    with pytest.raises(ConfigError, match="supports these transformers model families"):
+        hf.patch(model, "alibi")
+    with pytest.raises(ConfigError, match=r"multimodal RoPE \(mrope_section \[4, 2, 2\]"):
+        hf.patch(model.model.language_model, "rope")
+    assert hf.patched(model.model.language_model) is None
+
+
 # ------------------------------------------------------------------------------------------ DeepSeek-V3
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize(

@@ -62,6 +62,9 @@ class Family:
     refuse: Callable[[nn.Module], str | None] | None = None
     #: a further test of the base model that tells this family from another built alike (None: none)
     match: Callable[[nn.Module], bool] | None = None
+    #: whether the family's text model is also found as the ``language_model`` of a vision-language model (only
+    #: families whose positions there posenc.hf follows: the other vision-language models are not recognised)
+    nested: bool = False
 
     def attention(self, base: nn.Module) -> list[nn.Module]:
         """The attention modules, in layer order."""
@@ -104,9 +107,16 @@ def _falcon_refuses(model: nn.Module) -> str | None:
     return None
 
 
+#: the rotary modules whose three position rows rotate contiguous sections of the rotary pairs, time first, as
+#: posenc's ``mrope`` (Qwen2-VL's M-RoPE); other models with an ``mrope_section`` lay their axes out otherwise
+#: (Qwen3-VL interleaves them, GLM-4V ...)
+MROPE_ROTARY = ("Qwen2VLRotaryEmbedding", "Qwen2_5_VLRotaryEmbedding")
+
+
 def _three_rows(base: nn.Module) -> bool:
-    """A text model whose rotary module takes three position rows (Qwen2-VL's and Qwen2.5-VL's M-RoPE)."""
-    return isinstance(getattr(getattr(base, "rotary_emb", None), "mrope_section", None), (list, tuple))
+    """A text model whose rotary module is Qwen2-VL's or Qwen2.5-VL's M-RoPE (:data:`MROPE_ROTARY`)."""
+    rotary = getattr(base, "rotary_emb", None)
+    return type(rotary).__name__ in MROPE_ROTARY and isinstance(getattr(rotary, "mrope_section", None), (list, tuple))
 
 
 SUPPORTED: tuple[Family, ...] = (
@@ -116,7 +126,7 @@ SUPPORTED: tuple[Family, ...] = (
         "Qwen2_5_VLForConditionalGeneration, their *Model and *TextModel): M-RoPE on three position rows (time, "
         "height, width); the vision encoder is left as it is",
         layers="layers", attn="self_attn", projections=("q_proj", "k_proj", "v_proj"), token_path="embed_tokens",
-        head_dim_attr="head_dim", rotary_path="rotary_emb", match=_three_rows,
+        head_dim_attr="head_dim", rotary_path="rotary_emb", match=_three_rows, nested=True,
     ),
     Family(
         "deepseek-v3",
@@ -196,11 +206,11 @@ def _base_and_family(model: nn.Module) -> tuple[nn.Module, Family]:
     # Llama4ForCausalLM names its base model prefix "language_model" but keeps it at .model; a vision-language
     # model (Qwen2-VL) keeps its text model at .model.language_model
     nested = [getattr(c, "_modules", {}).get("language_model") for c in (base, model, inner) if c is not None]
-    for candidate in (base, model, inner, *nested):
+    for candidate, inside in ((base, False), (model, False), (inner, False), *((c, True) for c in nested)):
         if candidate is None:
             continue
         for family in SUPPORTED:
-            if family.recognise(candidate):
+            if (family.nested or not inside) and family.recognise(candidate):
                 return candidate, family
     raise ConfigError(
         f"posenc.hf cannot patch a {type(model).__name__}: it supports these transformers model families\n"

@@ -490,7 +490,8 @@ def _plan(
             name, opts = ask.encoding, ask.options
             if ask.bare and name == "rope" and rotary is not None:
                 # multi-head latent attention (DeepSeek-V3): its own RoPE is the decoupled one on a slice of each head
-                name = "rope-mla" if _latent(attns[i]) else own_rotary_name(params, f"this {mname}'s {where}")
+                own = f"this {mname}'s {where}"
+                name = "rope-mla" if _latent(attns[i]) else own_rotary_name(params, own, family.name == "qwen2-vl")
             key = (name, repr(sorted(opts.items())), repr(params), _rotary_dim_of(rotary, keys[i]),
                    family.head_dim(attns[i]))
         if key not in built:

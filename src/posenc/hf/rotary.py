@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ..base import AttentionContext, PositionalEncoding, as_position_rows, is_arange_rows, mark_arange
 from ..errors import ConfigError
 from ..registry import accepted_arguments
-from .families import text_config
+from .families import MROPE_ROTARY, text_config
 from .state import PosencPatch
 
 #: posenc's RoPE scalings and the rope_type transformers gives the same one in ``rope_parameters``
@@ -162,12 +162,20 @@ def _layer_params(config: Any, layer_type: str | None) -> dict | None:
     return params
 
 
-def own_rotary_name(params: dict | None, where: str) -> str:
+def own_rotary_name(params: dict | None, where: str, mrope: bool = False) -> str:
     """The posenc encoding that is a layer's own RoPE as its ``rope_parameters`` name it (``rope_type``: default ->
-    ``rope``, linear -> ``rope-linear``, yarn -> ``rope-yarn`` ...); a type posenc does not have is refused."""
+    ``rope``, linear -> ``rope-linear``, yarn -> ``rope-yarn`` ...; with ``mrope_section``, ``mrope`` on a model
+    whose M-RoPE posenc.hf reproduces, ``mrope``: Qwen2-VL, Qwen2.5-VL); a type posenc does not have is refused."""
     rope_type = (params or {}).get("rope_type", "default") or "default"
-    if rope_type == "default" and isinstance((params or {}).get("mrope_section"), (list, tuple)):
-        return "mrope"  # Qwen2-VL / Qwen2.5-VL: RoPE on three position rows, in sections of the rotary pairs
+    section = (params or {}).get("mrope_section")
+    if isinstance(section, (list, tuple)):
+        if mrope and rope_type == "default":
+            return "mrope"  # Qwen2-VL / Qwen2.5-VL: RoPE on three position rows, in sections of the rotary pairs
+        raise ConfigError(
+            f"{where} has a multimodal RoPE (mrope_section {list(section)} in its rope_parameters, rope_type "
+            f"{rope_type!r}) whose layout posenc.hf reproduces only for Qwen2-VL and Qwen2.5-VL "
+            "(mrope); name the encoding you want for it"
+        )
     if rope_type == "default":
         return "rope"
     for name, hf_type in HF_ROPE_TYPES.items():
@@ -217,9 +225,10 @@ def _cos_sin_ok(
     from ..rotary.rope import RoPE
     from ..rotary.scaling import ScaledRoPE
 
-    if isinstance(enc, MRoPE):  # per-pair phases of three rows, in the rotate-half layout
+    if isinstance(enc, MRoPE):  # per-pair phases of three rows, in the rotate-half layout (Qwen2-VL's rotary module)
         return (
             rotary is not None
+            and type(rotary).__name__ in MROPE_ROTARY
             and layout == "half"
             and enc.hooks() == {"rotate"}
             and not any(True for _ in enc.parameters())

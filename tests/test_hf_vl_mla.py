@@ -337,3 +337,14 @@ def test_mla_refusals():
     assert [layer.self_attn.scaling for layer in model.model.layers] == [
         deepseek().model.layers[0].self_attn.scaling
     ] * len(model.model.layers)
+
+
+def test_mla_own_scheme_rotate_half_layout_and_latent_queries():
+    """``rope_interleave=False`` (the slice in rotate-half pairs) and queries through a low-rank latent
+    (``q_lora_rank``): still the model's own logits."""
+    model = deepseek(rope_interleave=False, q_lora_rank=12)
+    x = tokens(2, 40)
+    want = model(x).logits
+    hf.patch(model, "rope")
+    assert hf.patched(model).encoding.interleaved is False
+    assert gap(model(x).logits, want) <= 1e-6

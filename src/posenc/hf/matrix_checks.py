@@ -97,11 +97,12 @@ def deepseek_v3(**overrides: Any) -> Any:
     experts (its grouped kernel takes no float64)."""
     import transformers as t
 
-    config = t.DeepseekV3Config(
-        **{**_DEC, "num_key_value_heads": 4}, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
-        n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
-        qk_nope_head_dim=16, v_head_dim=12, **{"rope_parameters": DEEPSEEK_YARN, **overrides},
+    sizes = dict(
+        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
+        v_head_dim=12, rope_parameters=DEEPSEEK_YARN,
     )
+    config = t.DeepseekV3Config(**{**_DEC, "num_key_value_heads": 4, **sizes, **overrides})
     model = t.DeepseekV3ForCausalLM(config)
     model.set_experts_implementation("eager")
     return model

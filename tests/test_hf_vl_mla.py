@@ -333,6 +333,13 @@ def test_mla_refusals():
             hf.patch(model, name)
     with pytest.raises(ConfigError, match="rotates the last 4 channels"):
         hf.patch(model, "rope-mla", rope_dim=4)
+    linear = deepseek(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0})
+    with pytest.raises(ConfigError, match="rope_type 'linear'"):
+        hf.patch(linear, "rope")
+    x = tokens(1, 20)
+    want = linear(x).logits
+    hf.patch(linear, "rope-linear")  # named: the model's own scaling on its slice, through its own rotation
+    assert gap(linear(x).logits, want) <= 1e-6
     assert hf.patched(model) is None
     assert [layer.self_attn.scaling for layer in model.model.layers] == [
         deepseek().model.layers[0].self_attn.scaling

@@ -492,6 +492,13 @@ def _plan(
                 # multi-head latent attention (DeepSeek-V3): its own RoPE is the decoupled one on a slice of each head
                 own = f"this {mname}'s {where}"
                 name = "rope-mla" if _latent(attns[i]) else own_rotary_name(params, own, family.name == "qwen2-vl")
+                kind = (params or {}).get("rope_type", "default") or "default"
+                if name == "rope-mla" and kind not in ("default", "yarn"):
+                    raise ConfigError(
+                        f"{own} has rope_type {kind!r}; its own RoPE as posenc reproduces it (rope-mla) is DeepSeek's "
+                        "default RoPE or YaRN on the rotated slice: name the encoding you want for it (a RoPE "
+                        "scaling such as rope-linear goes on the slice through the model's own rotation)"
+                    )
             key = (name, repr(sorted(opts.items())), repr(params), _rotary_dim_of(rotary, keys[i]),
                    family.head_dim(attns[i]))
         if key not in built:

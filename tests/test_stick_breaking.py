@@ -174,3 +174,23 @@ def test_randomized_positions_over_it_keep_its_weights() -> None:
     x = torch.randn(1, 7, D, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(wrapped(x, causal=True), bare(x, causal=True), rtol=1e-12, atol=1e-12)
+
+
+def test_a_patched_model_whose_attention_soft_caps_keeps_the_stick_breaking_weights() -> None:
+    """posenc.hf computes soft-capped attention (Gemma 2) by the formula: its own weights must go there too. With a
+    cap too high to bend any logit, the capped model gives the uncapped one's outputs (softmax would differ)."""
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("posenc.hf")
+    cfg = dict(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64, head_dim=16, sliding_window=64,
+        final_logit_softcapping=None,
+    )
+    outs = []
+    for cap in (1e9, None):
+        torch.manual_seed(0)
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**cfg, attn_logit_softcapping=cap)).eval()
+        hf.patch(model, "stick-breaking")
+        with torch.no_grad():
+            outs.append(model(torch.arange(1, 9)[None], use_cache=False).logits)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)

@@ -324,7 +324,10 @@ def _materialised(
     dropped), with the core's dropout while training; a query that sees no key (left padding) gets zeros, as
     :meth:`~posenc.attention.AttentionCore.attend` gives it."""
     dropout = core.dropout if core.training else 0.0
-    out, weights = materialised(call, scale, dropout, core._terms, core._values(), softcap=softcap, sinks=sinks)
+    out, weights = materialised(
+        call, scale, dropout, core._terms, core._values(), softcap=softcap, sinks=sinks,
+        probabilities=core._probabilities(),  # an encoding's own weights (stick-breaking) here too, not softmax
+    )
     if call.allowed is not None and call.any_padding:
         out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
     return out, weights

@@ -23,7 +23,7 @@ import posenc.hf  # noqa: E402
 from posenc.errors import ConfigError  # noqa: E402
 from posenc.extend import ruler, ruler_report  # noqa: E402
 from posenc.extend import runner as extend_run  # noqa: E402
-from posenc.extend.config import AS_TRAINED, QUICK, ExtendConfig, count_cells  # noqa: E402
+from posenc.extend.config import AS_TRAINED, FULL, QUICK, ExtendConfig, count_cells  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +234,8 @@ def test_the_plan_of_ruler_cells_and_the_quick_mode():
     assert [c.haystack for c in cells[:8]] == [0] * 4 + [1] * 4  # every first haystack before any second
     assert {c.factor for c in cells if c.scaling == "rope-yarn"} == {4.0}
     assert {c.questions for c in cells if c.task == "vt"} == {1} and {c.questions for c in cells} == {1, 3}
+    full = extend_run.plan(replace_ruler(FULL), 8192)
+    assert len(full) == 6 * 4 * 2 and {c.tokens for c in full} == {8192, 16384} and {c.factor for c in full} == {1, 2}
     quick = [(c.task, c.scaling, c.tokens) for c in extend_run.plan(replace_ruler(QUICK), 8192)]
     assert quick == [(t, AS_TRAINED, 2048) for t in ruler.TASKS] + [
         ("niah_multikey_2", AS_TRAINED, 16384), ("niah_multikey_2", "rope-yarn", 16384)]
@@ -266,7 +268,8 @@ def test_run_stores_resumes_and_reports_ruler(tiny, tmp_path, capsys):
     assert ruler_report.floor_tasks(records) == {}
     assert {v.verdict for v in ruler_report.verdicts(records)} == {"no difference resolved"}
     # taken as inside a longer L, the tiny random model is at the floor on every task: no verdict
-    assert set(ruler_report.floor_tasks(records, 2000)) == {"niah_multikey_2", "vt"}
+    assert set(ruler_report.floor_tasks(records, 2000)) == {"niah_multikey_2"}  # 0 of 6: [0 %, 39 %]
+    assert set(ruler_report.too_few(records, 2000)) == {"vt"}  # 0 of 2 questions: [0 %, 66 %] is no floor
     from posenc.extend import report
 
     paths = report.write(records, tmp_path, command="posenc extend --tasks ruler (test)")
@@ -279,10 +282,10 @@ def test_lengths_past_the_floor_are_cut(tmp_path, monkeypatch):
     monkeypatch.setenv("POSENC_DATA", str(tmp_path / "cache"))
     model, tok = posenc.hf.load_pretrained(path, quiet=True)
     cfg = _cfg(ruler_tasks=("niah_multikey_2",), ruler_lengths=(0.5,), ruler_floor_lengths=(2.0,), ruler_haystacks=1,
-               ruler_scalings=(AS_TRAINED,), ruler_questions=2, chunk=512)
+               ruler_scalings=(AS_TRAINED,), ruler_questions=8, chunk=512)
     records = extend_run.run(cfg, tmp_path, model=model, tokenizer=tok, quiet=True)
     assert [r["tokens"] for r in records] == [1024]  # at the floor inside L: 2L never runs
-    assert ruler_report.floor_tasks(records) == {"niah_multikey_2": "0% [0%–66%] of 2 question(s) at 1024 tokens"}
+    assert ruler_report.floor_tasks(records) == {"niah_multikey_2": "0% [0%–32%] of 8 question(s) at 1024 tokens"}
 
 
 def _rec(task, scaling, tokens, scores, factor=2.0, trained=100, haystack=0):
@@ -298,8 +301,9 @@ def test_verdicts_follow_the_intervals():
         _rec("niah_multikey_2", "rope-yarn", 200, [1] * 15 + [0] * 5),
         _rec("niah_multikey_2", "rope-linear", 200, [1] * 3 + [0] * 17),
         _rec("niah_multikey_2", "rope-ntk", 200, [1] * 12 + [0] * 8),
-        _rec("cwe", AS_TRAINED, 100, [0.0, 0.05]),  # at the floor inside L
-        _rec("cwe", AS_TRAINED, 200, [0.0, 0.0]),
+        _rec("cwe", AS_TRAINED, 100, [0.0] * 19 + [0.05]),  # at the floor inside L
+        _rec("cwe", AS_TRAINED, 200, [0.0] * 20),
+        _rec("vt", AS_TRAINED, 100, [0.0]),  # one question: too few to call the floor
     ]
     v = {x.finding: x for x in ruler_report.verdicts(recs)}
     assert v["as trained fails past L (at 2L)"].verdict == "yes"

@@ -50,8 +50,8 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
   --tasks ruler   RULER's six synthetic tasks (niah_single_1, niah_multikey_2, niah_multikey_3, vt, cwe, fwe;
             docs/extend.md "RULER by length") instead of the loss curves and the passkey grid; with --quick:
             every task as trained at L/4, then niah_multikey_2 (20 questions on one prefill) at 2L as trained
-            and with YaRN s=2; with --full: as trained, PI, NTK and YaRN (s=2) at L/2, L and 2L, one haystack
-            a cell (4L is cut: a 32k prefill takes 8 minutes on 2 cores)
+            and with YaRN s=2; with --full: as trained, PI, NTK and YaRN (s=2) at L and 2L, one haystack a
+            cell, about 2 hours on 2 quiet cores (L/2 and 4L are cut to fit: a 32k prefill alone takes 8 min)
 
 examples:
   posenc extend --quick
@@ -77,7 +77,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "default: loss passkey)")
     p.add_argument("--ruler-scalings", nargs="+", metavar="NAME", help="for the RULER cells (scaling names)")
     p.add_argument("--ruler-lengths", type=float, nargs="+", metavar="X",
-                   help="RULER context lengths, as multiples of the trained length (--full: 0.5 1 2)")
+                   help="RULER context lengths, as multiples of the trained length (--full: 1 2)")
     p.add_argument("--haystacks", type=int, metavar="N", help="RULER haystacks (prefills) per cell (default 1)")
     p.add_argument("--questions", type=int, metavar="N",
                    help="questions per haystack of the multi-key RULER tasks (default 20)")

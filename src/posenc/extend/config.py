@@ -90,7 +90,7 @@ class ExtendConfig:
     #: task the model as trained is not at the floor on inside L (see :func:`posenc.extend.report.floor_tasks`)
     ruler_tasks: tuple[str, ...] = ()
     ruler_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-yarn")
-    ruler_lengths: tuple[float, ...] = (0.5, 1.0, 2.0)
+    ruler_lengths: tuple[float, ...] = (1.0, 2.0)
     ruler_floor_lengths: tuple[float, ...] = ()
     #: haystacks (prefills) per cell, and questions per haystack where a task has many keys (niah_multikey_*)
     ruler_haystacks: int = 1

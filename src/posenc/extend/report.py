@@ -471,6 +471,14 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
         "retrieval (one example per length and depth). LongRoPE is its mechanism with YaRN's per-pair factors, "
         "not a searched set.",
     ]
+    if not any(r.get("kind") in ("loss", "passkey") for r in records):
+        lines[-1] = (
+            "- **What was done:** RULER's synthetic tasks (Hsieh et al. 2024; `posenc/extend/ruler.py`), each "
+            "haystack built to an exact token count for the model's tokenizer and prefilled once through the KV "
+            "cache, each of its questions asked from that cache (cut back after each) with greedy decoding, scored "
+            "by RULER's string_match_all; the model as trained and RoPE scalings patched in by `posenc.hf.patch`, "
+            "no fine-tuning."
+        )
     if command:
         lines.append("- **Produced by:** " + " and ".join(f"`{c}`" for c in command.split(" and ")))
     lines += [

@@ -23,8 +23,9 @@ from typing import Any
 
 from .config import AS_TRAINED, LABELS, RULER_TASKS, SCALINGS
 
-#: below this score inside L a task is at the floor (no verdict)
-FLOOR = 0.1
+#: below this score inside L, with the interval's upper end below FLOOR_HIGH, a task is at the floor (no verdict);
+#: a score below FLOOR on too few questions to bring the upper end under FLOOR_HIGH is said so, and not called
+FLOOR, FLOOR_HIGH = 0.1, 0.5
 ORDER = (AS_TRAINED, *SCALINGS)
 Key = tuple[str, str, float, int]  # task, scaling, factor, tokens
 
@@ -85,21 +86,37 @@ def floor_tasks(records: Sequence[dict[str, Any]], trained: int | None = None) -
         if not inside:
             continue
         c = max(inside, key=lambda c: c.tokens)
-        if c.score < FLOOR:
+        if c.score < FLOOR and c.high < FLOOR_HIGH:
             out[task] = f"{c.score:.0%} [{c.low:.0%}–{c.high:.0%}] of {c.questions} question(s) at {c.tokens} tokens"
+    return out
+
+
+def too_few(records: Sequence[dict[str, Any]], trained: int | None = None) -> dict[str, str]:
+    """The tasks scored under :data:`FLOOR` inside L on too few questions to call the floor."""
+    trained = trained or trained_of(records) or 0
+    floor = floor_tasks(records, trained)
+    out = {}
+    for task in RULER_TASKS:
+        inside = [c for (t, s, _, n), c in cells(records).items() if t == task and s == AS_TRAINED and n <= trained]
+        if inside and task not in floor:
+            c = max(inside, key=lambda c: c.tokens)
+            if c.score < FLOOR:
+                out[task] = f"{c.score:.0%} [{c.low:.0%}–{c.high:.0%}] of {c.questions} question(s)"
     return out
 
 
 def average(records: Sequence[dict[str, Any]], scaling: str, factor: float, tokens: int,
             tasks: Sequence[str] | None = None) -> tuple[float, float, float, int] | None:
-    """RULER's average over ``tasks`` (default: every task of the row) at one length: ``(score, low, high, tasks)``,
-    or ``None`` where a task of the row was not measured at that length."""
+    """RULER's average over ``tasks`` (default: every task in the records) at one length: ``(score, low, high,
+    tasks)``, or ``None`` where one of them was not measured there. One task: its own cell's interval."""
     cs = cells(records)
     if tasks is None:
-        tasks = sorted({t for t, s, f, _ in cs if s == scaling and f == factor})
+        tasks = sorted({t for t, *_ in cs})
     got = [cs.get((t, scaling, factor, tokens)) for t in tasks]
     if not got or any(c is None for c in got):
         return None
+    if len(got) == 1:
+        return got[0].score, got[0].low, got[0].high, 1
     score = sum(c.score for c in got) / len(got)
     half = math.sqrt(sum(((c.high - c.low) / 2) ** 2 for c in got)) / len(got)
     return score, max(0.0, score - half), min(1.0, score + half), len(got)
@@ -126,7 +143,7 @@ def table(records: Sequence[dict[str, Any]]) -> list[str]:
     head = " | ".join(f"{_mult(n, trained)} ({n})" for n in lengths)
     lines = [
         f"RULER by length (L = {trained}): score [Wilson 95 %] n=questions/haystacks; the average is over the "
-        "tasks of its row where all were measured",
+        "tasks, shown where every one was measured",
         "",
         f"| task | scaling | {head} |",
         "|---|---|" + "---:|" * len(lengths),
@@ -141,24 +158,30 @@ def table(records: Sequence[dict[str, Any]]) -> list[str]:
         for s, f in scal:
             chosen = None
             if tasks == "live":
-                chosen = sorted({t for t, s2, f2, _ in cs if s2 == s and f2 == f and t not in floor})
+                chosen = sorted({t for t, *_ in cs if t not in floor})
                 if not floor or not chosen:
                     continue
             row = []
             for n in lengths:
                 a = average(records, s, f, n, chosen)
                 row.append(f"{a[0]:.0%} [{a[1]:.0%}–{a[2]:.0%}] {a[3]} tasks" if a else "—")
+            if all(x == "—" for x in row):
+                continue
             lines.append(f"| **{name}** | {_label(s, f)} | " + " | ".join(row) + " |")
     lines.append("")
     if floor:
         lines += ["At the floor inside L (no verdict): " + "; ".join(f"{t} ({w})" for t, w in floor.items()), ""]
+    few = too_few(records, trained)
+    if few:
+        lines += ["Under the floor's score inside L on too few questions to call it: "
+                  + "; ".join(f"{t} ({w})" for t, w in few.items()), ""]
     return lines
 
 
 @dataclass(frozen=True)
 class RulerVerdict:
     finding: str
-    verdict: str  # "yes" | "no difference resolved" | "no" | "not measured"
+    verdict: str  # "yes" | "no difference resolved" | "not measured" | "at the floor"
     evidence: str
 
 
@@ -202,7 +225,7 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
             tasks = common([(*plain, ref_n), (*plain, n)])
             ref, got = average(records, *plain, ref_n, tasks), average(records, *plain, n, tasks)
             assert ref is not None and got is not None
-            verdict = "yes" if got[2] < ref[1] else ("no" if got[1] >= ref[1] else "no difference resolved")
+            verdict = "yes" if got[2] < ref[1] else "no difference resolved"
             out.append(RulerVerdict(
                 finding, verdict, f"{over(tasks)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at "
                 f"{_mult(ref_n, trained)}"))

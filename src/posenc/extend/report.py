@@ -489,10 +489,9 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
         + (f" at a load average of {s['load'][0]:.1f}-{s['load'][1]:.1f}" if s["load"] else " (load not recorded)"),
         "- **Machine:** " + "; ".join(s["machines"]),
         "",
-        f"![loss against position]({img_rel}/extend-loss.png)",
-        "",
-        *ppl_table(records),
     ]
+    if any(r.get("kind") == "loss" for r in records):
+        lines += [f"![loss against position]({img_rel}/extend-loss.png)", "", *ppl_table(records)]
     if passkey_grid(records):
         lines += [f"![passkey retrieval]({img_rel}/extend-passkey.png)", "", *passkey_table(records)]
     if any(r.get("kind") == "ruler" for r in records):

@@ -3,7 +3,9 @@
 * :mod:`.config` -- the scalings, documents and modes of a run (imports no torch);
 * :mod:`.evaluate` -- per-token loss along a long document (chunked through the KV cache) and passkey retrieval;
 * :mod:`.runner` -- the cells of a run, the resumable store, the scalings as patches of the real model;
-* :mod:`.report` -- the curves, heatmaps, tables and verdicts beside the published shapes.
+* :mod:`.report` -- the curves, heatmaps, tables and verdicts beside the published shapes;
+* :mod:`.ruler` -- RULER's six synthetic tasks built to an exact token count, asked many questions per prefill;
+* :mod:`.ruler_report` -- RULER by length: the table with Wilson intervals, heatmaps, verdicts, the floor.
 
 The names below load their module on first use, so that ``posenc --help`` does not import torch.
 """
@@ -24,6 +26,7 @@ _WHERE = {
     "passkey_score": "evaluate",
     "token_losses": "evaluate",
     "plan": "runner",
+    "RULER_TASKS": "config",
     "run": "runner",
 }
 __all__ = sorted(_WHERE)

@@ -331,3 +331,20 @@ def test_cli_tasks_ruler_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     assert "did you mean ruler" in capsys.readouterr().err
     assert main(["extend", "--tasks", "ruler", "--scalings", "rope-yarn", "--out", str(out)]) == 2
     assert "add loss" in capsys.readouterr().err
+
+
+def test_cli_takes_a_transformers_folder(tiny, tmp_path, capsys, monkeypatch):
+    """--model: a transformers folder works as a GGUF file does (the tiny model's converted cache is one)."""
+    from posenc.cli import main
+
+    _, _, path = tiny
+    monkeypatch.setenv("POSENC_DATA", str(tmp_path / "cache"))
+    posenc.hf.load_pretrained(path, quiet=True)
+    (folder,) = (tmp_path / "cache" / "models").iterdir()
+    out = tmp_path / "f"
+    argv = ["extend", "--tasks", "niah_single_1", "--model", str(folder), "--out", str(out), "--ruler-lengths", "4",
+            "--ruler-scalings", "as-trained", "rope-linear"]
+    assert main(argv) == 0
+    records = extend_run.Store(out).records()
+    assert [(r["scaling"], r["tokens"]) for r in records] == [(AS_TRAINED, 1024), ("rope-linear", 1024)]
+    assert records[0]["model"]["source"] == "local folder"

@@ -288,8 +288,8 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
         ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         for i in range(len(scal)):
             for j in range(len(lengths)):
-                if notes[i][j]:
-                    ax.text(j, i, notes[i][j], ha="center", va="center", fontsize=7)
+                ax.text(j, i, notes[i][j] or "not run", ha="center", va="center", fontsize=7,
+                        color="black" if notes[i][j] else "grey")
         ax.set_xticks(range(len(lengths)), [_mult(n, trained) for n in lengths], fontsize=8)
         ax.set_yticks(range(len(scal)), [_label(s, f) for s, f in scal], fontsize=8)
         ax.set_title(name + (" (floor)" if name in floor else ""), fontsize=9)

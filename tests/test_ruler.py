@@ -348,3 +348,26 @@ def test_cli_takes_a_transformers_folder(tiny, tmp_path, capsys, monkeypatch):
     records = extend_run.Store(out).records()
     assert [(r["scaling"], r["tokens"]) for r in records] == [(AS_TRAINED, 1024), ("rope-linear", 1024)]
     assert records[0]["model"]["source"] == "local folder"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(ruler_tasks=("niah_single",)), "unknown task 'niah_single' \\(did you mean niah_single_1"),
+        (dict(ruler_lengths=(0.01,)), "ExtendConfig.ruler_lengths"),
+        (dict(ruler_haystacks=0), "ExtendConfig.ruler_haystacks"),
+        (dict(ruler_scalings=()), "ruler_scalings or ruler_lengths is empty"),
+    ],
+)
+def test_bad_ruler_configs_are_named(change, message):
+    with pytest.raises(ConfigError, match=message):
+        _cfg(**change)
+
+
+def test_cli_names_a_bad_ruler_flag(tmp_path, capsys):
+    from posenc.cli import main
+
+    assert main(["extend", "--tasks", "ruler", "--haystacks", "0", "--out", str(tmp_path)]) == 2
+    assert "--haystacks" in capsys.readouterr().err
+    assert main(["extend", "--haystacks", "2", "--out", str(tmp_path)]) == 2
+    assert "add --tasks ruler" in capsys.readouterr().err

@@ -112,11 +112,6 @@ def wordlist(kind: str) -> list[str]:
     return _WORDS[kind]
 
 
-def key_words() -> list[str]:
-    """The needle keys: adjective-noun pairs (RULER's ``words`` keys); drawn lazily by index, never all built."""
-    return [*wordlist("adjective"), *wordlist("noun")]
-
-
 def _key_word(rng: random.Random) -> str:
     return f"{rng.choice(wordlist('adjective'))}-{rng.choice(wordlist('noun'))}"
 

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..base import AttentionContext, Card, Cost, PositionalEncoding, as_position_rows, check_positions
 from ..errors import ConfigError
 from ..registry import register
-from .rope import RoPE
+from .rope import RoPE, cached_cos_sin
 from .scaling import RoPEYaRN, yarn_mscale
 
 
@@ -201,14 +201,7 @@ class RoPEMLA(PositionalEncoding):
         return Cost(token_elementwise=6.0 * self.rope_dim, note="the rope_dim slice of q and k rotated once per token")
 
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        key = ("rope-mla-cos-sin", id(self))
-        got = ctx.cache.get(key)
-        if got is None or got[0] is not ctx.q_pos or got[1] is not ctx.k_pos:
-            qc, qs = self.cos_sin(ctx.q_pos)
-            kc, ks = (qc, qs) if ctx.k_pos is ctx.q_pos else self.cos_sin(ctx.k_pos)
-            got = (ctx.q_pos, ctx.k_pos, qc[:, None], qs[:, None], kc[:, None], ks[:, None])
-            ctx.cache[key] = got
-        _, _, qc, qs, kc, ks = got
+        qc, qs, kc, ks = cached_cos_sin(self, ctx, "rope-mla-cos-sin")
         return self.apply(q, qc, qs), self.apply(k, kc, ks)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:

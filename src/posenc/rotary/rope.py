@@ -41,6 +41,7 @@ moves them); only the rotation itself runs in the input's dtype.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -165,6 +166,20 @@ class _RotateHalf(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
         return _RotateHalf.apply(grad, cos, -sin), None, None
+
+
+def cached_cos_sin(enc: Any, ctx: AttentionContext, tag: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``enc.cos_sin`` of the call's query and key positions, ``[B, 1, L, r/2]`` each (broadcast over heads), kept in
+    the forward's cache under ``(tag, id(enc))`` while the positions are the same tensors (every layer of a forward
+    shares them): ``(q cos, q sin, k cos, k sin)``."""
+    key = (tag, id(enc))
+    got = ctx.cache.get(key)
+    if got is None or got[0] is not ctx.q_pos or got[1] is not ctx.k_pos:
+        qc, qs = enc.cos_sin(ctx.q_pos)
+        kc, ks = (qc, qs) if ctx.k_pos is ctx.q_pos else enc.cos_sin(ctx.k_pos)
+        got = (ctx.q_pos, ctx.k_pos, qc[:, None], qs[:, None], kc[:, None], ks[:, None])
+        ctx.cache[key] = got
+    return got[2], got[3], got[4], got[5]
 
 
 @register
@@ -332,15 +347,7 @@ class RoPE(PositionalEncoding):
         return Cost(token_elementwise=6.0 * self.rotary_dim, note="q and k rotated once per token, nothing per pair")
 
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        key = ("rope-cos-sin", id(self))
-        got = ctx.cache.get(key)
-        if got is None or got[0] is not ctx.q_pos or got[1] is not ctx.k_pos:
-            qc, qs = self.cos_sin(ctx.q_pos)
-            kc, ks = (qc, qs) if ctx.k_pos is ctx.q_pos else self.cos_sin(ctx.k_pos)
-            # [B, L, r/2] -> [B, 1, L, r/2] to broadcast over heads
-            got = (ctx.q_pos, ctx.k_pos, qc[:, None], qs[:, None], kc[:, None], ks[:, None])
-            ctx.cache[key] = got
-        _, _, qc, qs, kc, ks = got
+        qc, qs, kc, ks = cached_cos_sin(self, ctx, "rope-cos-sin")
         return self.apply(q, qc, qs), self.apply(k, kc, ks)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -35,16 +35,7 @@ ROWS: dict[str, dict[str, str]] = {}
 NEEDS_CUDA = ("offloaded", "offloaded_static")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    import transformers
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
-        yield
-        transformers.logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 @pytest.mark.parametrize("encoding", matrix_checks.CACHE_ENCODINGS)

@@ -8,8 +8,6 @@ an already-cast model passed, only the cast after the patch escaped). Tiny rando
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -31,14 +29,7 @@ def _llama() -> transformers.LlamaForCausalLM:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
-        yield
-        transformers.logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -8,8 +8,6 @@ Tiny random configs (four layers, q/k weights sharpened so that position shows i
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -31,14 +29,7 @@ DEC = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
-        yield
-        transformers.logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def sharp(model, by: float = 6.0):

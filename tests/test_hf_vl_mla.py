@@ -10,8 +10,6 @@ downloads.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -28,14 +26,7 @@ VOCAB = matrix_checks.VOCAB
 IMAGE = matrix_checks.QWEN2_VL_TOKENS["image_token_id"]
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
-        yield
-        transformers.logging.set_verbosity(verbosity)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def sharp(model, by: float = 6.0):

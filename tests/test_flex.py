@@ -17,7 +17,7 @@ from posenc.analysis import flex_support
 from posenc.attention import KVCache, MultiHeadAttention
 from posenc.attention import flex as flex_kernel
 from posenc.attention.call import _Call
-from posenc.attention.plan import Facts, plan_call
+from posenc.attention.plan import FLEX_MIN_PAIRS, Facts, plan_call
 from posenc.base import AttentionContext
 from posenc.errors import ConfigError
 from posenc.registry import available, build, example_options
@@ -187,14 +187,14 @@ def _facts_on_cuda(name: str, length: int) -> tuple[Facts, object, _Call]:
     )
     call = _Call(q, q.clone(), q.clone(), ctx, None, plain_causal=True, causal=True, any_padding=False)
     facts = Facts.of(call, enc, layer._has, True, 0.0, False)
-    on_cuda = dataclasses.replace(facts, on_cpu=False, on_cuda=True, flex_pairs=length * length >= 1024 * 1024)
+    on_cuda = dataclasses.replace(facts, on_cpu=False, on_cuda=True, flex_pairs=length * length >= FLEX_MIN_PAIRS)
     return on_cuda, enc, call
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5", "kerple-log", "fire", "dynamic-bias", "transformer-xl", "deberta"])
 def test_the_plan_takes_flex_on_cuda_for_long_calls_and_sdpa_for_short_ones(name):
     with torch.no_grad():
-        facts, enc, call = _facts_on_cuda(name, 1024)
+        facts, enc, call = _facts_on_cuda(name, int(FLEX_MIN_PAIRS**0.5) + 1)
         plan, _, form = plan_call(facts, enc, call, 0.35)
         assert plan.kernel == "flex" and "score_mod" in plan.reason and plan.portable, str(plan)
         assert isinstance(form, flex_kernel.FlexForm) and form.score_mod is not None
@@ -205,7 +205,7 @@ def test_the_plan_takes_flex_on_cuda_for_long_calls_and_sdpa_for_short_ones(name
 
 def test_the_plan_keeps_shaws_values_term_off_flex_on_cuda():
     with torch.no_grad():
-        facts, enc, call = _facts_on_cuda("shaw", 1024)
+        facts, enc, call = _facts_on_cuda("shaw", int(FLEX_MIN_PAIRS**0.5) + 1)
         plan, _, _ = plan_call(facts, enc, call, 0.35)
     assert plan.kernel != "flex", str(plan)
 

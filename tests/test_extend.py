@@ -372,9 +372,8 @@ def test_results_page_section_from_an_exported_store(tiny, text_document, tmp_pa
     cfg = _tiny_config(scalings=(AS_TRAINED, "rope-yarn"), passkey_depths=(0.5,), mode="quick")
     records = extend_run.run(cfg, stores / "extend-quick", model=model, tokenizer=tok, quiet=True)
     data = tmp_path / "docs" / "results" / "data"
-    assert report.export_store(tmp_path / "nothing-here", data) is None
-    path = report.export_store(stores, data)
-    assert path == data / report.PAGE_DATA
+    assert report.export_store(tmp_path / "nothing-here", data) == []
+    assert report.export_store(stores, data) == [data / report.PAGE_DATA]
     lines = report.page_section(data, img_rel="results/img", img_dir=tmp_path / "img")
     text = "\n".join(lines)
     assert text.startswith("## Stretching a real model's context: tiny.gguf")

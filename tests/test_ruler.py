@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -235,15 +236,23 @@ def test_the_plan_of_ruler_cells_and_the_quick_mode():
     assert {c.factor for c in cells if c.scaling == "rope-yarn"} == {4.0}
     assert {c.questions for c in cells if c.task == "vt"} == {1} and {c.questions for c in cells} == {1, 3}
     full = extend_run.plan(replace_ruler(FULL), 8192)
-    assert len(full) == 6 * 4 * 2 and {c.tokens for c in full} == {8192, 16384} and {c.factor for c in full} == {1, 2}
+    short = [c for c in full if c.tokens == 2048]
+    # L/4: the model as trained only, 20 questions a cell (20 haystacks for a one-question task, one for a multi-key)
+    assert {c.scaling for c in short} == {AS_TRAINED} and not any(c.unless_floor for c in short)
+    for task in ruler.TASKS:
+        mine = [c for c in short if c.task == task]
+        assert sum(c.questions for c in mine) == 20 and sorted(c.haystack for c in mine) == list(range(len(mine)))
+    assert [c.haystack for c in short[:6]] == [0] * 6  # every task's first haystack before any second
+    # L and 2L: every scaling, s = 2, unless the model is at the floor on the task inside L
+    long = [c for c in full if c.tokens > 2048]
+    assert len(long) == 6 * 4 * 2 and all(c.unless_floor for c in long) and {c.factor for c in long} == {1, 2}
+    assert len(full) == count_cells(replace_ruler(FULL)) == len(short) + len(long)
     quick = [(c.task, c.scaling, c.tokens) for c in extend_run.plan(replace_ruler(QUICK), 8192)]
     assert quick == [(t, AS_TRAINED, 2048) for t in ruler.TASKS] + [
         ("niah_multikey_2", AS_TRAINED, 16384), ("niah_multikey_2", "rope-yarn", 16384)]
 
 
 def replace_ruler(cfg):
-    from dataclasses import replace
-
     return replace(cfg, scalings=(), passkey_scalings=(), ruler_tasks=ruler.TASKS)
 
 
@@ -273,7 +282,8 @@ def test_run_stores_resumes_and_reports_ruler(tiny, tmp_path, capsys):
     from posenc.extend import report
 
     paths = report.write(records, tmp_path, command="posenc extend --tasks ruler (test)")
-    assert paths["ruler"].stat().st_size > 10_000 and "## RULER by length" in paths["markdown"].read_text()
+    assert paths["ruler"].stat().st_size > 10_000 and paths["markdown"].read_text().startswith(
+        "# RULER by length: tiny.gguf")
 
 
 def test_lengths_past_the_floor_are_cut(tmp_path, monkeypatch):
@@ -371,3 +381,29 @@ def test_cli_names_a_bad_ruler_flag(tmp_path, capsys):
     assert "--haystacks" in capsys.readouterr().err
     assert main(["extend", "--haystacks", "2", "--out", str(tmp_path)]) == 2
     assert "add --tasks ruler" in capsys.readouterr().err
+
+
+def test_fill_below_gives_one_question_tasks_their_questions_and_the_page_shows_ruler(tiny, tmp_path):
+    """--fill-below: a one-question task's cell gets a haystack per question; `posenc results` exports the RULER
+    store to its own data file and the page's section (table, heatmap) comes from it."""
+    from posenc.extend import report
+
+    model, tok, _ = tiny
+    cfg = _cfg(ruler_lengths=(5.0,), ruler_scalings=(AS_TRAINED,), ruler_fill_below=5.0, ruler_questions=3,
+               ruler_haystacks=1)
+    assert count_cells(cfg) == 1 + 3  # niah_multikey_2: one haystack of 3 questions; vt: 3 haystacks of one
+    stores = tmp_path / "posenc-results"
+    records = extend_run.run(cfg, stores / "extend-ruler-quick", model=model, tokenizer=tok, quiet=True)
+    cs = ruler_report.cells(records)
+    assert (cs[("vt", AS_TRAINED, 1.0, 1280)].questions, cs[("vt", AS_TRAINED, 1.0, 1280)].haystacks) == (3, 3)
+    mk = cs[("niah_multikey_2", AS_TRAINED, 1.0, 1280)]
+    assert (mk.questions, mk.haystacks) == (3, 1)
+    assert len({r["key"] for r in records}) == 4 and {r["haystack"] for r in records if r["task"] == "vt"} == {0, 1, 2}
+    data = tmp_path / "data"
+    assert report.export_store(stores, data) == [data / report.RULER_PAGE_DATA]
+    text = "\n".join(report.page_section(data, img_rel="results/img", img_dir=tmp_path / "img"))
+    assert text.startswith("## RULER by length: tiny.gguf") and "### RULER by length" not in text
+    assert "`posenc extend --tasks ruler`" in text and "n=3/3h" in text and "n=3/1h" in text
+    assert (tmp_path / "img" / "extend-ruler.png").is_file()
+    # below the fill length only: past it, one haystack a cell again
+    assert count_cells(replace(cfg, ruler_lengths=(5.0, 6.0), ruler_fill_below=5.5)) == 4 + 2

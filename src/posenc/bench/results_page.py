@@ -173,15 +173,15 @@ def write_page(
                 f"(posenc bench writes {STORES}/<suite>/ by default)"
             )
         found = [d.name for d in loaded if (Path(stores) / d.name / "results.sqlite").is_file()]
-        real = None
+        real: list[Path] = []
         if suites is None:  # the real model's cells (posenc extend), exported beside the suites' runs
             from ..extend.report import export_store
 
             real = export_store(stores, ddir)
-            if real is not None:
-                exported.append(real)
-                log(f"{stores}: the real model's cells (posenc extend) -> {real}")
-        if not found and real is None:
+            exported += real
+            for path in real:
+                log(f"{stores}: the real model's cells (posenc extend) -> {path}")
+        if not found and not real:
             raise ConfigError(
                 f"--stores {stores}: no store of any suite of the page in it (looked for "
                 + ", ".join(f"{Path(stores) / d.name / 'results.sqlite'}" for d in loaded[:3])

@@ -50,8 +50,10 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
   --tasks ruler   RULER's six synthetic tasks (niah_single_1, niah_multikey_2, niah_multikey_3, vt, cwe, fwe;
             docs/extend.md "RULER by length") instead of the loss curves and the passkey grid; with --quick:
             every task as trained at L/4, then niah_multikey_2 (20 questions on one prefill) at 2L as trained
-            and with YaRN s=2; with --full: as trained, PI, NTK and YaRN (s=2) at L and 2L, one haystack a
-            cell, about 2 hours on 2 quiet cores (L/2 and 4L are cut to fit: a 32k prefill alone takes 8 min)
+            and with YaRN s=2; with --full: every task as trained at L/4 with 20 questions a cell (20
+            haystacks for a one-question task), then the tasks not at the floor there at L and 2L as
+            trained and with PI, NTK and YaRN (s=2), one haystack a cell: within 2 hours on 2 cores
+            (L/2 and 4L are cut to fit: a 32k prefill alone takes 8 min; --ruler-lengths puts them back)
 
 examples:
   posenc extend --quick
@@ -80,7 +82,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="RULER context lengths, as multiples of the trained length (--full: 1 2)")
     p.add_argument("--haystacks", type=int, metavar="N", help="RULER haystacks (prefills) per cell (default 1)")
     p.add_argument("--questions", type=int, metavar="N",
-                   help="questions per haystack of the multi-key RULER tasks (default 20)")
+                   help="questions per haystack of the multi-key RULER tasks, and per cell of the one-question "
+                   "tasks at lengths up to --fill-below (default 20)")
+    p.add_argument("--fill-below", type=float, metavar="X",
+                   help="at RULER lengths up to X times the trained length, give the one-question tasks "
+                   "(niah_single_1, vt, cwe, fwe) a haystack per question, --questions of them (--full: 0.25; "
+                   "0: one haystack a cell)")
     p.add_argument("--model", default="smollm2-135m",
                    help="a packaged model name, a .gguf file or a transformers folder (default: smollm2-135m)")
     p.add_argument("--out", help="the results folder (default: posenc-results/extend or extend-quick)")
@@ -123,6 +130,7 @@ FLAGS = {
     "ruler_lengths": "--ruler-lengths",
     "ruler_haystacks": "--haystacks",
     "ruler_questions": "--questions",
+    "ruler_fill_below": "--fill-below",
 }
 
 
@@ -131,9 +139,10 @@ def _tasks(args: argparse.Namespace, changes: dict[str, Any]) -> None:
     all six). A flag of a measurement left out is refused, naming both."""
     tasks = args.tasks
     if tasks is None:
-        if any(getattr(args, n) is not None for n in ("ruler_scalings", "ruler_lengths", "haystacks", "questions")):
-            raise ConfigError("--ruler-scalings / --ruler-lengths / --haystacks / --questions describe RULER cells: "
-                              "add --tasks ruler (or some of its tasks)")
+        if any(getattr(args, n) is not None for n in ("ruler_scalings", "ruler_lengths", "haystacks", "questions",
+                                                         "fill_below")):
+            raise ConfigError("--ruler-scalings / --ruler-lengths / --haystacks / --questions / --fill-below describe "
+                              "RULER cells: add --tasks ruler (or some of its tasks)")
         return
     for t in tasks:
         if t not in TASK_NAMES:
@@ -162,12 +171,15 @@ def _tasks(args: argparse.Namespace, changes: dict[str, Any]) -> None:
         changes["ruler_scalings"] = tuple(args.ruler_scalings)
     if args.ruler_lengths:
         changes["ruler_lengths"] = tuple(args.ruler_lengths)
-        changes["ruler_past_tasks"] = None  # the lengths given: every task at each
+        changes["ruler_past_tasks"] = None  # the lengths given: every task and scaling at each
+        changes["ruler_floor_lengths"] = ()
         changes["ruler_scaled_inside"] = True
     if args.haystacks is not None:
         changes["ruler_haystacks"] = args.haystacks
     if args.questions is not None:
         changes["ruler_questions"] = args.questions
+    if args.fill_below is not None:
+        changes["ruler_fill_below"] = args.fill_below
 
 
 def config_from(args: argparse.Namespace) -> ExtendConfig:
@@ -209,7 +221,7 @@ def _run_only_flags(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """The flags that choose or pace cells to run (nothing a report of the stored cells uses), with their values."""
     names = ("documents", "scalings", "passkey_scalings", "loss_extension", "passkey_lengths", "passkey_depths",
              "no_passkey", "chunk", "threads", "max_cells", "tasks", "ruler_scalings", "ruler_lengths", "haystacks",
-             "questions")
+             "questions", "fill_below")
     return [("--" + n.replace("_", "-"), getattr(args, n)) for n in names]
 
 

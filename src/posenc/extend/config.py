@@ -99,6 +99,9 @@ class ExtendConfig:
     #: the lengths inside L too (else only the model as trained does there)
     ruler_past_tasks: tuple[str, ...] | None = None
     ruler_scaled_inside: bool = True
+    #: at lengths up to this multiple of L, a one-question task (niah_single_1, vt, cwe, fwe) gets as many haystacks
+    #: as it takes for ``ruler_questions`` questions a cell (short prefills are cheap: 2k tokens in seconds)
+    ruler_fill_below: float = 0.0
 
     def __post_init__(self) -> None:
         check_fields({f.name: getattr(self, f.name) for f in fields(self)})
@@ -214,6 +217,8 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
             _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=RULER_LEAST, why=w))
         elif field in ("ruler_haystacks", "ruler_questions"):
             positive_int(n(field), value)
+        elif field == "ruler_fill_below":
+            number(n(field), value, low=0.0, why="a multiple of the trained length L (0: no filling)")
         elif field == "chunk":
             if value is not None:
                 positive_int(n(field), value)
@@ -237,7 +242,7 @@ def loss_lengths(cfg: ExtendConfig, scaling: str) -> list[float]:
 def count_cells(cfg: ExtendConfig) -> int:
     """How many cells ``cfg`` plans (:func:`posenc.extend.runner.plan` lists them)."""
     loss = sum(len(loss_lengths(cfg, s)) for s in cfg.scalings) * len(cfg.documents)
-    ruler = len(ruler_grid(cfg)) * cfg.ruler_haystacks
+    ruler = sum(ruler_haystacks(cfg, task, mult) for mult, _, task, _ in ruler_grid(cfg))
     return loss + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(cfg.passkey_depths) + ruler
 
 
@@ -252,10 +257,18 @@ def ruler_grid(cfg: ExtendConfig) -> list[tuple[float, bool, str, str]]:
                 if mult > 1 and task not in past:
                     continue
                 for s in cfg.ruler_scalings:
-                    if mult <= 1 and s != AS_TRAINED and not cfg.ruler_scaled_inside:
+                    if mult < 1 and s != AS_TRAINED and not cfg.ruler_scaled_inside:
                         continue
                     out.append((mult, floor, task, s))
     return out
+
+
+def ruler_haystacks(cfg: ExtendConfig, task: str, mult: float) -> int:
+    """The haystacks of ``task``'s cells at ``mult`` x L: ``ruler_haystacks``, or, for a one-question task at a
+    length up to ``ruler_fill_below``, enough of them for ``ruler_questions`` questions."""
+    if task not in RULER_TASKS[1:3] and mult <= cfg.ruler_fill_below:
+        return max(cfg.ruler_haystacks, cfg.ruler_questions)
+    return cfg.ruler_haystacks
 
 
 QUICK = ExtendConfig(
@@ -275,4 +288,9 @@ QUICK = ExtendConfig(
     ruler_scaled_inside=False,
     mode="quick",
 )
-FULL = replace(ExtendConfig(), mode="full")
+# The full RULER grid (--tasks ruler): every task as trained at L/4 with 20 questions a cell (20 haystacks for the
+# one-question tasks: 2k prefills take seconds), which says which tasks the model is at the floor on inside L; then
+# the tasks not at the floor at L and 2L, as trained and with PI, NTK-aware and YaRN (s = 2), one haystack a cell
+# (an 8k prefill takes about a minute, a 16k one about three): what 2 hours on 2 cores hold (docs/extend.md)
+FULL = replace(ExtendConfig(), mode="full", ruler_lengths=(0.25,), ruler_floor_lengths=(1.0, 2.0),
+               ruler_scaled_inside=False, ruler_fill_below=0.25)

@@ -60,6 +60,19 @@ def _cache():
     return DynamicCache()
 
 
+def cache_kw(model: nn.Module, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` under the name ``model``'s forward takes a KV cache by: ``cache`` since transformers 5.24
+    (which warns on the old name), ``past_key_values`` before."""
+    import inspect
+
+    fwd = type(model).forward
+    try:
+        params = inspect.signature(fwd).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a forward without a signature
+        params = {}
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
 def _losses(model: nn.Module, ids: Tensor, targets: Tensor, head_rows: int, **call: Any) -> Tensor:
     """The losses of the first ``m`` positions of ``ids`` (``[1, n]``, ``m <= n``) against ``targets`` (``[m]``):
     one call of the base model on all of ``ids`` (``call``: the cache, if any; a length-dependent scaling sees the
@@ -111,7 +124,7 @@ def token_losses(
     for start in range(0, n - 1, chunk):
         stop = min(start + chunk, n - 1)
         out[start:stop] = _losses(
-            model, ids[:, start:stop], ids[0, start + 1 : stop + 1], HEAD_ROWS, past_key_values=cache, use_cache=True
+            model, ids[:, start:stop], ids[0, start + 1 : stop + 1], HEAD_ROWS, use_cache=True, **cache_kw(model, cache)
         )
         if progress is not None:
             progress(stop, n - 1)
@@ -188,7 +201,7 @@ def passkey_score(
         stop = min(start + chunk, n - 1)
         # only the chunk(s) holding answer positions need logits (skip the vocabulary matmul elsewhere)
         keep = max(0, stop - max(start, first))
-        out = model(input_ids=ids[:, start:stop], past_key_values=cache, use_cache=True, logits_to_keep=max(keep, 1))
+        out = model(input_ids=ids[:, start:stop], use_cache=True, logits_to_keep=max(keep, 1), **cache_kw(model, cache))
         if keep:
             logits = out.logits[0, -keep:].float()
             targets = ids[0, stop - keep + 1 : stop + 1]

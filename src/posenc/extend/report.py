@@ -454,7 +454,9 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
 
     s = summary(records)
     model = s["model"]
-    lines = [f"{heading} Stretching a real model's context: {model.get('name', '?')}", ""]
+    ruler_only = bool(records) and not any(r.get("kind") in ("loss", "passkey") for r in records)
+    title = "RULER by length" if ruler_only else "Stretching a real model's context"
+    lines = [f"{heading} {title}: {model.get('name', '?')}", ""]
     if not records:
         return "\n".join([*lines, "No cells measured yet.", ""])
     trained = records[0]["trained_length"]
@@ -495,8 +497,8 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
     if passkey_grid(records):
         lines += [f"![passkey retrieval]({img_rel}/extend-passkey.png)", "", *passkey_table(records)]
     if any(r.get("kind") == "ruler" for r in records):
-        lines += ruler_section(records, img_rel=img_rel, heading=heading)
-    if not any(r.get("kind") in ("loss", "passkey") for r in records):
+        lines += ruler_section(records, img_rel=img_rel, heading=heading, title=not ruler_only)
+    if ruler_only:
         return "\n".join(lines)
     lines += [
         f"{heading}# Verdicts beside the published shapes",
@@ -516,11 +518,14 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
     return "\n".join(lines)
 
 
-def ruler_section(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#") -> list[str]:
-    """RULER by length: the table, the heatmaps and the verdicts (:mod:`posenc.extend.ruler_report`)."""
+def ruler_section(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#",
+                  title: bool = True) -> list[str]:
+    """RULER by length: the table, the heatmaps and the verdicts (:mod:`posenc.extend.ruler_report`); ``title``:
+    under a heading of its own (else the caller's heading says it)."""
     from . import ruler_report
 
-    lines = [f"{heading}# RULER by length", "", f"![RULER by length]({img_rel}/extend-ruler.png)", "",
+    lines = [f"{heading}# RULER by length", ""] if title else []
+    lines += [f"![RULER by length]({img_rel}/extend-ruler.png)", "",
              *ruler_report.table(records), "| finding | verdict | on |", "|---|---|---|"]
     lines += [f"| {v.finding} | **{v.verdict}** | {v.evidence} |" for v in ruler_report.verdicts(records)]
     return [*lines, ""]
@@ -590,8 +595,12 @@ def _html(md: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the results page
-#: the real model's cells on the results page: ``<data folder>/extend.jsonl``
+#: the real model's cells on the results page: ``<data folder>/extend.jsonl`` (loss curves and passkey), and
+#: ``<data folder>/extend-ruler.jsonl`` (RULER by length), each from its own store
 PAGE_DATA = "extend.jsonl"
+RULER_PAGE_DATA = "extend-ruler.jsonl"
+#: the stores each data file is exported from, the first found (the full run's before the quick one's)
+PAGE_STORES = {PAGE_DATA: ("extend", "extend-quick"), RULER_PAGE_DATA: ("extend-ruler", "extend-ruler-quick")}
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -608,43 +617,60 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def export_store(stores: str | Path, data_dir: str | Path) -> Path | None:
-    """Copy the real model's store under ``stores`` (``extend/``, else ``extend-quick/``) to the page's data
-    folder, sorted by cell; ``None`` where there is none."""
+def export_store(stores: str | Path, data_dir: str | Path) -> list[Path]:
+    """Copy the real model's stores under ``stores`` to the page's data folder, sorted by cell: ``extend/`` (else
+    ``extend-quick/``) to :data:`PAGE_DATA`, ``extend-ruler/`` (else ``extend-ruler-quick/``) to
+    :data:`RULER_PAGE_DATA`; the files written (none where there is no store)."""
     import json
 
-    for name in ("extend", "extend-quick"):
-        src = Path(stores) / name / "extend.jsonl"
-        if src.is_file():
-            records = sorted(read_records(src), key=lambda r: r["key"])
-            dst = Path(data_dir) / PAGE_DATA
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
-            return dst
-    return None
+    out = []
+    for data, names in PAGE_STORES.items():
+        for name in names:
+            src = Path(stores) / name / "extend.jsonl"
+            if src.is_file():
+                records = sorted(read_records(src), key=lambda r: r["key"])
+                dst = Path(data_dir) / data
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+                out.append(dst)
+                break
+    return out
 
 
 def page_plots(data_dir: str | Path, img_dir: str | Path) -> list[Path]:
-    """Draw the results page's two plots of the real model (``extend-loss.png``, ``extend-passkey.png``) into
-    ``img_dir`` from ``<data_dir>/extend.jsonl``; the files drawn (none where the data file is not there)."""
+    """Draw the results page's plots of the real model into ``img_dir``: ``extend-loss.png`` and
+    ``extend-passkey.png`` from :data:`PAGE_DATA`, ``extend-ruler.png`` from :data:`RULER_PAGE_DATA`; the files
+    drawn (none where a data file is not there)."""
+    from .ruler_report import plot as plot_ruler
+
+    drawn = []
+    Path(img_dir).mkdir(parents=True, exist_ok=True)
     path = Path(data_dir) / PAGE_DATA
-    if not path.is_file():
-        return []
-    records = _read_lines(path)
-    drawn = [plot_losses(records, Path(img_dir) / "extend-loss.png")]
-    drawn.append(plot_passkey(records, Path(img_dir) / "extend-passkey.png"))
+    if path.is_file():
+        records = _read_lines(path)
+        drawn += [plot_losses(records, Path(img_dir) / "extend-loss.png"),
+                  plot_passkey(records, Path(img_dir) / "extend-passkey.png")]
+    path = Path(data_dir) / RULER_PAGE_DATA
+    if path.is_file():
+        drawn.append(plot_ruler(_read_lines(path), Path(img_dir) / "extend-ruler.png"))
     return [p for p in drawn if p is not None]
 
 
 def page_section(data_dir: str | Path, *, img_rel: str, img_dir: str | Path | None = None) -> list[str]:
-    """The results page's section for the real model, from ``<data_dir>/extend.jsonl`` (nothing where the file
-    is not there); with ``img_dir``, its two plots are drawn there too (:func:`page_plots`)."""
-    path = Path(data_dir) / PAGE_DATA
-    if not path.is_file():
-        return []
-    records = _read_lines(path)
+    """The results page's sections for the real model, from ``<data_dir>/extend.jsonl`` and
+    ``<data_dir>/extend-ruler.jsonl`` (nothing where neither is there); with ``img_dir``, their plots are drawn
+    there too (:func:`page_plots`)."""
     if img_dir is not None:
         page_plots(data_dir, img_dir)
-    modes = sorted({str(r.get("mode", "quick")).split(",")[0] for r in records})
-    command = " and ".join(f"posenc extend --{m}" if m in ("quick", "full") else "posenc extend" for m in modes)
-    return markdown(records, img_rel=img_rel, heading="##", command=command).splitlines() + [""]
+    lines: list[str] = []
+    for name in (PAGE_DATA, RULER_PAGE_DATA):
+        path = Path(data_dir) / name
+        if not path.is_file():
+            continue
+        records = _read_lines(path)
+        modes = sorted({str(r.get("mode", "quick")).split(",")[0] for r in records})
+        tasks = " --tasks ruler" if name == RULER_PAGE_DATA else ""
+        command = " and ".join(f"posenc extend{tasks} --{m}" if m in ("quick", "full") else f"posenc extend{tasks}"
+                               for m in modes)
+        lines += markdown(records, img_rel=img_rel, heading="##", command=command).splitlines() + [""]
+    return lines

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from .evaluate import cache_kw
 
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
 ABOUT = {
@@ -487,7 +488,7 @@ def ask(
     step = m if chunk is None else chunk
     for start in range(0, m, step):
         stop = min(start + step, m)
-        model(input_ids=ctx[:, start:stop], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ctx[:, start:stop], use_cache=True, logits_to_keep=1, **cache_kw(model, cache))
         if progress is not None:
             progress("prefill", stop, m)
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -521,7 +522,7 @@ def greedy(model: nn.Module, ids: Tensor, cache: Any, limit: int, eos: int | Non
         return gen
     feed = ids
     for _ in range(limit):
-        logits = model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        logits = model(input_ids=feed, use_cache=True, logits_to_keep=1, **cache_kw(model, cache)).logits
         nxt = int(logits[0, -1].argmax())
         gen.append(nxt)
         if nxt == eos or (done is not None and done(gen)):

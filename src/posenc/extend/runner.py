@@ -237,7 +237,7 @@ def ruler_cells(cfg: ExtendConfig, trained: int) -> list[Cell]:
     """RULER's cells: by length (the shortest first, so that the floor inside L is known before the longer
     lengths), then by haystack (every task and scaling's first haystack before any second one: an interrupted run
     has them all), then task and scaling. ``ruler_floor_lengths`` come last, marked :attr:`Cell.unless_floor`."""
-    from .config import RULER_TASKS, ruler_grid
+    from .config import RULER_TASKS, ruler_grid, ruler_haystacks
 
     for t in cfg.ruler_tasks:
         if t not in RULER_TASKS:
@@ -246,9 +246,9 @@ def ruler_cells(cfg: ExtendConfig, trained: int) -> list[Cell]:
     grid = ruler_grid(cfg)
     out = []
     for mult, floor in dict.fromkeys((m, f) for m, f, _, _ in grid):
-        for h in range(cfg.ruler_haystacks):
+        for h in range(max(ruler_haystacks(cfg, t, m) for m, f, t, _ in grid if (m, f) == (mult, floor))):
             for m, f, task, s in grid:
-                if (m, f) == (mult, floor):
+                if (m, f) == (mult, floor) and h < ruler_haystacks(cfg, task, m):
                     out.append(Cell("ruler", s, 1.0 if s == AS_TRAINED else factor, tokens=int(mult * trained),
                                     task=task, haystack=h, seed=cfg.seed,
                                     questions=cfg.ruler_questions if task in RULER_TASKS[1:3] else 1,

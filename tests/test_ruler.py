@@ -407,3 +407,21 @@ def test_fill_below_gives_one_question_tasks_their_questions_and_the_page_shows_
     assert (tmp_path / "img" / "extend-ruler.png").is_file()
     # below the fill length only: past it, one haystack a cell again
     assert count_cells(replace(cfg, ruler_lengths=(5.0, 6.0), ruler_fill_below=5.5)) == 4 + 2
+
+
+def test_a_small_model_decodes_on_one_thread_and_the_threads_come_back(tiny, monkeypatch):
+    model, tok, _ = tiny
+    before = torch.get_num_threads()
+    seen = []
+    real = ruler.greedy
+    monkeypatch.setattr(ruler, "greedy", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    torch.set_num_threads(2)
+    try:
+        ruler.ask(model, tok, ruler.build("niah_multikey_2", tok, 600, seed=0, questions=2))
+        assert seen == [1, 1] and torch.get_num_threads() == 2  # the prefill's threads are back afterwards
+        monkeypatch.setattr(ruler, "SMALL_MODEL", 10)  # a "large" model keeps the threads it was given
+        seen.clear()
+        ruler.ask(model, tok, ruler.build("niah_multikey_2", tok, 600, seed=0, questions=2))
+        assert seen == [2, 2]
+    finally:
+        torch.set_num_threads(before)

@@ -1,10 +1,11 @@
-"""Encodings per layer: a :class:`Schedule` gives each layer of a model its encoding, its options and its span.
+"""Encodings per layer: a :class:`Schedule` gives each layer of a model its encoding, its options, its span and its
+QK-norm.
 
 Models since 2025 choose the positional treatment per layer: NoPE on every fourth layer (Llama 4, SmolLM3,
 Cohere2), sliding-window layers with one RoPE base and global layers with another (Gemma 3), chunked local
-attention (Llama 4's ``attention_chunk_size``). A schedule says this as data: a pattern of
-:class:`LayerSpec` (``encoding``, ``options``, ``span``) repeated over the model's layers, with a name that reads in
-a leaderboard and is stored with each benchmark run.
+attention (Llama 4's ``attention_chunk_size``), a QK-norm on some layers or all (Llama 4, Qwen3). A schedule says
+this as data: a pattern of :class:`LayerSpec` (``encoding``, ``options``, ``span``, ``qk_norm``) repeated over the
+model's layers, with a name that reads in a leaderboard and is stored with each benchmark run.
 
 Spans
 -----
@@ -21,26 +22,45 @@ The indices are the tokens' places in the sequence (what a KV cache counts), not
 window stays a window under explicit or randomized positions. A local layer's KV cache keeps only the keys a later
 query may still see (``W - 1`` keys, or the current chunk's), so its memory stays bounded while decoding.
 
+QK-norm
+-------
+A layer may normalise its queries and keys per head, right after their projections and before the positional
+encoding (``qk_norm``; Yang et al. 2025 compare RoPE with and without it):
+
+* ``"rms"`` (``#qk`` in a string): RMSNorm over the head dimension with a learnable weight of ``head_dim`` values,
+  initialised to 1, ``eps = 1e-6`` (Qwen3 and Gemma 3 on every layer);
+* ``"l2"`` (``#qk-l2``): the weightless form ``x * rsqrt(mean(x², -1) + eps)``, ``eps = 1e-6`` (Llama 4, on its
+  RoPE layers only).
+
+Llama 4 normalises after RoPE rather than before; a rotation keeps ``mean(x², -1)``, so for the weightless form
+the two orders give the same q and k (:class:`posenc.attention.multihead.QKNorm`). A norm acts in the layer's
+attention alone, so layers may differ in it even where their encoding acts once for the whole model
+(``sinusoidal#qk*3+sinusoidal``). The models take ``qk_norm=`` for a norm on every layer.
+
 The string syntax
 -----------------
 One string names a schedule (the CLI's ``--encodings`` and the leaderboard take it)::
 
     schedule := layer-term ( "+" layer-term )* [ "..." ]
     layer-term := layer [ "*" COUNT ]
-    layer := NAME [ "(" KEY "=" VALUE ( "," KEY "=" VALUE )* ")" ] [ "@" span ]
+    layer := NAME [ "(" KEY "=" VALUE ( "," KEY "=" VALUE )* ")" ] [ "@" span ] [ "#" norm ]
     span := "w" SIZE | "c" SIZE | "g"
+    norm := "qk" | "qk-l2"
 
 * ``rope*3+nope``: a pattern of four layers (three RoPE, one NoPE), repeated over the model's layers;
 * ``rope@w64*3+nope``: the RoPE layers attend within a sliding window of 64 keys;
 * ``rope@c128``: every layer attends within chunks of 128 tokens;
 * ``rope(base=10000.0)@w512*5+rope-linear(base=1000000.0,factor=8)...``: Gemma 3's five local and one global
   layer (VALUE is a Python literal: a number, a quoted string, ``True``, ``None`` or a list of them);
+* ``rope@w16#qk*3+nope#qk``: a QK-norm (RMSNorm with a learnable weight) on every layer; ``rope#qk-l2*3+nope``:
+  Llama 4's weightless norm on the RoPE layers only;
 * the trailing ``...`` lets the pattern stop part way through its last repetition (a 26-layer model with a
   pattern of six); without it, a model's layer count must be a multiple of the pattern's length.
 
 The canonical form (what ``str(schedule)`` prints, and ``parse`` reads back to an equal schedule) has no spaces,
 registered names (not aliases), options sorted by name, equal neighbouring layers merged into ``*COUNT`` and no
-``@g``. A plain registered name (``"rope"``) is a schedule of one layer repeated over every layer.
+``@g``, and the norm last (a schedule without norms prints as it did before norms existed). A plain registered
+name (``"rope"``) is a schedule of one layer repeated over every layer.
 
 Constructors
 ------------
@@ -73,6 +93,23 @@ SPAN_KINDS = ("global", "window", "chunk")
 _SPAN_LETTERS = {"g": "global", "w": "window", "c": "chunk"}
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a layer's QK-norms: ``LayerSpec.qk_norm`` -> its suffix in the string syntax (``rope#qk``, ``rope#qk-l2``)
+QK_NORMS = {"rms": "qk", "l2": "qk-l2"}
+_QK_SUFFIXES = {suffix: kind for kind, suffix in QK_NORMS.items()}
+
+
+def qk_norm_kind(value: Any, where: str = "qk_norm") -> str | None:
+    """``value`` as a QK-norm kind: ``None`` (none), ``"rms"`` or ``"l2"``; the suffixes ``"qk"`` / ``"qk-l2"`` (with or
+    without their ``#``) are taken too. Anything else is a :class:`~posenc.ConfigError` naming the accepted values."""
+    text = value.strip() if isinstance(value, str) else ""
+    if value is None or text in QK_NORMS:
+        return text or None
+    if text.lstrip("#") in _QK_SUFFIXES:
+        return _QK_SUFFIXES[text.lstrip("#")]
+    raise ConfigError(
+        f"{where} must be None, 'rms' ('#qk': RMSNorm with a learnable weight, Qwen3 / Gemma 3) or 'l2' ('#qk-l2': "
+        f"weightless, Llama 4), got {value!r}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the span
@@ -183,15 +220,18 @@ def _format_value(value: Any) -> str:
 @dataclass(frozen=True)
 class LayerSpec:
     """One layer of a :class:`Schedule`: its ``encoding`` (a registered name, or an instance), the ``options`` the
-    name is built with, and its :class:`Span` (``span`` also takes ``("window", W)``, ``("chunk", C)`` or
-    ``"global"``)."""
+    name is built with, its :class:`Span` (``span`` also takes ``("window", W)``, ``("chunk", C)`` or
+    ``"global"``) and its ``qk_norm`` (``None``, ``"rms"`` or ``"l2"``: see the module docstring; ``"qk"`` and
+    ``"qk-l2"`` are read as those two)."""
 
     encoding: str | PositionalEncoding
     options: Mapping[str, Any] = field(default_factory=dict)
     span: Span = field(default_factory=Span)
+    qk_norm: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "span", Span.of(self.span))
+        object.__setattr__(self, "qk_norm", qk_norm_kind(self.qk_norm))
         enc = self.encoding
         if isinstance(enc, str):
             object.__setattr__(self, "encoding", _canonical_name(enc))
@@ -213,7 +253,8 @@ class LayerSpec:
         object.__setattr__(self, "options", _Options(frozen))
 
     def __hash__(self) -> int:
-        return hash((self.encoding, tuple(self.options.items()), self.span))
+        norm = () if self.qk_norm is None else (self.qk_norm,)  # without a norm: the hash of before norms existed
+        return hash((self.encoding, tuple(self.options.items()), self.span, *norm))
 
     @property
     def name(self) -> str:
@@ -225,7 +266,7 @@ class LayerSpec:
         return {k: _thaw(v) for k, v in self.options.items()}
 
     def same_encoding(self, other: LayerSpec) -> bool:
-        """Whether ``other`` has this layer's encoding and options (its span may differ)."""
+        """Whether ``other`` has this layer's encoding and options (its span and QK-norm may differ)."""
         if isinstance(self.encoding, str) != isinstance(other.encoding, str):
             return False
         if not isinstance(self.encoding, str):
@@ -240,16 +281,19 @@ class LayerSpec:
         if options:
             text += "(" + ",".join(f"{k}={_format_value(_freeze_lenient(v))}" for k, v in sorted(options.items())) + ")"
         span = str(self.span)
-        return f"{text}@{span}" if span else text
+        text += f"@{span}" if span else ""
+        return text + (f"#{QK_NORMS[self.qk_norm]}" if self.qk_norm is not None else "")
 
     def as_dict(self) -> dict[str, Any]:
-        """``{"encoding": name, "options": {...}, "span": "global" | [kind, size]}`` (an instance: its name and
-        settings, and ``"instance": True``)."""
+        """``{"encoding": name, "options": {...}, "span": "global" | [kind, size]}``, and ``"qk_norm": "rms" | "l2"``
+        where the layer has one (an instance: its name and settings, and ``"instance": True``)."""
         d: dict[str, Any] = {
             "encoding": self.name,
             "options": self.built_options() if isinstance(self.encoding, str) else dict(self.encoding.params),
             "span": "global" if self.span.is_global else [self.span.kind, self.span.size],
         }
+        if self.qk_norm is not None:  # absent without a norm: the dict of such a layer is what it was before
+            d["qk_norm"] = self.qk_norm
         if not isinstance(self.encoding, str):
             d["instance"] = True
         return d
@@ -312,20 +356,21 @@ class _AtLayer:
 
 
 def _as_layer(item: Any, index: int) -> LayerSpec:
-    """One layer from a name, ``(name, options)``, ``(name, options, span)``, an instance or a :class:`LayerSpec`."""
+    """One layer from a name, ``(name, options)``, ``(name, options, span)``, ``(name, options, span, qk_norm)``, an
+    instance or a :class:`LayerSpec`."""
     with _AtLayer(index):
         if isinstance(item, LayerSpec):
             return item
         if isinstance(item, str):
             return LayerSpec(item)
-        if isinstance(item, tuple) and 1 <= len(item) <= 3:
-            name, options, span = (*item, None, None)[:3]
-            return LayerSpec(name, {} if options is None else options, Span.of(span))
+        if isinstance(item, tuple) and 1 <= len(item) <= 4:
+            name, options, span, qk_norm = (*item, None, None, None)[:4]
+            return LayerSpec(name, {} if options is None else options, Span.of(span), qk_norm)
         if _is_encoding(item):
             return LayerSpec(item)
         raise ConfigError(
-            "a layer is an encoding name, (name, options), (name, options, span), an encoding instance or a "
-            f"posenc.schedule.LayerSpec, got {type(item).__name__} {item!r}"
+            "a layer is an encoding name, (name, options), (name, options, span), (name, options, span, qk_norm), "
+            f"an encoding instance or a posenc.schedule.LayerSpec, got {type(item).__name__} {item!r}"
         )
 
 
@@ -433,7 +478,8 @@ class Schedule:
                         f"this layer was an encoding instance ({item['encoding']!r}); a stored schedule cannot "
                         "rebuild one: give its name and options instead"
                     )
-                layers.append(LayerSpec(item["encoding"], item.get("options") or {}, Span.of(item.get("span"))))
+                span = Span.of(item.get("span"))
+                layers.append(LayerSpec(item["encoding"], item.get("options") or {}, span, item.get("qk_norm")))
         return cls(tuple(layers), truncate=bool(d.get("truncate", False)))
 
     @classmethod
@@ -503,15 +549,28 @@ def _parse_layer(text: str, index: int) -> LayerSpec:
                 raise ConfigError(f"{name}'s options are not closed by ')': {s!r}")
             options = _parse_options(rest[1:end], name)
             rest = rest[end + 1 :].strip()
+        rest, hash_, suffix = rest.partition("#")
+        rest, suffix = rest.strip(), suffix.strip()
+        qk_norm = None
+        if hash_:
+            if "@" in suffix:
+                raise ConfigError(f"{name}: the QK-norm comes after the span: NAME(KEY=VALUE,...)@w<W>#qk, got {s!r}")
+            if suffix not in _QK_SUFFIXES:
+                raise ConfigError(
+                    f"unexpected '#{suffix}' after {name!r} in {s!r}: a layer's QK-norm is '#qk' (RMSNorm with a "
+                    "learnable weight, Qwen3 / Gemma 3) or '#qk-l2' (weightless, Llama 4)"
+                )
+            qk_norm = _QK_SUFFIXES[suffix]
         span = Span()
         if rest.startswith("@"):
             span = Span.of(rest[1:].strip() or "?")
             rest = ""
         if rest:
             raise ConfigError(
-                f"unexpected {rest!r} after {name!r}: a layer is NAME, NAME(KEY=VALUE,...), then @w<W>, @c<C> or @g"
+                f"unexpected {rest!r} after {name!r}: a layer is NAME, NAME(KEY=VALUE,...), then @w<W>, @c<C> or @g, "
+                "then #qk or #qk-l2"
             )
-        return LayerSpec(name, options, span)
+        return LayerSpec(name, options, span, qk_norm)
 
 
 def _parse(text: Any, offset: int = 0) -> Schedule:
@@ -549,8 +608,8 @@ def _parse(text: Any, offset: int = 0) -> Schedule:
 
 
 def is_schedule_text(text: Any) -> bool:
-    """Whether ``text`` is written in the schedule syntax (more than a bare name): it has ``+ * @ ( ...``."""
-    return isinstance(text, str) and (any(c in text for c in "+*@(") or text.rstrip().endswith("..."))
+    """Whether ``text`` is written in the schedule syntax (more than a bare name): it has ``+ * @ ( # ...``."""
+    return isinstance(text, str) and (any(c in text for c in "+*@(#") or text.rstrip().endswith("..."))
 
 
 def check_names(names: list[str], where: str = "") -> None:
@@ -593,7 +652,8 @@ def schedule(
 
     * a pattern repeated over the model's layers: ``schedule("rope", "rope", "rope", "nope")``, or the same as one
       string ``schedule("rope*3+nope")`` (the syntax of :mod:`posenc.schedule`); each item is a name, a string in
-      that syntax, ``(name, options)``, ``(name, options, span)``, an encoding instance or a :class:`LayerSpec`;
+      that syntax, ``(name, options)``, ``(name, options, span)``, ``(name, options, span, qk_norm)``, an encoding
+      instance or a :class:`LayerSpec`;
     * a full per-layer list: ``schedule(layers=[...])`` (a pattern as long as the model);
     * by layer type, as transformers configs give them: ``schedule(by_type={"sliding": ("rope", {"base": 1e4}),
       "full": ("rope-linear", {"factor": 8, "base": 1e6})}, layer_types=["sliding", ..., "full"],
@@ -671,7 +731,7 @@ def _by_type(
             spec = _as_layer(by_type[t], i)
             if t in spans:
                 with _AtLayer(i):
-                    spec = LayerSpec(spec.encoding, dict(spec.options), Span.of(spans[t]))
+                    spec = LayerSpec(spec.encoding, dict(spec.options), Span.of(spans[t]), spec.qk_norm)
             made[t] = spec
         out.append(made[t])
     return Schedule(tuple(out), truncate=truncate)

@@ -26,7 +26,7 @@ from .base import PositionalEncoding, as_position_rows, check_positions, mark_ar
 from .errors import ConfigError, PositionError
 from .generation import _check_generate_arguments, _check_generate_length, _sample
 from .registry import build, resolve
-from .schedule import LayerSpec, Schedule, _AtLayer, as_schedule
+from .schedule import QK_NORMS, LayerSpec, Schedule, _AtLayer, as_schedule, qk_norm_kind
 
 NORMS = ("pre", "post")
 
@@ -42,7 +42,9 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Attention + feed-forward with residuals; ``norm="pre"`` (GPT-2) or ``"post"`` (original Transformer)."""
+    """Attention + feed-forward with residuals; ``norm="pre"`` (GPT-2) or ``"post"`` (original Transformer);
+    ``qk_norm`` (``None``, ``"rms"``, ``"l2"``) normalises the attention's q and k per head
+    (:class:`~posenc.attention.MultiHeadAttention`)."""
 
     def __init__(
         self,
@@ -56,12 +58,15 @@ class Block(nn.Module):
         path: str = "auto",
         layer: int = 0,
         span: tuple[str, int] | None = None,
+        qk_norm: str | None = None,
     ):
         super().__init__()
         if norm not in NORMS:
             raise ConfigError(f"norm must be one of {NORMS}, got {norm!r}")
         self.norm = norm
-        self.attn = MultiHeadAttention(d_model, n_heads, encoding, dropout=dropout, path=path, layer=layer, span=span)
+        self.attn = MultiHeadAttention(
+            d_model, n_heads, encoding, dropout=dropout, path=path, layer=layer, span=span, qk_norm=qk_norm
+        )
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
@@ -138,6 +143,10 @@ class Transformer(nn.Module):
             (``encoding.scale_token_embeddings``: fixed additive codes scale, the others do not).
         max_len: the longest position the model is built for (tables of learned encodings).
         path: attention path, ``"auto"``, ``"fast"`` or ``"reference"``.
+        qk_norm: a QK-norm on every layer: ``"rms"`` (RMSNorm of each head's q and k with a learnable weight,
+            Qwen3 / Gemma 3) or ``"l2"`` (weightless, Llama 4), applied after the projections and before the
+            encoding. ``None`` (default): none, or what each layer of a schedule says (``"rope#qk*3+nope"``;
+            :mod:`posenc.schedule`); a schedule that gives norms of its own refuses this argument.
     """
 
     def __init__(
@@ -157,8 +166,10 @@ class Transformer(nn.Module):
         embedding_scale: bool | None = None,
         max_len: int = 512,
         path: str = "auto",
+        qk_norm: str | None = None,
     ):
         super().__init__()
+        qk_norm = qk_norm_kind(qk_norm)
         for name, value in dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads).items():
             check_int(name, value)
         check_int("d_ff", d_ff, optional=True)
@@ -173,6 +184,8 @@ class Transformer(nn.Module):
             raise ConfigError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
         self.causal, self.norm_kind, self.max_len = causal, norm, max_len
+        #: the QK-norm given for every layer (``qk_norm=``); a schedule's own are in ``schedule``
+        self.qk_norm = qk_norm
         sched = as_schedule(encoding)
         #: the encodings per layer (:mod:`posenc.schedule`), ``n_layers`` long; ``None`` for one encoding throughout
         self.schedule: Schedule | None = None
@@ -185,6 +198,15 @@ class Transformer(nn.Module):
                     "in posenc.schedule(...)"
                 )
             specs = sched.for_layers(n_layers)
+            if qk_norm is not None:
+                own = next((i for i, s in enumerate(specs) if s.qk_norm is not None), None)
+                if own is not None:
+                    raise ConfigError(
+                        f"qk_norm={qk_norm!r} puts a QK-norm on every layer, but the schedule {str(sched)!r} gives "
+                        f"layer {own} one of its own; give the norms in the schedule ('rope#qk*3+nope#qk') or "
+                        "with qk_norm=, not both"
+                    )
+                specs = tuple(LayerSpec(s.encoding, dict(s.options), s.span, qk_norm) for s in specs)
             self.schedule = Schedule(specs)
             _check_model_hooks(specs)
         if embedding_scale is None:
@@ -244,14 +266,32 @@ class Transformer(nn.Module):
         blocks = []
         for i, e in enumerate(layer_encodings):
             span = specs[i].span.as_tuple() if specs is not None else None
-            blocks.append(Block(d_model, n_heads, ff, e, norm=norm, dropout=dropout, path=path, layer=i, span=span))
+            layer_norm = specs[i].qk_norm if specs is not None else qk_norm
+            blocks.append(
+                Block(
+                    d_model,
+                    n_heads,
+                    ff,
+                    e,
+                    norm=norm,
+                    dropout=dropout,
+                    path=path,
+                    layer=i,
+                    span=span,
+                    qk_norm=layer_norm,
+                )
+            )
         self.blocks = nn.ModuleList(blocks)
         self.final_norm: nn.Module = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
 
     @property
     def encoding_name(self) -> str:
-        """The encoding's registered name, or the schedule's string (``"rope@w64*3+nope"``)."""
-        return str(self.schedule) if self.schedule is not None else self.encoding.info.name
+        """The encoding's registered name, or the schedule's string (``"rope@w64*3+nope"``); with ``qk_norm=`` and
+        one encoding, its name with the norm's suffix (``"rope#qk"``)."""
+        if self.schedule is not None:
+            return str(self.schedule)
+        name = self.encoding.info.name
+        return f"{name}#{QK_NORMS[self.qk_norm]}" if self.qk_norm is not None else name
 
     def distinct_encodings(self) -> list[PositionalEncoding]:
         """Every encoding instance of the model once: the model's own (``encoding``), then each layer's."""
@@ -548,6 +588,7 @@ class TokenTagger(nn.Module):
 
 
 # ------------------------------------------------------------ generation helpers (LanguageModel.generate)
+
 
 class LanguageModel(nn.Module):
     """A causal decoder with a language-modelling head tied to the token embedding.

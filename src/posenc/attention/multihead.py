@@ -21,7 +21,7 @@ from ..base import (
     mark_arange,
 )
 from ..errors import ConfigError, PositionError
-from ..schedule import Span
+from ..schedule import Span, qk_norm_kind
 from .cache import KVCache
 from .call import _Call
 from .checks import check_encoding, check_int
@@ -49,11 +49,59 @@ class _Inputs:
     cache: dict | None = None
 
 
+#: the ``eps`` of both kinds of :class:`QKNorm` (Qwen3's ``rms_norm_eps`` and Llama 4's ``L2Norm``)
+QK_NORM_EPS = 1e-6
+
+
+class QKNorm(nn.Module):
+    """QK-norm: RMS-normalise the last dimension of q or k (one head's ``head_dim`` values; ``[B, H, L, head_dim]``,
+    so each head by itself), as a layer with ``#qk`` or ``#qk-l2`` in its :mod:`posenc.schedule`
+    (``LayerSpec.qk_norm``), or a model built with ``qk_norm=``, gives its :class:`MultiHeadAttention` (one for q,
+    one for k):
+
+    * ``"rms"``: ``x * rsqrt(mean(x², -1) + eps) * weight``, ``weight`` a learnable vector of ``head_dim`` values
+      initialised to 1 and shared by the heads (Qwen3 and Gemma 3 on every layer; Gemma 3 writes the weight as
+      ``1 + w`` with ``w`` initialised to 0, the same function; OLMo 2 normalises all heads' q together instead);
+    * ``"l2"``: ``x * rsqrt(mean(x², -1) + eps)``, no parameter (Llama 4's ``L2Norm``, on its RoPE layers).
+
+    The mean and the root are taken in float32 at least (float64 stays float64), and the result is cast back to the
+    input's dtype before the weight multiplies it, as Qwen3's RMSNorm does.
+
+    The attention applies it before the positional encoding (RoPE's rotation, a bias, a relative term): the
+    encoding sees the normalised q and k, and a KV cache keeps the keys normalised and encoded. Llama 4 normalises
+    after RoPE instead; for the weightless form the two orders agree, since a rotation ``R`` keeps every vector's
+    length and so ``mean(x², -1)``: ``norm(R x) = R x / rms(R x) = R (x / rms(x)) = R norm(x)``. With a weight
+    they differ (the weight scales dimensions that the rotation then mixes in pairs); posenc applies the weight
+    before the rotation, as Qwen3 and Gemma 3 do.
+
+    Args:
+        kind: ``"rms"`` or ``"l2"``.
+        head_dim: the width of one head (the weight's size).
+        eps: added to the mean square before the root.
+    """
+
+    def __init__(self, kind: str, head_dim: int, eps: float = QK_NORM_EPS):
+        super().__init__()
+        if kind not in ("rms", "l2"):
+            raise ConfigError(f"a QKNorm's kind is 'rms' or 'l2', got {kind!r}")
+        self.kind, self.head_dim, self.eps = kind, head_dim, eps
+        self.weight: nn.Parameter | None = nn.Parameter(torch.ones(head_dim)) if kind == "rms" else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` ``[..., head_dim]`` normalised over its last dimension (and scaled by ``weight`` for ``"rms"``)."""
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return out if self.weight is None else out * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, head_dim={self.head_dim}, eps={self.eps}"
+
+
 class MultiHeadAttention(AttentionCore):
     """Multi-head attention into which any :class:`~posenc.base.PositionalEncoding` plugs.
 
     One call runs six named steps: :meth:`_positions` (query and key positions, and whether they are contiguous),
-    :meth:`_project_rotate` (q, k, v and the ``rotate`` hook), :meth:`_extend_cache` (a KV cache), the mask
+    :meth:`_project_rotate` (q, k, v, the QK-norm and the ``rotate`` hook), :meth:`_extend_cache` (a KV cache), the mask
     (:func:`~posenc.attention.masks.build_mask`), :meth:`_plan` (the kernel, chosen by
     :func:`~posenc.attention.plan.choose_kernel` alone) and the kernel itself. :meth:`plan` says
     which kernel a call takes and why; ``last_plan`` holds the plan of the latest call.
@@ -71,6 +119,11 @@ class MultiHeadAttention(AttentionCore):
             (the last ``W``, its own included) or ``("chunk", C)`` (its chunk of ``C`` tokens). The span is one more
             boolean mask, so the call keeps its kernel (SDPA with the mask for RoPE and NoPE); a local layer's KV
             cache keeps only the keys a later query may see.
+        qk_norm: ``None``, ``"rms"`` (RMSNorm of each head's q and k with a learnable weight of ``head_dim``
+            values, Qwen3 / Gemma 3) or ``"l2"`` (weightless, Llama 4): applied right after the projections and
+            before the encoding's hooks, so the encoding (and a KV cache) sees normalised q and k
+            (:class:`QKNorm`). Position vectors that an encoding projects with this module's own
+            ``q_proj`` / ``k_proj`` (DeBERTa's ``share_att_key``, contextual buckets) are not normalised.
     """
 
     def __init__(
@@ -85,6 +138,7 @@ class MultiHeadAttention(AttentionCore):
         path: str = "auto",
         layer: int = 0,
         span: Span | tuple[str, int] | str | None = None,
+        qk_norm: str | None = None,
     ):
         check_int("d_model", d_model)
         check_int("n_heads", n_heads)
@@ -94,6 +148,7 @@ class MultiHeadAttention(AttentionCore):
                 raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass head_dim")
             head_dim = d_model // n_heads
         check_encoding(encoding, head_dim)
+        kind = qk_norm_kind(qk_norm)
         if encoding is not None:  # all three sizes in the message (the core checks n_heads and head_dim again)
             encoding.check_sizes(d_model=d_model, n_heads=n_heads, head_dim=head_dim)
         super().__init__(n_heads, head_dim, encoding, dropout=dropout, path=path, layer=layer)
@@ -113,6 +168,10 @@ class MultiHeadAttention(AttentionCore):
             self.k_proj = nn.Linear(d_model, self.inner, bias=bias)
         self.v_proj = nn.Linear(d_model, self.inner, bias=bias)
         self.o_proj = nn.Linear(self.inner, d_model, bias=bias)
+        #: ``None``, ``"rms"`` or ``"l2"``: the norm of each head's q and k (``q_norm``, ``k_norm``)
+        self.qk_norm = kind
+        self.q_norm: QKNorm | None = QKNorm(kind, head_dim) if kind is not None else None
+        self.k_norm: QKNorm | None = QKNorm(kind, head_dim) if kind is not None else None
 
     def _split(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
@@ -162,10 +221,13 @@ class MultiHeadAttention(AttentionCore):
         return q_pos, k_pos
 
     def _project_rotate(self, x: Tensor, src: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v ``[B, H, L, Dh]`` with the ``rotate`` hook applied to q and the new keys."""
+        """q, k, v ``[B, H, L, Dh]``, with the QK-norm (if any) and then the ``rotate`` hook applied to q and the new
+        keys."""
         q = self._split(self.q_proj(x))
         k = self._split(self.k_proj(src))
         v = self._split(self.v_proj(src))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.encoding is not None and self._has["rotate"]:
             q, k = self.encoding.rotate(q, k, ctx)
         return q, k, v
@@ -286,7 +348,10 @@ class MultiHeadAttention(AttentionCore):
         return got if allowed is None else allowed & got
 
     def extra_repr(self) -> str:
-        return "" if self.span is None else f"span={self.span}"
+        parts = ([] if self.span is None else [f"span={self.span}"]) + (
+            [f"qk_norm={self.qk_norm!r}"] if self.qk_norm else []
+        )
+        return ", ".join(parts)
 
     def _check_input(self, t: Any, what: str, batch: int | None = None, empty_ok: bool = False) -> None:
         """A hidden-state input: a ``[batch, length, d_model]`` float tensor of the module's dtype and device."""

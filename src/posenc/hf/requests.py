@@ -71,6 +71,15 @@ def _ask(item: Any, where: str) -> _Ask:
         if len(parsed.layers) != 1:
             raise ConfigError(f"{where}{item!r} is a schedule of {len(parsed.layers)} layers where one layer's goes")
         item = parsed.layers[0]
+    if isinstance(item, LayerSpec) and item.qk_norm is not None:
+        from ..schedule import QK_NORMS
+
+        raise ConfigError(
+            f"{where}{str(item)!r} asks for a QK-norm ('#{QK_NORMS[item.qk_norm]}'), which posenc.hf.patch does not "
+            "apply: the suffix is for posenc's own models (posenc.LanguageModel, posenc.Transformer ...); a "
+            "transformers model keeps the QK-norm it has (Qwen3's q_norm / k_norm, Llama 4's L2 norm) whatever "
+            f"encoding it is patched with. Drop the '#{QK_NORMS[item.qk_norm]}' from this layer"
+        )
     if isinstance(item, LayerSpec):
         if isinstance(item.encoding, PositionalEncoding):
             return _Ask(item.encoding, span=item.span)
@@ -195,9 +204,9 @@ def _requested(
             )
         if targets is None:
             # one rotary encoding replaces the model's RoPE where it has RoPE; its layers without keep theirs
-            rotary_one = (
-                isinstance(encoding, PositionalEncoding) and encoding.info.family == "rotary"
-            ) or (isinstance(encoding, str) and resolve(encoding).info.family == "rotary")
+            rotary_one = (isinstance(encoding, PositionalEncoding) and encoding.info.family == "rotary") or (
+                isinstance(encoding, str) and resolve(encoding).info.family == "rotary"
+            )
             types = _layer_types(text_config(model), n) or [None] * n
             return [
                 None if rotary_one and rotary is not None and not _model_rotates(model, a, types[i]) else one

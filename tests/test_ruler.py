@@ -425,3 +425,46 @@ def test_a_small_model_decodes_on_one_thread_and_the_threads_come_back(tiny, mon
         assert seen == [2, 2]
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_readme_paragraph_averages_the_tasks_not_at_the_floor(tmp_path):
+    """The README's RULER table: per scaling and length, the mean over the tasks not at the floor inside L (cwe is),
+    its interval the tasks' Wilson half-widths in quadrature over their count; written into the README's block by
+    `posenc results --readme` from the page's data file, and `--check` holds afterwards."""
+    import json
+
+    from posenc.bench import results_page
+    from posenc.extend import report
+
+    recs = [
+        _rec("niah_single_1", AS_TRAINED, 25, [1] * 16 + [0] * 4),
+        _rec("niah_multikey_2", AS_TRAINED, 25, [1] * 10 + [0] * 10),
+        _rec("cwe", AS_TRAINED, 25, [0.0] * 20),
+        _rec("niah_single_1", AS_TRAINED, 200, [0] * 5),
+        _rec("niah_multikey_2", AS_TRAINED, 200, [0] * 20),
+        _rec("niah_single_1", "rope-yarn", 200, [1] * 5),
+        _rec("niah_multikey_2", "rope-yarn", 200, [1] * 4 + [0] * 16),
+    ]
+    for r in recs:
+        r["model"] = {"name": "m"}
+    lines = ruler_report.readme_lines(recs, "docs/results.md#ruler-by-length-m")
+    assert "(niah_single_1, niah_multikey_2)" in lines[0] and "at the floor inside L, no verdict: cwe" in lines[0]
+
+    def want(cells):
+        score = sum(k / n for k, n in cells) / len(cells)
+        half = sum(((ruler.wilson(k, n)[1] - ruler.wilson(k, n)[0]) / 2) ** 2 for k, n in cells) ** 0.5 / len(cells)
+        return f"{score:.0%} [{max(0, score - half):.0%}–{min(1, score + half):.0%}]"
+
+    assert lines[4] == f"| as trained (plain RoPE) | {want([(16, 20), (10, 20)])} | {want([(0, 5), (0, 20)])} |"
+    assert lines[5] == f"| YaRN, s=2 | — | {want([(5, 5), (4, 20)])} |"
+    # through posenc results: the README's block gains the paragraph, and --check agrees with it
+    page, data = tmp_path / "docs" / "results.md", tmp_path / "docs" / "results" / "data"
+    data.mkdir(parents=True)
+    (data / report.RULER_PAGE_DATA).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- results:start (written by posenc results --readme README.md; do not edit by hand) "
+                      "-->\n<!-- results:end -->\n")
+    results_page.write_page(page, readme=readme, plots=False, log=lambda _: None)
+    text = readme.read_text()
+    assert "**RULER by length** ([the real model](docs/results.md#ruler-by-length-m))" in text and lines[4] in text
+    assert results_page.check_page(page, readme=readme)[0]

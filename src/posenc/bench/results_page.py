@@ -112,13 +112,23 @@ def _dirs(page: Path, data_dir: Path | None, img_dir: Path | None) -> tuple[Path
     return (Path(data_dir) if data_dir else base / "data"), (Path(img_dir) if img_dir else base / "img")
 
 
-def _readme_text(readme: Path, page: Path, datas: list[SuiteData]) -> tuple[str, str]:
-    """(the README as it is, the README with the block of verdicts the page's data gives)."""
+def _readme_text(readme: Path, page: Path, datas: list[SuiteData], data_dir: Path | None = None) -> tuple[str, str]:
+    """(the README as it is, the README with the block of verdicts the page's data gives, and the real model's RULER
+    paragraph where ``data_dir`` holds its cells)."""
+    from ..extend.report import RULER_PAGE_DATA, _read_lines
+    from ..extend.ruler_report import readme_lines
+    from .reporting.format import anchor
     from .reporting.readme import readme_block, with_readme_block
 
     old = readme.read_text(encoding="utf-8")
     link = os.path.relpath(page, readme.parent).replace(os.sep, "/")
-    return old, with_readme_block(old, readme_block(datas, link), str(readme))
+    extra = None
+    ruler = Path(data_dir) / RULER_PAGE_DATA if data_dir is not None else None
+    if ruler is not None and ruler.is_file():
+        records = _read_lines(ruler)
+        name = str(records[0].get("model", {}).get("name", "?")) if records else "?"
+        extra = readme_lines(records, f"{link}#{anchor(f'RULER by length: {name}')}")
+    return old, with_readme_block(old, readme_block(datas, link, extra), str(readme))
 
 
 def build_page(
@@ -208,7 +218,7 @@ def write_page(
     page.write_text(text, encoding="utf-8")
     if readme is not None:
         readme = Path(readme)
-        readme.write_text(_readme_text(readme, page, datas)[1], encoding="utf-8")
+        readme.write_text(_readme_text(readme, page, datas, ddir if suites is None else None)[1], encoding="utf-8")
         log(f"{readme}: the block of verdicts rewritten")
     ran = [d.name for d in datas if d.ran]
     log(
@@ -235,7 +245,8 @@ def check_page(
     new, datas = build_page(page, suites=suites, data_dir=data_dir, img_dir=img_dir)
     pairs.append((page, page.read_text(encoding="utf-8"), new))
     if readme is not None:
-        pairs.append((Path(readme), *_readme_text(Path(readme), page, datas)))
+        ddir = _dirs(page, data_dir and Path(data_dir), None)[0] if suites is None else None
+        pairs.append((Path(readme), *_readme_text(Path(readme), page, datas, ddir)))
     diffs = [
         "\n".join(
             difflib.unified_diff(

@@ -178,6 +178,40 @@ def table(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def readme_lines(records: Sequence[dict[str, Any]], link: str) -> list[str]:
+    """The README's paragraph: RULER's average over the tasks the model is not at the floor on, per scaling and
+    length, with its interval; ``link``: the results page's section. Nothing where there are no RULER cells."""
+    cs = cells(records)
+    if not cs:
+        return []
+    trained = trained_of(records) or 1
+    floor = floor_tasks(records, trained)
+    live = sorted({t for t, *_ in cs if t not in floor}, key=RULER_TASKS.index)
+    if not live:
+        return []
+    lengths = sorted({n for *_, n in cs})
+    scal = sorted({(s, f) for _, s, f, _ in cs}, key=lambda sf: (ORDER.index(sf[0]) if sf[0] in ORDER else 99, sf[1]))
+    name = str(records[0].get("model", {}).get("name", "the model"))
+    questions = sum(c.questions for c in cs.values())
+    lines = [
+        f"**RULER by length** ([the real model]({link})): {name} (L = {trained}) on RULER's synthetic tasks, "
+        f"{questions} questions in all, no fine-tuning. The mean score over the tasks it is not at the floor on "
+        f"inside L ({', '.join(live)}), with Wilson 95 % intervals"
+        + (f"; at the floor inside L, no verdict: {', '.join(floor)}." if floor else "."),
+        "",
+        "| scaling | " + " | ".join(f"{_mult(n, trained)} ({n})" for n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for s, f in scal:
+        row = []
+        for n in lengths:
+            a = average(records, s, f, n, live)
+            row.append(f"{a[0]:.0%} [{a[1]:.0%}–{a[2]:.0%}]" if a else "—")
+        if any(x != "—" for x in row):
+            lines.append(f"| {_label(s, f)} | " + " | ".join(row) + " |")
+    return lines
+
+
 @dataclass(frozen=True)
 class RulerVerdict:
     finding: str

@@ -14,9 +14,10 @@ from .format import anchor, md_escape, md_table
 from .suite_data import SuiteData
 
 
-def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md") -> str:
+def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", extra: list[str] | None = None) -> str:
     """The README's summary of the paper suites: one row per finding (suite, finding, verdict, seeds), then the
-    suites without a verdict yet. Built from the same data as the page, so that it cannot disagree with it."""
+    suites without a verdict yet, then ``extra`` (the real model's RULER paragraph). Built from the same data as
+    the page, so that it cannot disagree with it."""
     body = []
     waiting = []
     for d in datas:
@@ -37,6 +38,8 @@ def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md") -> 
     lines += md_table(["suite", "finding", "verdict", "seeds"], body)
     if waiting:
         lines += ["", "No verdict yet: " + "; ".join(waiting) + "."]
+    if extra:
+        lines += ["", *extra]
     lines += ["", README_END]
     return "\n".join(lines)
 

@@ -468,3 +468,17 @@ def test_the_readme_paragraph_averages_the_tasks_not_at_the_floor(tmp_path):
     text = readme.read_text()
     assert "**RULER by length** ([the real model](docs/results.md#ruler-by-length-m))" in text and lines[4] in text
     assert results_page.check_page(page, readme=readme)[0]
+
+
+def test_the_time_left_leaves_out_the_cells_the_floor_will_cut(tmp_path):
+    from posenc.extend.runner import Cell, Store, cell_work, work_left
+
+    store = Store(tmp_path)
+    at_floor = _rec("cwe", AS_TRAINED, 25, [0.0] * 20)  # 0 of 20 inside L = 100: at the floor
+    live = _rec("vt", AS_TRAINED, 25, [1.0] * 20)
+    for i, r in enumerate((at_floor, live)):
+        store.add({**r, "key": f"k{i}", "model": {"name": "m"}})
+    cells = [Cell("ruler", AS_TRAINED, 1.0, tokens=200, task=t, unless_floor=u)
+             for t, u in (("cwe", True), ("vt", True), ("cwe", False))]
+    assert work_left(cells, store, 100) == pytest.approx(cell_work(cells[1], 100) + cell_work(cells[2], 100))
+    assert work_left(cells, Store(tmp_path / "empty"), 100) == pytest.approx(sum(cell_work(c, 100) for c in cells))

@@ -446,7 +446,7 @@ def run(
         eta = ""
         if progress.ran:  # seconds per unit of work so far, times the work left (a 32k cell is ~10 8k ones)
             per = progress.spent / max(progress.work, 1e-9)
-            left = sum(cell_work(c, trained) for c in todo[i:])
+            left = work_left(todo[i:], store, trained)
             eta = f", about {_fmt(per * left)} left at this pace"
         if cell.unless_floor:
             floor = floor_tasks(store.records(), trained)
@@ -505,7 +505,7 @@ def run(
         progress.ran += 1
         progress.spent += seconds
         progress.work += cell_work(cell, trained)
-        progress.left = sum(cell_work(c, trained) for c in todo[i + 1 :])
+        progress.left = work_left(todo[i + 1 :], store, trained)
         if cell.kind == "loss":
             tail = f"ppl {math.exp(record['mean_loss']):.2f}"
         elif cell.kind == "ruler":
@@ -514,6 +514,13 @@ def run(
             tail = ("retrieved" if record["correct"] else "missed") + f" ({record['tokens_right']:.0%} of the key)"
         progress.say(f"    done in {_fmt(seconds)}: {tail}")
     return store.records()
+
+
+def work_left(cells: Sequence[Cell], store: Store, trained: int) -> float:
+    """The work of ``cells`` (:func:`cell_work`) less the cells that will be cut: those that run unless the model as
+    trained is at the floor, of a task it is at the floor on in the store now."""
+    floor = floor_tasks(store.records(), trained) if any(c.unless_floor for c in cells) else {}
+    return sum(cell_work(c, trained) for c in cells if not (c.unless_floor and c.task in floor))
 
 
 def cell_work(cell: Cell, trained: int) -> float:

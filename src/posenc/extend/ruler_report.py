@@ -124,6 +124,8 @@ def average(records: Sequence[dict[str, Any]], scaling: str, factor: float, toke
 
 def _mult(n: int, trained: int) -> str:
     x = n / trained
+    if x == 1:
+        return "L"
     return f"{x:g}L" if x >= 1 or abs(1 / x - round(1 / x)) > 1e-9 else f"L/{round(1 / x)}"
 
 
@@ -194,10 +196,10 @@ def readme_lines(records: Sequence[dict[str, Any]], link: str) -> list[str]:
     name = str(records[0].get("model", {}).get("name", "the model"))
     questions = sum(c.questions for c in cs.values())
     lines = [
-        f"**RULER by length** ([the real model]({link})): {name} (L = {trained}) on RULER's synthetic tasks, "
-        f"{questions} questions in all, no fine-tuning. The mean score over the tasks it is not at the floor on "
-        f"inside L ({', '.join(live)}), with Wilson 95 % intervals"
-        + (f"; at the floor inside L, no verdict: {', '.join(floor)}." if floor else "."),
+        f"**RULER by length** ([the real model]({link})): {name} (L = {trained}), RULER's synthetic tasks, "
+        f"{questions} questions, no fine-tuning: the mean score over the tasks not at the floor inside L "
+        f"({', '.join(live)}) with Wilson 95 % intervals"
+        + (f"; at the floor (no verdict): {', '.join(floor)}." if floor else "."),
         "",
         "| scaling | " + " | ".join(f"{_mult(n, trained)} ({n})" for n in lengths) + " |",
         "|---|" + "---:|" * len(lengths),

@@ -15,9 +15,9 @@ from .suite_data import SuiteData
 
 
 def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", extra: list[str] | None = None) -> str:
-    """The README's summary of the paper suites: one row per finding (suite, finding, verdict, seeds), then the
-    suites without a verdict yet, then ``extra`` (the real model's RULER paragraph). Built from the same data as
-    the page, so that it cannot disagree with it."""
+    """The README's summary of the paper suites: one row per finding (suite, with its seeds where fewer than
+    planned; finding; verdict), then the suites without a verdict yet, then ``extra`` (the real model's RULER
+    paragraph). Built from the same data as the page, so that it cannot disagree with it."""
     body = []
     waiting = []
     for d in datas:
@@ -31,11 +31,13 @@ def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", ext
             waiting.append(f"{link} ({ran if not d.ran else f'{ran} seeds, no verdict written yet'})")
             continue
         stale = set(map(id, d.stale_findings()))
+        # the seeds are said where they are fewer than the suite's (the text above the block says how many it has)
+        first = link + (f" ({ran} seeds)" if seeds < planned else "")
         for i, f in enumerate(d.suite.findings):
             verdict = f"**{f.verdict}**" + (" (written before the latest runs)" if id(f) in stale else "")
-            body.append([link if i == 0 else "", md_escape(f.finding), verdict, ran if i == 0 else ""])
+            body.append([first if i == 0 else "", md_escape(f.finding), verdict])
     lines = [README_START, ""]
-    lines += md_table(["suite", "finding", "verdict", "seeds"], body)
+    lines += md_table(["suite", "finding", "verdict"], body)
     if waiting:
         lines += ["", "No verdict yet: " + "; ".join(waiting) + "."]
     if extra:

@@ -13,6 +13,7 @@ The truths they are compared with:
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -88,11 +89,13 @@ def test_llama4_matches_transformers_nope_layer_prefill_and_cache(floor_scale, a
     assert (got - want).abs().max() < 1e-12
     # prefill 7 tokens, then one at a time: transformers reads the positions from its cache, posenc from its own
     cache, kv = DynamicCache(config=cfg), posenc.KVCache()
+    # the cache's argument: ``cache`` since transformers 5.24 (which warns on the old name), ``past_key_values`` before
+    name = "cache" if "cache" in inspect.signature(type(hf).forward).parameters else "past_key_values"
     with torch.no_grad():
-        outs_hf = [hf(x[:, :7], None, _additive(_causal(7, 7)), past_key_values=cache)[0]]
+        outs_hf = [hf(x[:, :7], None, _additive(_causal(7, 7)), **{name: cache})[0]]
         outs = [attn(x[:, :7], causal=True, kv_cache=kv)]
         for t in range(7, 30):
-            outs_hf.append(hf(x[:, t : t + 1], None, None, past_key_values=cache)[0])
+            outs_hf.append(hf(x[:, t : t + 1], None, None, **{name: cache})[0])
             outs.append(attn(x[:, t : t + 1], causal=True, kv_cache=kv))
     assert (torch.cat(outs, 1) - torch.cat(outs_hf, 1)).abs().max() < 1e-12
     assert (torch.cat(outs, 1) - want).abs().max() < 1e-12

@@ -288,8 +288,8 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
 
 
 def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Heatmaps: a panel per task and one for the average; rows the scalings, columns the lengths; each cell its
-    score and Wilson interval."""
+    """Heatmaps: a panel per task and one for the average (over the tasks not at the floor, where some are); rows
+    the scalings, columns the lengths; each cell its score and Wilson interval."""
     cs = cells(records)
     if not cs:
         return None
@@ -307,6 +307,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
     rws = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rws, cols, figsize=(3.2 * cols + 1, 0.55 * len(scal) * rws + 1.3 * rws), squeeze=False)
     floor = floor_tasks(records, trained)
+    live = [t for t in tasks if t not in floor] if floor else None
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax, name in zip(axes.flat, panels):
@@ -315,7 +316,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
         for i, (s, f) in enumerate(scal):
             for j, n in enumerate(lengths):
                 if name == "average":
-                    a = average(records, s, f, n)
+                    a = average(records, s, f, n, live)
                     if a:
                         grid[i][j], notes[i][j] = a[0], f"{a[0]:.0%}\n{a[1]:.0%}–{a[2]:.0%}"
                 elif (name, s, f, n) in cs:
@@ -328,7 +329,8 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
                         color="black" if notes[i][j] else "grey")
         ax.set_xticks(range(len(lengths)), [_mult(n, trained) for n in lengths], fontsize=8)
         ax.set_yticks(range(len(scal)), [_label(s, f) for s, f in scal], fontsize=8)
-        ax.set_title(name + (" (floor)" if name in floor else ""), fontsize=9)
+        title = "average, tasks not at the floor" if name == "average" and live else name
+        ax.set_title(title + (" (floor)" if name in floor else ""), fontsize=9)
     fig.suptitle(f"RULER by length (L = {trained}): score and Wilson 95 % interval", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -180,16 +180,19 @@ def table(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _live(records: Sequence[dict[str, Any]]) -> tuple[dict[Key, CellScore], int, dict[str, str], list[str]]:
+    """The cells, the trained length, the tasks at the floor inside L and those not (in RULER's order)."""
+    cs = cells(records)
+    trained = trained_of(records) or 1
+    floor = floor_tasks(records, trained) if cs else {}
+    return cs, trained, floor, sorted({t for t, *_ in cs if t not in floor}, key=RULER_TASKS.index)
+
+
 def readme_lines(records: Sequence[dict[str, Any]], link: str) -> list[str]:
     """The README's paragraph: RULER's average over the tasks the model is not at the floor on, per scaling and
     length, with its interval; ``link``: the results page's section. Nothing where there are no RULER cells."""
-    cs = cells(records)
-    if not cs:
-        return []
-    trained = trained_of(records) or 1
-    floor = floor_tasks(records, trained)
-    live = sorted({t for t, *_ in cs if t not in floor}, key=RULER_TASKS.index)
-    if not live:
+    cs, trained, floor, live = _live(records)
+    if not cs or not live:
         return []
     lengths = sorted({n for *_, n in cs})
     scal = sorted({(s, f) for _, s, f, _ in cs}, key=lambda sf: (ORDER.index(sf[0]) if sf[0] in ORDER else 99, sf[1]))
@@ -225,12 +228,9 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
     """Verdicts decided on the intervals, on the average of the tasks not at the floor (and per such task for
     "as trained fails past L"): every pair of scalings at every length past L, and the model as trained past L
     against itself inside L."""
-    cs = cells(records)
+    cs, trained, floor, live = _live(records)
     if not cs:
         return []
-    trained = trained_of(records) or 1
-    floor = floor_tasks(records, trained)
-    live = sorted({t for t, *_ in cs if t not in floor}, key=RULER_TASKS.index)
     out: list[RulerVerdict] = []
     if not live:
         return [RulerVerdict("any verdict", "not measured",

@@ -482,3 +482,21 @@ def test_the_time_left_leaves_out_the_cells_the_floor_will_cut(tmp_path):
              for t, u in (("cwe", True), ("vt", True), ("cwe", False))]
     assert work_left(cells, store, 100) == pytest.approx(cell_work(cells[1], 100) + cell_work(cells[2], 100))
     assert work_left(cells, Store(tmp_path / "empty"), 100) == pytest.approx(sum(cell_work(c, 100) for c in cells))
+
+
+def test_a_task_that_resolves_what_the_average_does_not_is_said():
+    recs = [
+        _rec("niah_single_1", AS_TRAINED, 100, [1] * 20),
+        _rec("niah_single_1", "rope-yarn", 100, [0] * 20),
+        _rec("fwe", AS_TRAINED, 100, [0.0]),
+        _rec("fwe", "rope-yarn", 100, [1.0]),
+        _rec("niah_single_1", AS_TRAINED, 200, [0] * 20),
+        _rec("fwe", AS_TRAINED, 200, [1.0]),
+    ]
+    v = {x.finding: x for x in ruler_report.verdicts(recs)}
+    # the average (50 % against 50 %) resolves nothing; niah_single_1 alone does (20 of 20 against 0 of 20)
+    assert v["as trained (plain RoPE) against YaRN, s=2 at L"].verdict == "no difference resolved"
+    assert v["as trained (plain RoPE) beats YaRN, s=2 at L on niah_single_1"].verdict == "yes"
+    assert not any(k.endswith("on fwe") for k in v)  # fwe's one question resolves nothing
+    assert v["as trained fails past L (at 2L) on niah_single_1"].verdict == "yes"
+    assert v["as trained fails past L (at 2L)"].verdict == "no difference resolved"

@@ -225,9 +225,10 @@ class RulerVerdict:
 
 
 def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
-    """Verdicts decided on the intervals, on the average of the tasks not at the floor (and per such task for
-    "as trained fails past L"): every pair of scalings at every length past L, and the model as trained past L
-    against itself inside L."""
+    """Verdicts decided on the intervals, on the average of the tasks not at the floor: every pair of scalings at L
+    and at every length past it, and the model as trained past L against itself inside L. Where the average
+    resolves nothing, each task that resolves the comparison alone is said too ("... on niah_single_1"): RULER
+    reports per task, and one task at the floor past L can hide another's clear difference in the average."""
     cs, trained, floor, live = _live(records)
     if not cs:
         return []
@@ -259,12 +260,17 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
                 out.append(RulerVerdict(finding, "not measured", "no task measured both inside L and here"))
                 continue
             tasks = common([(*plain, ref_n), (*plain, n)])
-            ref, got = average(records, *plain, ref_n, tasks), average(records, *plain, n, tasks)
-            assert ref is not None and got is not None
-            verdict = "yes" if got[2] < ref[1] else "no difference resolved"
-            out.append(RulerVerdict(
-                finding, verdict, f"{over(tasks)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at "
-                f"{_mult(ref_n, trained)}"))
+            for group in [tasks, *([[t] for t in tasks] if len(tasks) > 1 else [])]:
+                ref, got = average(records, *plain, ref_n, group), average(records, *plain, n, group)
+                assert ref is not None and got is not None
+                verdict = "yes" if got[2] < ref[1] else "no difference resolved"
+                if group is not tasks and verdict != "yes":
+                    continue  # a task alone is said where it resolves what the average does not
+                if group is not tasks and out[-1].verdict == "yes" and out[-1].finding == finding:
+                    continue
+                out.append(RulerVerdict(
+                    finding + ("" if group is tasks else f" on {group[0]}"), verdict,
+                    f"{over(group)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at {_mult(ref_n, trained)}"))
     # every pair of scalings at L (the longest length inside) and past it
     for n in [*inside[-1:], *past]:
         for i, a in enumerate(scal):
@@ -272,16 +278,23 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
                 tasks = common([(*a, n), (*b, n)])
                 if not tasks:
                     continue
-                x, y = average(records, *a, n, tasks), average(records, *b, n, tasks)
-                assert x is not None and y is not None
-                la, lb = _label(*a), _label(*b)
-                if x[1] > y[2]:
-                    finding, verdict = f"{la} beats {lb} at {_mult(n, trained)}", "yes"
-                elif y[1] > x[2]:
-                    finding, verdict = f"{lb} beats {la} at {_mult(n, trained)}", "yes"
-                else:
-                    finding, verdict = f"{la} against {lb} at {_mult(n, trained)}", "no difference resolved"
-                out.append(RulerVerdict(finding, verdict, f"{over(tasks)}: {la} {fmt(x)}, {lb} {fmt(y)}"))
+                resolved = False
+                # the average first; where it resolves nothing, each task alone that does (RULER reports per task)
+                for group in [tasks, *([[t] for t in tasks] if len(tasks) > 1 else [])]:
+                    x, y = average(records, *a, n, group), average(records, *b, n, group)
+                    assert x is not None and y is not None
+                    la, lb = _label(*a), _label(*b)
+                    on = "" if group is tasks else f" on {group[0]}"
+                    if x[1] > y[2]:
+                        finding, verdict = f"{la} beats {lb} at {_mult(n, trained)}{on}", "yes"
+                    elif y[1] > x[2]:
+                        finding, verdict = f"{lb} beats {la} at {_mult(n, trained)}{on}", "yes"
+                    else:
+                        finding, verdict = f"{la} against {lb} at {_mult(n, trained)}{on}", "no difference resolved"
+                    if group is not tasks and (resolved or verdict != "yes"):
+                        continue
+                    resolved = resolved or verdict == "yes"
+                    out.append(RulerVerdict(finding, verdict, f"{over(group)}: {la} {fmt(x)}, {lb} {fmt(y)}"))
     for t, why in floor.items():
         out.append(RulerVerdict(f"{t}", "at the floor", f"as trained inside L: {why}; no verdict"))
     return out

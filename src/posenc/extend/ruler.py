@@ -37,7 +37,6 @@ generated (the score cannot change after that) or at the end-of-text token.
 
 from __future__ import annotations
 
-import math
 import random
 import string
 import uuid
@@ -49,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._stats import wilson_bounds
 from ..errors import ConfigError
 from .evaluate import cache_kw
 
@@ -445,11 +445,7 @@ def wilson(successes: float, n: int, z: float = 1.959963984540054) -> tuple[floa
         raise ConfigError(f"a Wilson interval needs at least one trial, got n={n}")
     if not 0 <= successes <= n:
         raise ConfigError(f"successes must lie in [0, n={n}], got {successes}")
-    p = successes / n
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return wilson_bounds(successes / n, n, z)
 
 
 # ---------------------------------------------------------------------------------------------- asking

@@ -48,6 +48,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._stats import wilson_bounds
 from ..outcomes import is_pct, metric_range
 
 #: the family-wise error rate of a task's claims
@@ -64,11 +65,7 @@ def wilson(k: int, n: int, z: float) -> tuple[float, float]:
     with ``|k/n - p| <= z sqrt(p (1 - p) / n)``."""
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"a proportion needs 0 <= k <= n and n > 0, got k={k}, n={n}")
-    p = k / n
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return wilson_bounds(k / n, n, z)
 
 
 def mover(plus: list[tuple[int, int]], minus: list[tuple[int, int]], z: float) -> tuple[float, float, float]:

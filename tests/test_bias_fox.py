@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from cache_steps import cached_steps
 
 import posenc
 from posenc import KVCache, MultiHeadAttention
@@ -287,10 +288,8 @@ def test_a_query_temperature_over_it_decodes_with_a_cache() -> None:
     x = torch.randn(2, 80, D, dtype=torch.float64)
     with torch.no_grad():
         full = layer(x, causal=True)
-        cache = KVCache()
-        steps = [layer(x[:, :70], causal=True, kv_cache=cache)]
-        steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(70, 80)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-12)
+        steps, cache = cached_steps(layer, x, 70)
+    torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-12)
     assert cache.get(0)[0].shape[-1] == DH + FoX.key_state_channels
 
 
@@ -302,7 +301,5 @@ def test_randomized_positions_over_it_decode_with_a_cache() -> None:
     x = torch.randn(1, 75, D, dtype=torch.float64)
     with torch.no_grad():
         full = layer(x, causal=True)
-        cache = KVCache()
-        steps = [layer(x[:, :70], causal=True, kv_cache=cache)]
-        steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(70, 75)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-12)
+        steps, _ = cached_steps(layer, x, 70)
+    torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-12)

@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+from cache_steps import cached_steps
 
 import posenc
-from posenc import KVCache, MultiHeadAttention
+from posenc import MultiHeadAttention
 from posenc.errors import ConfigError
 from posenc.relative import path_attention as pa
 
@@ -105,10 +106,7 @@ def test_left_padding_kv_cache_and_grouped_keys() -> None:
         out = layer(batch, causal=True, attention_mask=mask)
         torch.testing.assert_close(out[1, pad:], layer(x[1:, :-pad], causal=True)[0], rtol=1e-10, atol=1e-12)
         want = layer(x, causal=True)
-        cache = KVCache()
-        steps = [layer(x[:, :4], causal=True, kv_cache=cache)]
-        steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(4, 10)]
-        torch.testing.assert_close(torch.cat(steps, 1), want, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(cached_steps(layer, x, 4)[0], want, rtol=1e-10, atol=1e-12)
     enc = posenc.get("path", n_heads=4, head_dim=2)
     k = torch.randn(1, 2, 5, 2)
     w, beta = enc.transforms(k)

@@ -28,7 +28,8 @@ OPTIONS = {
 
 
 @st.composite
-def layer_specs(draw: st.DrawFn) -> LayerSpec:
+def layer_specs(draw: st.DrawFn, norms: tuple[str | None, ...] = (None,)) -> LayerSpec:
+    """A random layer; ``norms``: the QK-norms it may take (tests/test_qk_norm.py draws all of them)."""
     name = draw(st.sampled_from(NAMES))
     options = {}
     for key, values in OPTIONS.get(name, {}).items():
@@ -41,12 +42,12 @@ def layer_specs(draw: st.DrawFn) -> LayerSpec:
             st.tuples(st.just("chunk"), st.integers(1, 4096)),
         )
     )
-    return LayerSpec(name, options, Span.of(span))
+    return LayerSpec(name, options, Span.of(span), draw(st.sampled_from(norms)))
 
 
 @st.composite
-def schedules(draw: st.DrawFn) -> Schedule:
-    layers = draw(st.lists(layer_specs(), min_size=1, max_size=6))
+def schedules(draw: st.DrawFn, norms: tuple[str | None, ...] = (None,)) -> Schedule:
+    layers = draw(st.lists(layer_specs(norms), min_size=1, max_size=6))
     counts = draw(st.lists(st.integers(1, 4), min_size=len(layers), max_size=len(layers)))
     expanded = tuple(spec for spec, n in zip(layers, counts) for _ in range(n))
     return Schedule(expanded, truncate=draw(st.booleans()))

@@ -8,9 +8,10 @@ import math
 
 import pytest
 import torch
+from cache_steps import cached_steps
 
 import posenc
-from posenc import KVCache, MultiHeadAttention
+from posenc import MultiHeadAttention
 from posenc.bias import stick_breaking as sb
 from posenc.errors import ConfigError
 
@@ -106,10 +107,7 @@ def test_left_padding_and_the_kv_cache() -> None:
         out = layer(batch, causal=True, attention_mask=mask)
         torch.testing.assert_close(out[1, pad:], layer(x[1:, :-pad], causal=True)[0], rtol=1e-10, atol=1e-12)
         want = layer(x, causal=True)
-        cache = KVCache()
-        steps = [layer(x[:, :5], causal=True, kv_cache=cache)]
-        steps += [layer(x[:, t : t + 1], causal=True, kv_cache=cache) for t in range(5, 12)]
-        torch.testing.assert_close(torch.cat(steps, 1), want, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(cached_steps(layer, x, 5)[0], want, rtol=1e-10, atol=1e-12)
         _, weights = layer(x, causal=True, return_weights=True)
         assert bool((weights.triu(1) == 0).all())  # nothing from later keys
 

@@ -45,6 +45,7 @@ The package, bottom to top (each module imports only those before it):
     hooks        the forward hooks (positions, codes, silenced table) and installing / removing them
     patching     patch() and unpatch()
     checkpoints  save_pretrained, from_pretrained, restore (the Auto classes), load_pretrained
+    export       export (a native transformers folder, or GGUF), native_rope_parameters (the patch as rope_parameters)
     matrix_checks, matrix   the support matrix of docs/hf.md (``python -m posenc.hf_matrix``), not imported here
 
 Importing :mod:`posenc.hf` makes transformers' ``from_pretrained`` / ``from_config`` restore a recorded patch.
@@ -62,6 +63,7 @@ from .checkpoints import (
     restore,
     save_pretrained,
 )
+from .export import export, native_config_changes, native_rope_parameters
 from .families import SUPPORTED, Family, _base_and_family, supported_models  # noqa: F401 (_base_and_family)
 from .hooks import (  # noqa: F401 (what a model pickled by torch.save before posenc.hf was a package names)
     _add_codes,
@@ -89,8 +91,11 @@ __all__ = [
     "WEIGHTS_FILE",
     "Family",
     "PosencPatch",
+    "export",
     "from_pretrained",
     "load_pretrained",
+    "native_config_changes",
+    "native_rope_parameters",
     "patch",
     "patched",
     "posenc_attention",

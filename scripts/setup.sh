@@ -5,6 +5,8 @@
 #   bash scripts/setup.sh data   bench + the real data sets (scripts/install_data.sh, docs/data.md)
 #   bash scripts/setup.sh test   data + the test tools: pytest, hypothesis, ruff, transformers, ray
 #                                (scripts/test.sh)
+#   bash scripts/setup.sh serve  test + llama-cpp-python, built from source once and cached
+#                                (scripts/install_llamacpp.sh; docs/export.md)
 #
 # Each level leaves a stamp, .venv/.posenc-<level>, holding a hash of the files that decide what is
 # installed. A level counts as installed when its stamp or a higher level's is current, so the test
@@ -19,9 +21,10 @@ case "$level" in
   bench) rank=1 ;;
   data) rank=2 ;;
   test) rank=3 ;;
-  *) echo "usage: bash scripts/setup.sh [bench|data|test]" >&2; exit 2 ;;
+  serve) rank=4 ;;
+  *) echo "usage: bash scripts/setup.sh [bench|data|test|serve]" >&2; exit 2 ;;
 esac
-levels=(bench data test)
+levels=(bench data test serve)
 torch_pin=$(sed -n 's/^torch==//p' constraints.txt)
 want=$(cat pyproject.toml constraints.txt requirements-data.txt | sha1sum | cut -d' ' -f1)
 start=$SECONDS
@@ -30,7 +33,7 @@ say() { echo "setup: $*"; }
 # is level number $1 (1 bench, 2 data, 3 test) installed? (its stamp or a higher level's is current)
 installed() {
   local i
-  for ((i = $1; i <= 3; i++)); do
+  for ((i = $1; i <= ${#levels[@]}; i++)); do
     local stamp=".venv/.posenc-${levels[i - 1]}"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
   done
@@ -80,6 +83,10 @@ if [ "$rank" -ge 2 ] && ! installed 2; then
 fi
 if [ "$rank" -ge 3 ]; then
   stamp test
+fi
+if [ "$rank" -ge 4 ] && ! installed 4; then
+  bash scripts/install_llamacpp.sh
+  stamp serve
 fi
 
 say "done in $((SECONDS - start)) s"

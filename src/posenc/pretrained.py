@@ -411,6 +411,13 @@ def _check_gguf(path: Path) -> None:
 
 
 def _gguf(path: Path, name: str, packaged: Packaged | None, refresh: bool, quiet: bool, dtype: Any, kwargs: dict):
+    model, tokenizer = _gguf_model(path, name, packaged, refresh, quiet, dtype, kwargs)
+    # the file it came from: posenc.hf.export(format="gguf") copies its tensors from there, byte for byte
+    model.posenc_gguf = str(path)
+    return model, tokenizer
+
+
+def _gguf_model(path: Path, name: str, packaged: Packaged | None, refresh: bool, quiet: bool, dtype: Any, kwargs: dict):
     _need("gguf", "reading a .gguf file")
     _need("accelerate", "reading a .gguf file")
     _check_gguf(path)

@@ -444,7 +444,9 @@ def _check_frequencies(model: nn.Module, config: Any) -> None:
                 scale = 1.0
             else:
                 kwargs = {"layer_type": layer_type} if layer_type is not None else {}
-                theirs, scale = ROPE_INIT_FUNCTIONS[kind](copy.deepcopy(target), "cpu", seq_len=n, **kwargs)
+                # a tensor length, as transformers' forward passes it (max(position_ids) + 1)
+                length = torch.tensor(n) if n is not None and kind == "dynamic" else n
+                theirs, scale = ROPE_INIT_FUNCTIONS[kind](copy.deepcopy(target), "cpu", seq_len=length, **kwargs)
             if (
                 theirs.shape != ours.shape
                 or not torch.equal(theirs.float(), ours.float().cpu())

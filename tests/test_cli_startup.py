@@ -18,6 +18,7 @@ HELPS = [
     ["list", "--help"],
     ["info", "--help"],
     ["bench", "--help"],
+    ["bench", "--list-suites"],  # read from the suites' TOML files, not built (issue 48)
     ["inspect", "--help"],
     ["extend", "--help"],
     ["results", "--help"],
@@ -168,6 +169,9 @@ USAGE_ERRORS = [
     (["bench", "--encodings", "ropee"], ["--encodings: unknown encoding 'ropee'", "Did you mean: rope"]),
     (["bench", "--encodings", "rope", "alibii", "sinusiodal"], ["'alibii' (did you mean: alibi", "sinusoidal"]),
     (["bench", "--encodings", "yarnn"], ["Did you mean: rope-yarn?"]),  # by its alias yarn, named as listed
+    # a schedule's layer names are checked from the cards too (issue 48: 6.5 s before, for a typo)
+    (["bench", "--encodings", "rope*3+nopee"], ["'rope*3+nopee': layer 3: unknown encoding 'nopee'", "nope"]),
+    (["bench", "--encodings", "rope(base=5e5)@w64*2+t5+alibii#qk"], ["layer 3: unknown encoding 'alibii'", "alibi"]),
     (["bench", "--tasks", "ordr"], ["unknown task 'ordr'", "Did you mean: order"]),
     (["bench", "--suite", "quik"], ["unknown suite 'quik'", "Did you mean: quick"]),
     (["bench", "--suite", "no-such-file.toml"], ["suite file no-such-file.toml does not exist"]),
@@ -254,3 +258,37 @@ def test_in_a_process_that_loaded_the_registry_the_registry_is_asked(monkeypatch
         _cards.check_encodings(["ropee"], "--encodings")
     monkeypatch.setitem(types._TASKS, "a-task-of-mine", object())
     assert "a-task-of-mine" in _cards.task_names() and "order" in _cards.task_names()
+
+
+def test_a_schedule_typo_says_what_the_full_parse_says(names_cached):
+    # the torch-free check and the schedule's own parse (with the registry) name the same layer and matches
+    from posenc import _cards
+    from posenc.errors import UnknownNameError
+    from posenc.schedule import check_names
+
+    for text in ("rope*3+nopee", "t5+rope@w64*2+alibii#qk", "rope(base=10000.0)*2+ropee..."):
+        with pytest.raises(UnknownNameError) as full:
+            check_names([text], "--encodings")
+        probe = _cached_run(names_cached, [sys.executable, "-c", BLOCKED, "bench", "--encodings", text])
+        assert "EXIT: 2" in probe.stdout, probe.stdout + probe.stderr
+        assert f"posenc: error: {full.value}" in probe.stderr, (probe.stderr, str(full.value))
+    assert _cards._schedule_names("rope(base=5e5)@w64*3+nope#qk+t5") == [(0, "rope"), (3, "nope"), (4, "t5")]
+
+
+def test_the_listing_counts_the_runs_a_suite_builds():
+    from posenc.bench.suites import _count_runs, describe_suites, load_suite, parse_suite
+
+    listed = {n: count for n, _, count in describe_suites()}
+    for name in ("quick", "shaw-k"):  # grids with settings of their own; encodings with options
+        assert listed[name] == len(load_suite(name).jobs(check=False))
+    data = {  # two grids that share the runs of one encoding: counted once, as the suite runs them once
+        "tasks": ["order"],
+        "seeds": [0, 1],
+        "settings": {"steps": 5},
+        "grid": [
+            {"encodings": ["rope", "alibi"]},
+            {"encodings": ["rope", {"name": "shaw", "options": {"max_relative_position": 2}}]},
+            {"encodings": ["rope"], "settings": {"steps": 6}},
+        ],
+    }
+    assert _count_runs(data) == len(parse_suite(data).jobs(check=False)) == 8

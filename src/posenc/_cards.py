@@ -109,6 +109,43 @@ def check_encodings(names: list[str], where: str = "") -> None:
     bad = [n for n in names if not is_schedule_text(n) and normalized(n) not in aliases and normalized(n) not in known]
     if bad:
         raise unknown_encodings(bad, known, aliases, where)
+    for text in names:  # a schedule's layer names, checked the same way (its syntax is checked when it is parsed)
+        if is_schedule_text(text):
+            for layer, name in _schedule_names(text):
+                if normalized(name) not in aliases and normalized(name) not in known:
+                    from .errors import UnknownNameError
+
+                    close = close_names(name, known, aliases)
+                    hint = f" (close matches: {', '.join(close)})" if close else ""
+                    exc = UnknownNameError("encoding", name, known)
+                    exc.close_matches = close
+                    exc.args = (
+                        f"{where + ': ' if where else ''}{text!r}: layer {layer}: unknown encoding {name!r}{hint}; "
+                        "`posenc list` (or posenc.available()) lists every encoding",
+                    )
+                    raise exc
+
+
+def _schedule_names(text: str) -> list[tuple[int, str]]:
+    """(first layer, encoding name) of each term of a schedule string (``"rope@w64*3+nope"``: (0, rope), (3, nope)),
+    as :func:`posenc.schedule.Schedule.parse` reads them, without the registry; a term it cannot read is skipped
+    (the parse, when the command runs, says what is wrong with it)."""
+    from .schedule import _NAME, _split_top
+
+    out: list[tuple[int, str]] = []
+    layer = 0
+    body = text.strip().removesuffix("...")
+    for term in _split_top(body, "+"):
+        pieces = _split_top(term, "*")
+        m = _NAME.match(pieces[0].strip())
+        if m is None:
+            return out
+        out.append((layer, m.group(0)))
+        count = pieces[1].strip() if len(pieces) == 2 else "1"
+        if not count.isdigit():
+            return out
+        layer += int(count)
+    return out
 
 
 # ---------------------------------------------------------------------------- the benchmark's tasks

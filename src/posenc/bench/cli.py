@@ -326,11 +326,6 @@ def _stored_report(
 
 
 def run(args: argparse.Namespace) -> int:
-    from .report import leaderboard, learning_warnings, markdown_table, write_report
-    from .runner import run_suite
-    from .store import open_store
-    from .suites import describe_suites
-
     _check_numbers(args)
     _check_text(args)
     if args.imports:
@@ -338,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
 
         load_tasks(*args.imports)
     if args.list_suites:
+        from .suites import describe_suites  # the TOML files only: no torch
+
         listed = describe_suites()
         width = max((len(name) for name, _, _ in listed), default=4)
         digits = max((len(str(n)) for _, _, n in listed), default=1)
@@ -354,6 +351,10 @@ def run(args: argparse.Namespace) -> int:
             task = get_task(t)
             print(f"{t:<{width}}  {task.metric:<12} {task.description}")
         return 0
+    from .report import leaderboard, learning_warnings, markdown_table, write_report
+    from .runner import run_suite
+    from .store import open_store
+
     selected = bool(args.suite or args.tasks or args.encodings or args.seeds or args.encoding_option or args.data)
     if args.report_only and not selected:
         args.suite = _stored_suite(args)

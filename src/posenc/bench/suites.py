@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PosencError, PositionError, UnknownNameError
-from ..registry import resolve
 from .types import Job, RunConfig, default_label
 
 TOP_KEYS = (
@@ -387,6 +386,8 @@ def _encoding(where: str, e: Any) -> EncodingSpec:
         except PosencError as exc:
             raise type(exc)(f"{where}: {e!r}: {exc}") from None
         return EncodingSpec(name, name, {})
+    from ..registry import resolve  # torch: only when a suite is built (a listing of the suites needs none)
+
     if isinstance(e, str):
         resolve(e)
         return EncodingSpec(e, e, {})
@@ -519,12 +520,31 @@ def load_suite(name_or_path: str | Path) -> Suite:
 
 
 def describe_suites() -> list[tuple[str, str, int]]:
-    """(name, description, number of runs) of every built-in suite; a broken one says why."""
+    """(name, description, number of runs) of every built-in suite, read from the TOML files without building them
+    (no torch: ``posenc bench --list-suites`` answers at once); a file that cannot be read says why. The count is
+    that of :meth:`Suite.jobs` (distinct runs over the grids), the suites' full checks are left to a run."""
     out = []
     for n in available_suites():
         try:
-            s = load_suite(n)
-            out.append((n, s.description, len(s.jobs(check=False))))
-        except PosencError as exc:
+            data = tomllib.loads(suite_path(n).read_text())
+            out.append((n, str(data.get("description", "")), _count_runs(data)))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             out.append((n, f"cannot be loaded here: {exc}", 0))
     return out
+
+
+def _count_runs(data: dict[str, Any]) -> int:
+    """The number of distinct runs of a suite's parsed TOML: tasks × encodings × seeds per grid, a run that two
+    grids share (same task, encoding, options, seed and settings) counted once, as :meth:`Suite.jobs` does."""
+    import json
+
+    seen: set[tuple[Any, ...]] = set()
+    for grid in data.get("grid") or [{}]:
+        merged = {k: grid.get(k, data.get(k)) or [] for k in ("tasks", "encodings", "seeds")}
+        settings = json.dumps({**data.get("settings", {}), **grid.get("settings", {})}, sort_keys=True)
+        for t in merged["tasks"]:
+            for e in merged["encodings"]:
+                name, options = (e, {}) if isinstance(e, str) else (e["name"], e.get("options", {}))
+                for seed in merged["seeds"]:
+                    seen.add((t, name, json.dumps(options, sort_keys=True), seed, settings))
+    return len(seen)

@@ -143,3 +143,31 @@ def test_a_suite_s_encodings_go_by_label_and_every_unknown_one_is_named(tmp_path
     assert main([*argv, "shaw k=4", "shaw k=44", "ropee"]) == 2
     err = capsys.readouterr().err
     assert "'shaw k=44' (did you mean: shaw k=4" in err and "'ropee'" in err
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"), [("benh", "bench"), ("lst", "list"), ("extnd", "extend"), ("inpsect", "inspect")]
+)
+def test_a_mistyped_command_gets_did_you_mean(capsys, typed, meant):
+    with pytest.raises(SystemExit) as exc:
+        main([typed, "--quick"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unknown command {typed!r}. Did you mean: {meant}" in err and "posenc --help" in err
+
+
+def test_every_command_with_a_letter_dropped_leads_back_to_it(capsys):
+    from posenc.cli import build_parser
+
+    names = list(next(a for a in build_parser()._actions if a.dest == "command").choices)
+    assert {"list", "bench", "extend", "inspect"} <= set(names)
+    for name in names:
+        typo = name[:1] + name[2:]
+        with pytest.raises(SystemExit):
+            main([typo])
+        said = capsys.readouterr().err.split("Did you mean:")[1].split("?")[0]
+        assert name in [s.strip() for s in said.split(",")], (typo, said)
+    with pytest.raises(SystemExit):
+        main(["zzzzqq"])
+    err = capsys.readouterr().err
+    assert "Did you mean" not in err and "The commands: " in err and all(n in err for n in names)

@@ -23,6 +23,7 @@ examples:
   posenc bench --encodings rope alibi t5 --seeds 0 1 2 --out results/mine
   posenc inspect rope                 measured properties and pictures of one encoding
   posenc extend --quick               a real pretrained model (SmolLM2) stretched with RoPE scalings
+  posenc export smollm2-135m out --encoding rope-yarn --factor 2   a native transformers folder of the patch
   posenc info                         versions, threads, and whether the compiled CPU kernels are in use
   posenc readme-table --write README.md   regenerate the README's table of encodings
 """
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .extend import cli as extend_cli
 
     extend_cli.add_parser(sub)
+    from . import export_cli
+
+    export_cli.add_parser(sub)
 
     try:
         from .analysis import cli as inspect_cli
@@ -223,8 +227,26 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _check_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """A mistyped command name (``posenc benh``) is a usage error with its close matches (argparse lists them all)."""
+    commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    given = next((a for a in argv if not a.startswith("-")), None)
+    if not commands or given is None or given in commands[0].choices:
+        return
+    import difflib
+
+    names = list(commands[0].choices)
+    close = difflib.get_close_matches(given, names, n=3, cutoff=0.5)
+    parser.error(
+        f"unknown command {given!r}."
+        + (f" Did you mean: {', '.join(close)}?" if close else "")
+        + f" The commands: {', '.join(names)} (posenc --help says what each does)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    _check_command(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -368,3 +368,54 @@ def test_refuses_a_per_layer_patch_without_layer_types():
     text = _refused(llama(), "rope-yarn", factor=2.0, layers=[0])
     assert "LlamaForCausalLM has one rope_parameters for every layer" in text
     assert "no native config expresses a per-layer patch" in text
+
+
+# ------------------------------------------------------------------------------------------------ the commands
+def test_posenc_export_command(tmp_path, monkeypatch, capsys):
+    """``posenc export SOURCE FOLDER --encoding rope-yarn --factor 2`` writes the folder the function does; the model
+    it loads is the one posenc.hf.load_pretrained gives (here a tiny Llama, no tokenizer)."""
+    from posenc.cli import main
+
+    monkeypatch.setattr(posenc.hf, "load_pretrained", lambda source: (llama(), None))
+    argv = ["export", "tiny", str(tmp_path / "cli"), "--encoding", "rope-yarn", "--factor", "2"]
+    assert main([*argv, "--option", "beta_fast=16"]) == 0
+    assert "rope_parameters" in capsys.readouterr().out
+    config = json.loads((tmp_path / "cli" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["beta_fast"] == 16.0
+    ids, _ = _ids()
+    patched = posenc.hf.patch(llama(), "rope-yarn", factor=2.0, beta_fast=16.0)
+    stock = t.AutoModelForCausalLM.from_pretrained(tmp_path / "cli", dtype=torch.float64).eval()
+    with torch.no_grad():
+        assert (stock(ids).logits - patched(ids).logits).abs().max().item() <= 1e-10
+    assert main(["export", "tiny", str(tmp_path / "a"), "--encoding", "alibi"]) == 2
+    assert "posenc.hf.save_pretrained" in capsys.readouterr().err
+    assert main([*argv, "--option", "beta_fast"]) == 2
+    assert "--option takes KEY=VALUE" in capsys.readouterr().err
+    assert main(["export", "tiny", str(tmp_path / "b"), "--encoding", "rope-yarm"]) == 2
+    assert "rope-yarn" in capsys.readouterr().err
+
+
+def test_extend_export_flags_are_checked_before_the_model_loads(capsys):
+    from posenc.cli import main
+
+    assert main(["extend", "--quick", "--export", "rope-yarm"]) == 2
+    assert "--export: unknown scaling 'rope-yarm' (did you mean rope-yarn" in capsys.readouterr().err
+    assert main(["extend", "--quick", "--export-factor", "4"]) == 2
+    assert "--export-factor describe the export, which needs --export SCALING" in capsys.readouterr().err
+
+
+def test_extend_export_writes_the_named_scaling(tmp_path):
+    """What ``posenc extend --export rope-longrope`` does after its run: the model with posenc extend's LongRoPE
+    (YaRN's per-pair long factors) at the factor asked, written natively, the model left unpatched."""
+    import argparse
+
+    from posenc.extend.cli import _export
+    from posenc.extend.runner import scaling_options
+
+    model = llama()
+    args = argparse.Namespace(export="rope-longrope", export_factor=4.0, loss_extension=None, export_dir=None)
+    folder = _export(args, model, None, tmp_path)
+    assert folder == tmp_path / "export-rope-longrope"
+    params = json.loads((folder / "config.json").read_text())["rope_parameters"]
+    assert params["long_factor"] == scaling_options("rope-longrope", model, 4.0)["long_factor"]
+    assert params["factor"] == 4.0 and posenc.hf.patched(model) is None

@@ -109,6 +109,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, metavar="N", help="torch threads (default: torch's)")
     p.add_argument("--max-cells", type=int, metavar="N", help="stop after N new cells (the next run goes on)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from the stored cells")
+    p.add_argument("--export", metavar="SCALING",
+                   help=f"then write the model patched with this scaling ({', '.join(SCALINGS)}) as a native "
+                   "transformers folder that stock transformers loads without posenc (posenc.hf.export)")
+    p.add_argument("--export-dir", metavar="DIR", help="where --export writes (default: <--out>/export-<SCALING>)")
+    p.add_argument("--export-factor", type=float, metavar="S",
+                   help="the exported scaling's factor (default: --loss-extension, else 2)")
     p.set_defaults(func=run)
     return p
 
@@ -229,8 +235,40 @@ def _command(argv: list[str]) -> str:
     return "posenc " + " ".join(argv) if argv else "posenc extend"
 
 
+def _check_export(args: argparse.Namespace) -> None:
+    """``--export`` names one of the scalings; ``--export-dir`` / ``--export-factor`` go with it."""
+    if args.export is None:
+        given = [f for f, v in (("--export-dir", args.export_dir), ("--export-factor", args.export_factor)) if v]
+        if given:
+            raise ConfigError(f"{', '.join(given)} describe the export, which needs --export SCALING")
+        return
+    if args.export not in SCALINGS:
+        import difflib
+
+        close = difflib.get_close_matches(args.export, SCALINGS, n=2, cutoff=0.5)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"--export: unknown scaling {args.export!r}{hint}; the scalings are {', '.join(SCALINGS)}")
+    if args.export_factor is not None and not args.export_factor >= 1:
+        raise ConfigError(f"--export-factor is the extension ratio (>= 1), got {args.export_factor}")
+
+
+def _export(args: argparse.Namespace, model: Any, tokenizer: Any, out: Path) -> Path:
+    """The model patched with ``--export``'s scaling, written by :func:`posenc.hf.export`."""
+    import posenc.hf
+
+    from .runner import apply_scaling
+
+    factor = args.export_factor or args.loss_extension or 2.0
+    apply_scaling(model, args.export, float(factor))
+    folder = Path(args.export_dir or out / f"export-{args.export}")
+    written = posenc.hf.export(model, folder, tokenizer=tokenizer)
+    posenc.hf.unpatch(model)
+    return written
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
+    _check_export(args)
     out = Path(args.out or ("posenc-results/extend-quick" if args.quick else "posenc-results/extend"))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; give a folder for extend.jsonl and the report")
@@ -248,6 +286,11 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    model = tokenizer = None
+    if args.export:  # loaded here, so that the run measures the same model the export writes
+        from ..pretrained import load_pretrained
+
+        model, tokenizer = load_pretrained(cfg.model)
     if args.report_only:
         given = [flag for flag, value in _run_only_flags(args) if value not in (None, False, [])]
         if given:
@@ -259,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         if not records:
             raise ConfigError(f"{out / 'extend.jsonl'} holds no cells: run posenc extend first")
     else:
-        records = run_cells(cfg, out, max_cells=args.max_cells)
+        records = run_cells(cfg, out, model=model, tokenizer=tokenizer, max_cells=args.max_cells)
     argv = sys.argv[1:] if sys.argv and os.path.basename(sys.argv[0]) in ("posenc", "__main__.py") else []
     paths = report.write(records, out, command=_command(argv))
     text = report.ppl_table(records) + report.passkey_table(records)
@@ -276,4 +319,6 @@ def run(args: argparse.Namespace) -> int:
         for rv in ruler_report.verdicts(records):
             print(f"  {rv.verdict:>22}: {rv.finding} -- {rv.evidence}")
     print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({time.perf_counter() - t0:.0f} s)")
+    if args.export:
+        print(f"exported the model with {args.export} to {_export(args, model, tokenizer, out)}")
     return 0

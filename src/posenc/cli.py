@@ -24,7 +24,6 @@ examples:
   posenc inspect rope                 measured properties and pictures of one encoding
   posenc extend --quick               a real pretrained model (SmolLM2) stretched with RoPE scalings
   posenc export smollm2-135m out --encoding rope-yarn --factor 2   a native transformers folder of the patch
-  posenc export smollm2-135m out --encoding rope-yarn --factor 2   a native transformers folder of the patch
   posenc info                         versions, threads, and whether the compiled CPU kernels are in use
   posenc readme-table --write README.md   regenerate the README's table of encodings
 """
@@ -110,9 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .extend import cli as extend_cli
 
     extend_cli.add_parser(sub)
-    from . import export_cli
-
-    export_cli.add_parser(sub)
     from . import export_cli
 
     export_cli.add_parser(sub)

@@ -7,10 +7,12 @@ the current leaders of its task (mean over the seeds finished so far), e.g.::
 
     [ 7/24] order/rope/seed0  L=16 99.6  L=32 97.3  L=64 88.1  (11.2 s)  | order: rope 92.7 > t5 90.1 > learned 71.0
 
-and, without a bar, the time left: ``ETA 0:02:48`` weighs each run left by its measured cost: the
-mean wall time of the finished runs of the same task and encoding, else the cost per trained example
-(steps × batch) of the same task's runs, else of every finished run, times the run's own steps × batch;
-their sum / the runs that go in parallel (``workers``).
+and, without a bar, the time left: ``ETA 0:02:48`` prices each run left by its estimated work
+(:func:`work`: the multiply-adds of its training and evaluation, by its steps, batch, lengths, layers and
+width, plus a per-step overhead) times the measured seconds per unit of work of the finished runs of its
+task, else of every finished run (recent runs weigh more: a machine whose load changes is followed); the
+first run, which also paid for the suite's start (imports, data, workers), counts only until another has
+finished. The sum is divided by the runs that go in parallel (``workers``).
 A run that did not learn its task in distribution (at chance: :func:`posenc.bench.outcomes.run_learned`)
 says so at the end of its line. A control of the suite (``[controls]``: at chance by design, :attr:`Job.control
 <posenc.bench.types.Job.control>`) is not warned about while at chance (its line says it is, as designed); a
@@ -73,9 +75,8 @@ class LiveBoard:
         self.t0 = clock()
         self.finish_times: list[float] = []
         self.durations: list[float] = []
-        # the measured wall time of each finished run of ours, by (task, label) and by task (per step)
-        self.cost: dict[tuple[str, str], list[float]] = defaultdict(list)
-        self.task_cost: dict[str, list[float]] = defaultdict(list)
+        # each finished run of ours: (task, seconds, work, whether it started with the suite: paid its start too)
+        self.measured: list[tuple[str, float, float, bool]] = []
         self.left: dict[str, Job] = {}
         done = set() if fresh else store.keys()
         self.todo = [j for j in self.jobs if j.key not in done]
@@ -136,20 +137,23 @@ class LiveBoard:
         elif self.live or err:
             print(line, file=out, flush=True)
 
+    def rate(self, task: str) -> float:
+        """Measured seconds per unit of :func:`work`: the finished runs of ``task`` (else every finished run) pooled,
+        Σ seconds / Σ work, each weighted by how recent it is (half the weight every ``HALF_LIFE`` runs). The runs
+        that started with the suite (and paid for its imports and warm-up) count only where no other run is known."""
+        same = [m for m in self.measured if m[0] == task]
+        pool = [m for m in same if not m[3]] or same or [m for m in self.measured if not m[3]] or self.measured
+        weights = [0.5 ** ((len(pool) - 1 - i) / HALF_LIFE) for i in range(len(pool))]
+        return sum(w * m[1] for w, m in zip(weights, pool)) / sum(w * m[2] for w, m in zip(weights, pool))
+
     def predicted(self, job: Job) -> float:
-        """The wall time ``job`` is expected to take: the mean of the finished runs of its task and encoding, else
-        the cost per trained example (step × batch) of its task's finished runs, else of every finished run,
-        times its own steps × batch."""
-        same = self.cost.get((job.config.task, job.label))
-        if same:
-            return statistics.fmean(same)
-        per_unit = self.task_cost.get(job.config.task) or [c for cs in self.task_cost.values() for c in cs]
-        return statistics.fmean(per_unit) * _units(job)
+        """The wall time ``job`` is expected to take: its :func:`work` × the measured :meth:`rate` of its task."""
+        return self.rate(job.config.task) * work(job)
 
     def eta(self) -> float | None:
-        """Seconds left: the predicted wall time of each run left (:meth:`predicted`, by its measured cost) summed,
-        / runs in parallel (None before any run finished)."""
-        if not self.durations:
+        """Seconds left: the predicted wall time of each run left (:meth:`predicted`) summed, / runs in parallel
+        (None before any run finished)."""
+        if not self.measured:
             return None
         todo = list(self.left.values())
         missing = max(0, self.total - self.n_done - len(todo))  # runs counted but not known by key
@@ -189,8 +193,7 @@ class LiveBoard:
         k = len(self.finish_times)
         started = self.finish_times[k - self.workers] if k >= self.workers else self.t0
         self.durations.append(now - started)
-        self.cost[(job.config.task, job.label)].append(now - started)
-        self.task_cost[job.config.task].append((now - started) / _units(job))
+        self.measured.append((job.config.task, now - started, work(job), k < self.workers))
         self.finish_times.append(now)
         self.n_done += 1
         if self.bar is not None and self.per_step:  # a run that stopped early: count its remaining steps
@@ -250,9 +253,31 @@ class LiveBoard:
             self.bar = None
 
 
-def _units(job: Job) -> int:
-    """The work of a run in trained examples: steps × batch (what the ETA scales a task's measured cost by)."""
-    return max(1, int(job.config.steps)) * max(1, int(job.config.batch_size or 1))
+HALF_LIFE = 6  # runs: how fast the ETA's rate follows a machine whose load changes
+# seconds of Python and dispatch per optimizer step, in units of work: fitted on the quick suite on 2 CPU cores
+# (order 300 steps × 64 in 5.7 s, adjacent 400 × 128 in 13.2 s), where a tiny model's step is mostly overhead
+STEP_OVERHEAD = 7e7
+
+
+def work(job: Job) -> float:
+    """The work of a run, in multiply-adds (what the ETA prices by the measured seconds per unit): per token and
+    layer ``12·d²`` (the projections, a 4·d feed-forward; ``4·d² + 2·d·d_ff`` with ``d_ff``) and ``2·L·d``
+    (attention at length ``L``); training is 3 passes (forward and backward) over steps × batch sequences of the
+    mean training length, evaluation one pass over ``eval_samples`` sequences of each test length; plus
+    :data:`STEP_OVERHEAD` per step."""
+    c = job.config
+    d = max(1, int(c.d_model))
+    dense = 4 * d * d + 2 * d * int(c.d_ff) if c.d_ff else 12 * d * d
+    layers = max(1, int(c.n_layers))
+
+    def tokens(length: float, n: int) -> float:
+        return n * length * layers * (dense + 2 * length * d)
+
+    lo, hi = c.train_lengths
+    steps = max(1, int(c.steps))
+    train = 3 * tokens((lo + hi) / 2, steps * max(1, int(c.batch_size or 1)))
+    evaluation = sum(tokens(length, max(1, int(c.eval_samples))) for length in c.test_lengths)
+    return train + evaluation + STEP_OVERHEAD * steps
 
 
 def _is_terminal(stream: Any) -> bool:

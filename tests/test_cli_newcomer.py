@@ -171,3 +171,39 @@ def test_every_command_with_a_letter_dropped_leads_back_to_it(capsys):
         main(["zzzzqq"])
     err = capsys.readouterr().err
     assert "Did you mean" not in err and "The commands: " in err and all(n in err for n in names)
+
+
+def test_the_quick_report_links_the_page_that_explains_normalized_winning_order(tmp_path, capsys):
+    from pathlib import Path
+
+    from posenc.bench.cli import EXPLAINED
+
+    page = Path(__file__).resolve().parents[1] / EXPLAINED["quick"].rsplit(": ", 1)[1]
+    text = page.read_text(encoding="utf-8")
+    assert "`normalized` positions extrapolate `order`" in text and "t/(N-1)" in text  # the page does explain it
+    assert main(["bench", "--report-only", "--out", str(tmp_path)]) == 0
+    assert EXPLAINED["quick"] in capsys.readouterr().out
+    assert EXPLAINED["quick"] in (tmp_path / "leaderboard.md").read_text(encoding="utf-8")
+
+
+def test_a_mean_beyond_training_column_says_what_it_is():
+    from posenc.bench.report import leaderboard, markdown_table
+    from posenc.bench.reporting.format import SUMMARY_NOTE
+
+    def rec(train_max: int, seed: int) -> dict:
+        lengths = {"16": 0.99, "32": 0.8, "64": 0.6} if train_max == 16 else {"64": 0.9}
+        cfg = dict(task="order", encoding="rope", seed=seed, train_lengths=[4, train_max], steps=1, batch_size=1)
+        cfg["test_lengths"] = [int(k) for k in lengths]
+        return {
+            "config": cfg,
+            "metric": "accuracy",
+            "higher_is_better": True,
+            "metrics": lengths,
+            "label": "rope",
+            "train_seconds": 1.0,
+        }
+
+    beyond = markdown_table(leaderboard([rec(16, 0), rec(16, 1)]))
+    assert "| mean > train |" in beyond and SUMMARY_NOTE in beyond
+    within = markdown_table(leaderboard([rec(64, 0), rec(64, 1)]))  # no length beyond training: a plain mean
+    assert "mean > train" not in within and SUMMARY_NOTE not in within

@@ -38,6 +38,13 @@ examples:
 """
 
 
+#: the page that explains a built-in suite's results (why `normalized` wins `order` ...), by the suite's file
+EXPLAINED = {
+    "quick": "What these results show, and why `normalized` wins `order` (the order of t/(N-1) does not depend on "
+    "N; `adjacent` needs distances): docs/quickstart-results.md",
+}
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     pb = sub.add_parser(
         "bench",
@@ -409,13 +416,14 @@ def run(args: argparse.Namespace) -> int:
         )
         failures = res.failures
     title = f"posenc bench — {suite.name}"
+    explained = EXPLAINED.get(suite.name, "")
     files = write_report(
         list(res),
         out,
         title,
         published=suite.published,
         failures=failures,
-        description=suite.description,
+        description=" ".join(x for x in (suite.description, explained) if x),
         controls=suite.controls,
     )
     rows = leaderboard(list(res), suite.controls)
@@ -425,6 +433,8 @@ def run(args: argparse.Namespace) -> int:
         from .report import published_table
 
         print(published_table(suite.published, rows))
+    if explained:
+        print(explained)
     for text in learning_warnings(rows):  # what only the report said before: a run that learned nothing
         print(f"posenc bench: warning: {text}", file=sys.stderr)
     print(f"finished in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in files.values()))

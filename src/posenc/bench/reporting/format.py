@@ -21,6 +21,13 @@ TABLE_NOTE = (
 )
 
 
+#: what a summary column "mean > train" is, under a table that has one
+SUMMARY_NOTE = (
+    "mean > train: the mean over the test lengths longer than the longest training length, i.e. how well the "
+    "encoding extrapolates; the rows are ranked by it (a row can win it without being the best in distribution)."
+)
+
+
 #: what the tables' "ahead of" column means (the verdict's rule: :mod:`.separation`)
 AHEAD_NOTE = (
     "Ahead of: the rows (by rank) this row is separably ahead of on the summary column: the interval of the "

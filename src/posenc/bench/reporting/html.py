@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..outcomes import LEARNED_SHARE, is_pct
-from .format import AHEAD_NOTE, column_label, fmt
+from .format import AHEAD_NOTE, SUMMARY_NOTE, column_label, fmt
 from .markdown import published
 from .model import RunSet, TaskTable, label_text
 from .plots import HEATMAP_ROWS
@@ -118,7 +118,8 @@ def task_table(t: TaskTable, styles: dict[str, dict[str, Any]]) -> list[str]:
     chance = ["?" if c is None else fmt(c, metric) for c in t.chance]
     table.append(["", "chance", *chance, "", "", "", ""])
     body.append(html_table(head, table, row_classes={len(table) - 1: "chance"}))
-    body.append(f"<p class=note>{html.escape(AHEAD_NOTE)}</p>")
+    summary = SUMMARY_NOTE + " " if t.summary == "mean > train" else ""
+    body.append(f"<p class=note>{html.escape(summary + AHEAD_NOTE)}</p>")
     for r in t.rows:
         if r.get("control"):
             body.append(

@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..outcomes import is_pct
-from .format import AHEAD_NOTE, TABLE_NOTE, column_label, fmt, md_escape, md_table, summary_name, summary_value
+from .format import (
+    AHEAD_NOTE,
+    SUMMARY_NOTE,
+    TABLE_NOTE,
+    column_label,
+    fmt,
+    md_escape,
+    md_table,
+    summary_name,
+    summary_value,
+)
 from .model import RunSet, TaskTable, label_text, task_tables
 from .verdicts import PROBLEM_TEXT, no_problems_text
 
@@ -42,7 +52,7 @@ def task_table(t: TaskTable) -> list[str]:
         out.append(
             "|  | _chance_ | " + " | ".join("?" if c is None else fmt(c, metric) for c in t.chance) + " |  |  |  |"
         )
-    note = TABLE_NOTE + " " + AHEAD_NOTE
+    note = TABLE_NOTE + (" " + SUMMARY_NOTE if t.summary == "mean > train" else "") + " " + AHEAD_NOTE
     controls = [r for r in t.rows if r.get("control")]
     if controls:
         note += " " + " ".join(f"(control): {r['label']} is at chance by design ({r['control']})." for r in controls)

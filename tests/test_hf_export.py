@@ -419,3 +419,12 @@ def test_extend_export_writes_the_named_scaling(tmp_path):
     params = json.loads((folder / "config.json").read_text())["rope_parameters"]
     assert params["long_factor"] == scaling_options("rope-longrope", model, 4.0)["long_factor"]
     assert params["factor"] == 4.0 and posenc.hf.patched(model) is None
+
+
+def test_export_help_does_not_import_torch():
+    probe = (
+        "import sys\nfrom posenc.cli import main\ntry:\n    main(['export', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "posenc export" in done.stdout and done.stdout.strip().endswith("NO-TORCH"), done.stdout + done.stderr

@@ -207,3 +207,41 @@ def test_a_mean_beyond_training_column_says_what_it_is():
     assert "| mean > train |" in beyond and SUMMARY_NOTE in beyond
     within = markdown_table(leaderboard([rec(64, 0), rec(64, 1)]))  # no length beyond training: a plain mean
     assert "mean > train" not in within and SUMMARY_NOTE not in within
+
+
+def _tiny_llama(layers: int = 3):
+    transformers = pytest.importorskip("transformers", reason="the hf extra (pip install -e '.[hf]')")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(cfg).eval(), torch
+
+
+def test_one_whole_forward_reports_its_progress_layer_by_layer():
+    # docs/extend.md: "a line per prefill chunk"; a whole forward (no chunks) reports after each decoder layer
+    from posenc.extend.evaluate import passkey_score, token_losses
+
+    model, torch = _tiny_llama(layers=3)
+    ids = torch.randint(0, 64, (1, 101))
+    calls: list[tuple[int, int]] = []
+    whole = token_losses(model, ids, chunk=None, progress=lambda d, t: calls.append((d, t)))
+    assert len(calls) == 3 + 1 and calls[-1] == (100, 100)  # one per layer, then the end
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and all(d < 100 for d in done[:-1]) and all(t == 100 for _, t in calls)
+    # a share k/4 of the work as tokens of a prefill that does as much: 100·√(k/4)
+    assert done[:-1] == [int(100 * (k / 4) ** 0.5) for k in (1, 2, 3)]
+    assert torch.equal(whole, token_losses(model, ids, chunk=None))  # the hooks change nothing
+    chunked: list[tuple[int, int]] = []
+    token_losses(model, ids, chunk=40, progress=lambda d, t: chunked.append((d, t)))
+    assert chunked == [(40, 100), (80, 100), (100, 100)]  # chunks: a line each, as before
+    assert not any(h for layer in model.model.layers for h in layer._forward_hooks.values())  # the hooks are gone
+    from posenc.extend.evaluate import PasskeyPrompt
+
+    prompt = PasskeyPrompt(ids[0], 98, "1", 0.5, 50)
+    seen: list[tuple[int, int]] = []
+    passkey_score(model, prompt, chunk=None, progress=lambda d, t: seen.append((d, t)))
+    assert len(seen) == 4 and seen[-1] == (100, 100)

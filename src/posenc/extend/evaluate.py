@@ -54,6 +54,33 @@ ANSWER = " {key}"
 HEAD_ROWS = 2048
 
 
+class _LayerProgress:
+    """During one whole forward of ``n`` tokens, ``progress(done, n)`` after each decoder layer (a whole 32k forward
+    of SmolLM2 takes minutes on a CPU: a line per layer instead of silence). ``done`` is the tokens of a chunked
+    prefill that would have done the same share of the work, ``n·√(share)`` (the attention's ``n²`` dominates a
+    long forward; the layers, then the output layer, each a share of ``1 / (layers + 1)``), below ``n`` until the
+    forward is finished, when the caller reports ``(n, n)``. A model without ``model.layers`` reports nothing."""
+
+    def __init__(self, model: nn.Module, n: int, progress: Callable[[int, int], None] | None):
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        self.layers = list(layers) if isinstance(layers, nn.ModuleList) and progress is not None else []
+        self.n, self.progress, self.seen, self.handles = n, progress, 0, []
+
+    def _after_layer(self, *_: Any) -> None:
+        self.seen += 1
+        share = min(self.seen, len(self.layers)) / (len(self.layers) + 1)
+        if self.progress is not None:
+            self.progress(min(self.n - 1, int(self.n * math.sqrt(share))), self.n)
+
+    def __enter__(self) -> _LayerProgress:
+        self.handles = [layer.register_forward_hook(self._after_layer) for layer in self.layers]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def _cache():
     from transformers import DynamicCache
 
@@ -104,7 +131,7 @@ def token_losses(
 
     The document goes through ``model`` ``chunk`` tokens at a time with a KV cache, or in one whole forward
     with ``chunk=None`` (the output layer then runs 2048 rows at a time); ``progress(done, total)`` is called
-    after each chunk.
+    after each chunk, and in one whole forward after each decoder layer (:class:`_LayerProgress`).
     """
     if chunk is not None and chunk < 1:
         raise ConfigError(f"chunk must be a positive number of tokens (or None: one whole forward), got {chunk}")
@@ -115,7 +142,8 @@ def token_losses(
     device = next(model.parameters()).device
     ids = ids.to(device)
     if chunk is None:
-        out = _losses(model, ids, ids[0, 1:], HEAD_ROWS, use_cache=False)
+        with _LayerProgress(model, n - 1, progress):
+            out = _losses(model, ids, ids[0, 1:], HEAD_ROWS, use_cache=False)
         if progress is not None:
             progress(n - 1, n - 1)
         return out
@@ -188,7 +216,7 @@ def passkey_score(
     whole with ``chunk=None``), argmax at each answer token.
 
     Returns ``{"correct": bool, "tokens_right": share of answer tokens right, "answer_loss": mean nats}``;
-    ``progress(done, total)`` is called after each chunk.
+    ``progress(done, total)`` is called after each chunk (in one whole forward: after each decoder layer too).
     """
     losses, hits = [], []
     ids = prompt.ids.reshape(1, -1).to(next(model.parameters()).device)
@@ -201,7 +229,10 @@ def passkey_score(
         stop = min(start + chunk, n - 1)
         # only the chunk(s) holding answer positions need logits (skip the vocabulary matmul elsewhere)
         keep = max(0, stop - max(start, first))
-        out = model(input_ids=ids[:, start:stop], use_cache=True, logits_to_keep=max(keep, 1), **cache_kw(model, cache))
+        with _LayerProgress(model, n - 1, progress if stop - start == n - 1 else None):  # one whole forward
+            out = model(
+                input_ids=ids[:, start:stop], use_cache=True, logits_to_keep=max(keep, 1), **cache_kw(model, cache)
+            )
         if keep:
             logits = out.logits[0, -keep:].float()
             targets = ids[0, stop - keep + 1 : stop + 1]

@@ -202,28 +202,48 @@ def _state(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().float().cpu().numpy() for k, v in hf.state_dict().items() if ".posenc." not in f".{k}"}
 
 
-def _check_same_weights(model: nn.Module, reader: Any, cfg: Any, source: Path) -> None:
+def _check_same_weights(model: nn.Module, reader: Any, cfg: Any, source: Path, rows: int = 32) -> None:
     """The model's weights are still the GGUF file's (de-quantised, q/k back in transformers' order), else a
-    :class:`ConfigError`: copying the file's tensors would silently drop a change (a fine-tune, a merge)."""
+    :class:`ConfigError`: copying the file's tensors would silently drop a change (a fine-tune, a merge).
+
+    Every tensor is compared on ``rows`` rows spread over it (de-quantising all of SmolLM2 takes 20-70 s; a
+    fine-tune or a merged adapter changes every row of what it touches), exactly where the model is float32 (what
+    :func:`posenc.hf.load_pretrained` de-quantises to, with the same gguf code), else to the model's precision."""
+    import torch
     from gguf.quants import dequantize
 
     names = _llama_names(cfg, int(cfg.num_hidden_layers))
-    state = _state(model)
+    params = dict(_unwrap(model).state_dict())
     for t in reader.tensors:
         if t.name not in names:
             continue
         hf_name, heads = names[t.name]
-        ours = state.get(hf_name)
-        theirs = dequantize(t.data, t.tensor_type).reshape([int(n) for n in reversed(t.shape.tolist())])
-        if heads is not None:
-            theirs = _unpermute(theirs, heads)
-        if ours is None or ours.shape != theirs.shape or not np.allclose(ours, theirs, rtol=1e-2, atol=1e-3):
-            diff = float(np.abs(ours - theirs).max()) if ours is not None and ours.shape == theirs.shape else None
+        ours_t = params.get(hf_name)
+        shape = [int(n) for n in reversed(t.shape.tolist())]
+        if ours_t is None or list(ours_t.shape) != shape:
+            got = None if ours_t is None else list(ours_t.shape)
+            raise ConfigError(
+                f"posenc.hf.export(format='gguf'): the model's {hf_name} ({got}) is not the tensor {t.name} {shape} "
+                f"of {source} it was loaded from; pass source_gguf=False to convert the model's own weights"
+            )
+        if len(shape) == 1:
+            theirs = dequantize(t.data, t.tensor_type).reshape(shape)
+            ours = ours_t.detach().float().cpu().numpy()
+        else:
+            pick = np.unique(np.linspace(0, shape[0] - 1, min(rows, shape[0])).round().astype(np.int64))
+            data = np.asarray(t.data).reshape(shape[0], -1)
+            theirs = dequantize(data[pick], t.tensor_type).reshape(len(pick), shape[1])
+            # GGUF row r of q/k is transformers' row order[r]
+            order = np.arange(shape[0]) if heads is None else _permute(np.arange(shape[0])[:, None], heads)[:, 0]
+            ours = ours_t.detach()[torch.as_tensor(order[pick])].float().cpu().numpy()
+        exact = ours_t.dtype == torch.float32
+        same = np.array_equal(ours, theirs) if exact else np.allclose(ours, theirs, rtol=1e-2, atol=1e-3)
+        if not same:
             raise ConfigError(
                 f"posenc.hf.export(format='gguf'): the model's {hf_name} is not the tensor {t.name} of {source} it "
-                f"was loaded from (largest difference {diff}): its weights were changed after loading, and copying "
-                "the file's tensors would drop that change. Pass source_gguf=False to convert the model's own "
-                "weights (f16 or f32)"
+                f"was loaded from (largest difference {float(np.abs(ours - theirs).max()):.3g}): its weights were "
+                "changed after loading, and copying the file's tensors would drop that change. Pass "
+                "source_gguf=False to convert the model's own weights (f16 or f32)"
             )
 
 

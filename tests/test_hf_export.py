@@ -240,6 +240,8 @@ def test_native_config(round_trip):
     assert yarn["max_position_embeddings"] == 2 * TRAINED
     ntk = configs["llama-ntk"]["rope_parameters"]
     assert ntk["rope_type"] == "default" and ntk["rope_theta"] == pytest.approx(1e4 * 3.0 ** (16 / 14), rel=1e-12)
+    assert configs["llama-ntk"]["max_position_embeddings"] == 3 * TRAINED
+    assert configs["llama-rope-theta"]["max_position_embeddings"] == TRAINED  # another θ stretches nothing
     assert configs["llama-dynamic"]["max_position_embeddings"] == TRAINED  # the length its NTK grows from
     per_type = configs["gemma3-per-type"]["rope_parameters"]
     assert per_type["sliding_attention"]["rope_type"] == "default"

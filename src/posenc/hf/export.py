@@ -341,6 +341,19 @@ def _stretched_length(cfg: Any, params: dict[str, Any], own: dict | None) -> int
     return int(round(float(factor) * int(original)))
 
 
+def _ntk_lengths(model: nn.Module, cfg: Any) -> list[int]:
+    """The stretched lengths of the patch's NTK-by-base layers (``factor ×`` the trained length): their native
+    parameters are plain RoPE with another θ, which says no length."""
+    from ..rotary.scaling import RoPENTK
+
+    state = _patch_of(model)
+    if state is None:
+        return []
+    own = getattr(cfg, "rope_parameters", None)
+    trained = _trained_length(cfg, own if isinstance(own, dict) and "rope_type" in own else None)
+    return [int(round(e.factor * trained)) for e in state.layer_encodings if type(e) is RoPENTK]
+
+
 def native_config_changes(model: nn.Module, max_length: int | None = None) -> dict[str, Any]:
     """What :func:`export` sets in (a copy of) the model's config: ``rope_parameters`` (as
     :func:`native_rope_parameters`), ``max_position_embeddings`` (the stretched length: ``factor × original`` of
@@ -381,6 +394,7 @@ def native_config_changes(model: nn.Module, max_length: int | None = None) -> di
             if p != ((own_all.get(k) if k is not None else own_all) or {})
             and (n := _stretched_length(cfg, p, own_all.get(k) if k is not None else own_all)) is not None
         ]
+        lengths += _ntk_lengths(hf, cfg)
         out["max_position_embeddings"] = max(lengths) if lengths else int(cfg.max_position_embeddings)
     originals = [p.get("original_max_position_embeddings") for p in sets.values()]
     originals = [o for o in originals if o is not None]

@@ -5,6 +5,11 @@
     setup:   tqdm 4.70.1: 78 kB (local file)
     setup:   installing 21 packages: torch, numpy, ...
 
+While pip is silent (unpacking 71 packages takes a minute and a half on 2 cores; a large download or a build
+as long), a line every ``HEARTBEAT`` seconds says what it is still doing and for how long::
+
+    setup:   ... still installing 71 packages (20 s)
+
 pip prints a package's size on its "Downloading" and "Using cached" lines; for a local file ("Processing
 PATH") the size is the file's. What pip says about packages already installed is dropped; its errors and
 warnings pass through, except the lines setup.sh has always dropped (the data packages are installed without
@@ -14,11 +19,15 @@ their dependencies on purpose: docs/data.md). Reads stdin, writes stdout, one fl
 from __future__ import annotations
 
 import os
+import queue
 import re
 import sys
-from collections.abc import Iterable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 PREFIX = "setup:   "
+HEARTBEAT = 10.0  # seconds of silence before a line that says pip is still at it
 DROP = (
     re.compile(r"^WARNING: Location "),
     re.compile(r"^ERROR: pip's dependency resolver does not currently"),
@@ -98,9 +107,55 @@ def lines(pip_output: Iterable[str]) -> Iterator[str]:
         yield line  # errors, warnings: as pip wrote them
 
 
+def doing(line: str) -> str:
+    """What pip is busy with after it printed ``line`` (one of ours): ``installing 71 packages``,
+    ``downloading torch 2.13.0 (190.5 MB)``, ``building posenc from source``; else ``working``."""
+    text = line.removeprefix(PREFIX)
+    m = re.match(r"^installing (\d+ packages?)", text)
+    if m:
+        return f"installing {m.group(1)}"
+    m = re.match(r"^(\S+ \S+): downloading (.*)", text)
+    if m:
+        return f"downloading {m.group(1)} ({m.group(2)})"
+    if text.startswith("building "):
+        return text
+    return "working"
+
+
+def relay(
+    pip_output: Iterable[str],
+    write: Callable[[str], None],
+    *,
+    heartbeat: float = HEARTBEAT,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Write :func:`lines` of ``pip_output`` as they come, and after each ``heartbeat`` seconds without one a line
+    ``... still <what pip is doing> (<seconds since its last line> s)``. ``pip_output`` is read in a thread."""
+    got: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for out in lines(pip_output):
+                got.put(out)
+        finally:
+            got.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    since, what = clock(), "working"
+    while True:
+        try:
+            out = got.get(timeout=heartbeat)
+        except queue.Empty:
+            write(f"{PREFIX}... still {what} ({clock() - since:.0f} s)")
+            continue
+        if out is None:
+            return
+        write(out)
+        since, what = clock(), doing(out)
+
+
 def main() -> int:
-    for out in lines(sys.stdin):
-        print(out, flush=True)
+    relay(sys.stdin, lambda line: print(line, flush=True))
     return 0
 
 

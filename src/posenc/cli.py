@@ -24,6 +24,8 @@ examples:
   posenc inspect rope                 measured properties and pictures of one encoding
   posenc extend --quick               a real pretrained model (SmolLM2) stretched with RoPE scalings
   posenc export smollm2-135m out --encoding rope-yarn --factor 2   a native transformers folder of the patch
+  posenc harness --model posenc --model_args pretrained=smollm2-135m,encoding=rope-yarn,factor=2 --tasks T
+                                      lm-evaluation-harness's CLI on a patched model (posenc[eval])
   posenc info                         versions, threads, and whether the compiled CPU kernels are in use
   posenc readme-table --write README.md   regenerate the README's table of encodings
 """
@@ -112,6 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     from . import export_cli
 
     export_cli.add_parser(sub)
+    # `posenc harness ARGS`: lm-evaluation-harness's own CLI with --model posenc registered (posenc.lm_eval); a
+    # parser with no option prefix, so that every argument (--model, --tasks, -h ...) is passed through as given
+    ph = sub.add_parser(
+        "harness",
+        add_help=False,
+        prefix_chars="\0",
+        help="lm-evaluation-harness's CLI with --model posenc registered (needs posenc[eval])",
+        description="lm-evaluation-harness's own CLI (lm_eval ARGS) with --model posenc registered.",
+    )
+    ph.add_argument("harness_args", nargs="*", help="every argument of lm_eval, passed through")
+    ph.set_defaults(func=_cmd_harness)
 
     try:
         from .analysis import cli as inspect_cli
@@ -120,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     except (ImportError, AttributeError):
         pass
     return p
+
+
+def _cmd_harness(args: argparse.Namespace) -> int:
+    try:
+        from .lm_eval import main as harness_main
+    except ImportError as err:
+        print(f"posenc harness: error: {err}", file=sys.stderr)
+        return 2
+    harness_main(list(args.harness_args))
+    return 0
 
 
 # ---------------------------------------------------------------------------- usage errors before torch

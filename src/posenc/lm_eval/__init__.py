@@ -27,6 +27,7 @@ every argument passed through::
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -173,6 +174,10 @@ class PosencLM(TemplateLM):
             encoding = None
         if device in (None, "", "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            # the harness's CLI asks for cuda by default; as its HFLM does, run where torch can
+            logging.getLogger(__name__).warning("--device %s: torch sees no CUDA device; running on the CPU", device)
+            device = "cpu"
         self._device = torch.device(device)
         model, tok = load_pretrained(str(pretrained), dtype=dtype, quiet=True)
         cfg = model.config

@@ -12,30 +12,17 @@ Spans
 A layer's :class:`Span` is which keys each query may see, on top of causality and padding (``i`` a query's index
 in the sequence, ``j`` a key's):
 
-* ``global`` (the default): every key;
-* ``("window", W)``: the last ``W`` keys, ``i - W < j <= i`` (a sliding window of ``W`` keys including the query's
-  own; in a bidirectional model ``|i - j| < W``);
-* ``("chunk", C)``: the keys of the query's own chunk, ``floor(j / C) == floor(i / C)`` (and ``j <= i`` when
-  causal): Llama 4's chunked local attention.
-
-The indices are the tokens' places in the sequence (what a KV cache counts), not the encoding's positions, so a
-window stays a window under explicit or randomized positions. A local layer's KV cache keeps only the keys a later
-query may still see (``W - 1`` keys, or the current chunk's), so its memory stays bounded while decoding.
+``global`` (the default): every key; ``("window", W)``: the last ``W`` keys, ``i - W < j <= i`` (bidirectional:
+``|i - j| < W``); ``("chunk", C)``: the keys of the query's own chunk, ``floor(j / C) == floor(i / C)`` (and
+``j <= i`` when causal; Llama 4's chunked local attention).
+The indices are the tokens' places in the sequence (what a KV cache counts), not the encoding's positions.
 
 QK-norm
 -------
-A layer may normalise its queries and keys per head, right after their projections and before the positional
-encoding (``qk_norm``; Yang et al. 2025 compare RoPE with and without it):
-
-* ``"rms"`` (``#qk`` in a string): RMSNorm over the head dimension with a learnable weight of ``head_dim`` values,
-  initialised to 1, ``eps = 1e-6`` (Qwen3 and Gemma 3 on every layer);
-* ``"l2"`` (``#qk-l2``): the weightless form ``x * rsqrt(mean(x², -1) + eps)``, ``eps = 1e-6`` (Llama 4, on its
-  RoPE layers only).
-
-Llama 4 normalises after RoPE rather than before; a rotation keeps ``mean(x², -1)``, so for the weightless form
-the two orders give the same q and k (:class:`posenc.attention.multihead.QKNorm`). A norm acts in the layer's
-attention alone, so layers may differ in it even where their encoding acts once for the whole model
-(``sinusoidal#qk*3+sinusoidal``). The models take ``qk_norm=`` for a norm on every layer.
+A layer may normalise its queries and keys per head, before the positional encoding (``qk_norm``): ``"rms"``
+(``#qk``: RMSNorm with a learnable weight, ``eps = 1e-6``; Qwen3, Gemma 3) or ``"l2"`` (``#qk-l2``: weightless
+``x * rsqrt(mean(x², -1) + eps)``; Llama 4's RoPE layers). The models take ``qk_norm=`` for a norm on every layer;
+docs/schedules.md has the details.
 
 The string syntax
 -----------------
@@ -48,27 +35,18 @@ One string names a schedule (the CLI's ``--encodings`` and the leaderboard take 
     norm := "qk" | "qk-l2"
 
 * ``rope*3+nope``: a pattern of four layers (three RoPE, one NoPE), repeated over the model's layers;
-* ``rope@w64*3+nope``: the RoPE layers attend within a sliding window of 64 keys;
-* ``rope@c128``: every layer attends within chunks of 128 tokens;
+* ``rope@w64*3+nope``: RoPE layers with a sliding window of 64 keys; ``rope@c128``: chunks of 128 tokens;
 * ``rope(base=10000.0)@w512*5+rope-linear(base=1000000.0,factor=8)...``: Gemma 3's five local and one global
   layer (VALUE is a Python literal: a number, a quoted string, ``True``, ``None`` or a list of them);
-* ``rope@w16#qk*3+nope#qk``: a QK-norm (RMSNorm with a learnable weight) on every layer; ``rope#qk-l2*3+nope``:
-  Llama 4's weightless norm on the RoPE layers only;
+* ``rope@w16#qk*3+nope#qk``: a QK-norm on every layer;
 * the trailing ``...`` lets the pattern stop part way through its last repetition (a 26-layer model with a
   pattern of six); without it, a model's layer count must be a multiple of the pattern's length.
-
-The canonical form (what ``str(schedule)`` prints, and ``parse`` reads back to an equal schedule) has no spaces,
-registered names (not aliases), options sorted by name, equal neighbouring layers merged into ``*COUNT`` and no
-``@g``, and the norm last (a schedule without norms prints as it did before norms existed). A plain registered
-name (``"rope"``) is a schedule of one layer repeated over every layer.
+``str(schedule)`` is the canonical form (docs/schedules.md), which ``parse`` reads back to an equal schedule.
 
 Constructors
 ------------
-:func:`schedule` takes a pattern (``schedule("rope", "rope", "rope", "nope")``, or the same as one string), a
-full per-layer list (``layers=[...]``: a pattern as long as the model) or layers by type
-(``schedule(by_type={"sliding": ("rope", {"base": 1e4}), "full": ("rope-linear", {"factor": 8, "base": 1e6})},
-layer_types=[...], spans={"sliding": ("window", 512)})``). :meth:`Schedule.parse` reads a string,
-:meth:`Schedule.from_dict` a stored dict. Every error names the layer and the value.
+:func:`schedule` (a pattern, a full per-layer list ``layers=[...]`` or ``by_type=``), :meth:`Schedule.parse` (a
+string) and :meth:`Schedule.from_dict` (a stored dict). Every error names the layer and the value.
 
 This module imports :mod:`posenc.errors` only; the registry (and torch) on first use, to check encoding names.
 """
@@ -90,6 +68,7 @@ if TYPE_CHECKING:
     from .base import PositionalEncoding
 
 SPAN_KINDS = ("global", "window", "chunk")
+MAX_LAYERS = 100_000  #: the most layers a schedule holds (checked before ``rope*1000000000`` is built)
 _SPAN_LETTERS = {"g": "global", "w": "window", "c": "chunk"}
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]*")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -141,7 +120,7 @@ class Span:
         if value is None or value == "global" or value == "g":
             return cls()
         if isinstance(value, str):
-            m = re.fullmatch(r"\s*([wc])\s*(\d+)\s*", value)
+            m = re.fullmatch(r"\s*([wc])\s*([0-9]+)\s*", value)
             if m is None:
                 raise ConfigError(f"a span is 'global', ('window', W), ('chunk', C), 'w64' or 'c128', got {value!r}")
             return cls(_SPAN_LETTERS[m.group(1)], int(m.group(2)))
@@ -380,11 +359,13 @@ class Schedule:
     """A pattern of :class:`LayerSpec` repeated over a model's layers.
 
     ``truncate=False``: a model's layer count must be a multiple of ``len(layers)``; ``True``: the last repetition
-    may stop part way (printed as a trailing ``...``). ``str(schedule)`` is the canonical string,
+    may stop part way (printed as a trailing ``...``). ``full=True`` (``schedule(layers=[...])``): one entry per
+    layer, never repeated: a model's layer count must equal ``len(layers)``. ``str(schedule)`` is the canonical string,
     :meth:`as_dict` the stored form; both read back (:meth:`parse`, :meth:`from_dict`)."""
 
     layers: tuple[LayerSpec, ...]
     truncate: bool = False
+    full: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         layers = tuple(self.layers) if isinstance(self.layers, (list, tuple)) else None
@@ -395,6 +376,8 @@ class Schedule:
                 raise ConfigError(f"layer {i}: expected a posenc.schedule.LayerSpec, got {type(spec).__name__}")
         if not isinstance(self.truncate, bool):
             raise ConfigError(f"truncate must be True or False, got {self.truncate!r}")
+        if len(layers) > MAX_LAYERS:
+            raise ConfigError(f"a schedule has at most {MAX_LAYERS} layers, got {len(layers)}")
         object.__setattr__(self, "layers", layers)
 
     def __len__(self) -> int:
@@ -412,6 +395,12 @@ class Schedule:
         if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
             raise ConfigError(f"n_layers must be an integer >= 1, got {n_layers!r}")
         p = len(self.layers)
+        if self.full and n_layers != p:
+            raise ConfigError(
+                f"layers=[...] is a full per-layer list of {p} entries, but the model has n_layers={n_layers}: give "
+                f"exactly {n_layers} entries, or for a repeated pattern a pattern instead of layers=: "
+                f"posenc.schedule({str(self)!r}) (or a string like 'rope*3+nope', or posenc.schedule(*pattern))"
+            )
         if n_layers % p and not self.truncate:
             raise ConfigError(
                 f"the schedule {str(self)!r} is a pattern of {p} layers, which does not divide n_layers={n_layers} "
@@ -457,7 +446,8 @@ class Schedule:
 
     def as_dict(self) -> dict[str, Any]:
         """``{"name": str(self), "layers": [...], "truncate": bool}`` (JSON-ready)."""
-        return {"name": str(self), "layers": [s.as_dict() for s in self.layers], "truncate": self.truncate}
+        d = {"name": str(self), "layers": [s.as_dict() for s in self.layers], "truncate": self.truncate}
+        return {**d, "full": True} if self.full else d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Schedule:
@@ -468,6 +458,8 @@ class Schedule:
             if "name" in d:
                 return cls.parse(d["name"])
             raise ConfigError(f"a stored schedule has 'layers' (or 'name'), got keys {sorted(d)}")
+        if isinstance(d["layers"], (str, bytes, Mapping)) or not isinstance(d["layers"], Iterable):
+            raise ConfigError(f"a stored schedule's 'layers' is a list of layer dicts, got {d['layers']!r}")
         layers = []
         for i, item in enumerate(d["layers"]):
             with _AtLayer(i):
@@ -480,7 +472,7 @@ class Schedule:
                     )
                 span = Span.of(item.get("span"))
                 layers.append(LayerSpec(item["encoding"], item.get("options") or {}, span, item.get("qk_norm")))
-        return cls(tuple(layers), truncate=bool(d.get("truncate", False)))
+        return cls(tuple(layers), truncate=bool(d.get("truncate", False)), full=bool(d.get("full", False)))
 
     @classmethod
     def parse(cls, text: str) -> Schedule:
@@ -563,7 +555,9 @@ def _parse_layer(text: str, index: int) -> LayerSpec:
             qk_norm = _QK_SUFFIXES[suffix]
         span = Span()
         if rest.startswith("@"):
-            span = Span.of(rest[1:].strip() or "?")
+            if not rest[1:].strip():
+                raise ConfigError(f"{name}: nothing after '@' in {s!r}: a span is @w<W>, @c<C> or @g (rope@w64)")
+            span = Span.of(rest[1:].strip())
             rest = ""
         if rest:
             raise ConfigError(
@@ -596,12 +590,18 @@ def _parse(text: Any, offset: int = 0) -> Schedule:
         count = 1
         if len(pieces) == 2:
             raw = pieces[1].strip()
-            if not raw.isdigit() or int(raw) < 1:
+            if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1:
                 raise ConfigError(
                     f"layer {offset + len(layers)}: {term.strip()!r}: the count after '*' must be an integer >= 1, "
-                    f"got {raw!r}"
+                    f"got {raw!r} (ASCII digits: rope*3)"
                 )
             count = int(raw)
+            if len(raw) > 7 or offset + len(layers) + count > MAX_LAYERS:
+                raise ConfigError(
+                    f"layer {offset + len(layers)}: {term.strip()!r}: a schedule has at most {MAX_LAYERS} layers, "
+                    f"but the counts in {text!r} add up to more; a pattern repeats over the model by itself "
+                    "('rope*3+nope' on 40 layers is 10 repetitions)"
+                )
         spec = _parse_layer(pieces[0], offset + len(layers))
         layers.extend([spec] * count)
     return Schedule(tuple(layers), truncate=truncate)
@@ -654,7 +654,7 @@ def schedule(
       string ``schedule("rope*3+nope")`` (the syntax of :mod:`posenc.schedule`); each item is a name, a string in
       that syntax, ``(name, options)``, ``(name, options, span)``, ``(name, options, span, qk_norm)``, an encoding
       instance or a :class:`LayerSpec`;
-    * a full per-layer list: ``schedule(layers=[...])`` (a pattern as long as the model);
+    * a full per-layer list: ``schedule(layers=[...])``, exactly one entry per layer of the model (never repeated);
     * by layer type, as transformers configs give them: ``schedule(by_type={"sliding": ("rope", {"base": 1e4}),
       "full": ("rope-linear", {"factor": 8, "base": 1e6})}, layer_types=["sliding", ..., "full"],
       spans={"sliding": ("window", 512)})``; ``spans`` default to global.
@@ -695,7 +695,9 @@ def schedule(
             out.append(_as_layer(item, len(out)))
     if not out:
         raise ConfigError("a schedule needs at least one layer")
-    return Schedule(tuple(out), truncate=truncate)
+    if layers is not None and truncate:
+        raise ConfigError("truncate=True goes with a pattern; layers=[...] is a full per-layer list, never cut")
+    return Schedule(tuple(out), truncate=truncate, full=layers is not None)
 
 
 def _by_type(

@@ -158,7 +158,7 @@ class Randomized(PositionalEncoding):
                 "(randomized-<name>: random_max_len), normally much larger than the training length"
             )
         rows = positions.shape[0]
-        noise = torch.rand(rows, self.max_len, generator=generator, device=positions.device)
+        noise = torch.rand(rows, self.max_len, generator=generator, device=positions.device, dtype=torch.float32)
         subset = noise.argsort(dim=-1)[:, :n].sort(dim=-1).values  # uniform n-subset, ascending
         return subset.gather(1, positions.long()).to(positions.dtype)
 

@@ -77,4 +77,13 @@ class HoPE(_TruncatedRoPE):
             raise ConfigError(f"hope: max_len is the training length L and must be a positive integer, got {max_len!r}")
         super().__init__(head_dim, base)
         self.max_len = max_len
-        self._truncate(high_frequency_count(self.inv_freq, max_len))
+        kept = high_frequency_count(self.inv_freq, max_len)
+        if kept < 1:
+            # the highest frequency, theta_0 = 1, turns fully once L >= 2*pi
+            least = math.ceil(2 * math.pi / float(self.inv_freq.double().max()))
+            raise ConfigError(
+                f"encoding 'hope': with max_len={max_len} no frequency of RoPE turns fully (theta_i * L >= 2*pi), so "
+                f"every pair would be left unrotated, which is NoPE (encoding 'nope'); the smallest max_len that keeps "
+                f"one pair is {least}"
+            )
+        self._truncate(kept)

@@ -115,4 +115,11 @@ class PRoPE(_TruncatedRoPE):
         super().__init__(head_dim, base)
         self.p = float(p)
         # the paper's and Gemma's count, written as they write it: int(p * head_dim // 2)
-        self._truncate(int(p * head_dim // 2))
+        kept = int(p * head_dim // 2)
+        if kept < 1:
+            raise ConfigError(
+                f"encoding 'p-rope': p={p!r} keeps int(p * head_dim // 2) = 0 of the {head_dim // 2} pairs of "
+                f"head_dim={head_dim}, which is NoPE (encoding 'nope'); the smallest p that keeps one pair is "
+                f"2 / head_dim = {2 / head_dim:g}"
+            )
+        self._truncate(kept)

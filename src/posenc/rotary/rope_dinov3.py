@@ -143,13 +143,13 @@ class RoPEDINOv3(RoPE):
         ``None`` where its setting is), from torch's global generator, drawn as transformers draws them."""
         shift = jitter = rescale = None
         if self.shift is not None:
-            shift = torch.empty((1, 2), device=device).uniform_(-self.shift, self.shift)
+            shift = torch.empty((1, 2), device=device, dtype=torch.float32).uniform_(-self.shift, self.shift)
         if self.jitter is not None:
             r = math.log(self.jitter)
-            jitter = torch.empty((1, 2), device=device).uniform_(-r, r).exp()
+            jitter = torch.empty((1, 2), device=device, dtype=torch.float32).uniform_(-r, r).exp()
         if self.rescale is not None:
             r = math.log(self.rescale)
-            rescale = torch.empty(1, device=device).uniform_(-r, r).exp()
+            rescale = torch.empty(1, device=device, dtype=torch.float32).uniform_(-r, r).exp()
         return shift, jitter, rescale
 
     def coordinates(

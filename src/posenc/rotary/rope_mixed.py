@@ -48,7 +48,7 @@ def mixed_frequencies(head_dim: int, n_heads: int, base: float = 10.0, rotate: b
     head, drawn from torch's global generator; otherwise every head along the axes, ``a_h = 0``)."""
     quarter = head_dim // 4
     mag = 1.0 / (base ** (torch.arange(0, head_dim, 4, dtype=torch.int64)[:quarter].float() / head_dim))
-    a = torch.rand(n_heads, 1) * (2 * math.pi) if rotate else torch.zeros(n_heads, 1)
+    a = torch.rand(n_heads, 1, dtype=torch.float32) * (2 * math.pi) if rotate else torch.zeros(n_heads, 1)
     fx = torch.cat([mag * torch.cos(a), mag * torch.cos(a + math.pi / 2)], dim=-1)
     fy = torch.cat([mag * torch.sin(a), mag * torch.sin(a + math.pi / 2)], dim=-1)
     return torch.stack([fx, fy])

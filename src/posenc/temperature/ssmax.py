@@ -105,6 +105,12 @@ class SSMax(QueryTemperature):
     # (bidirectional), not in a causal model: no claim of consistency either way
     claims = dict(bounded=False, params_constant=True, consistent=None)
     shared_across_layers = False  # s (and b) are per layer and head
+    option_limits = {
+        "s_init": (
+            lambda v: v > 0,
+            "> 0 (the factor s·log n on every logit; 0 erases the scores, a negative s inverts every softmax)",
+        )
+    }
 
     def __init__(
         self,

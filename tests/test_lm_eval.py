@@ -191,3 +191,31 @@ def test_the_model_is_registered_and_the_layers_json_is_read() -> None:
         parse_encoding(None, '{"7": "alibi"}', 4)
     with pytest.raises(ConfigError, match="not valid JSON"):
         parse_encoding(None, "[0, ", 4)
+
+
+def test_generate_until_is_greedy_and_stops_at_until(tiny_folder: Path) -> None:
+    """generate_until: the greedy continuation (argmax after each prefix, computed here one forward per token),
+    cut before the first ``until`` string, at most ``max_gen_toks`` tokens."""
+    from lm_eval.api.instance import Instance
+
+    from posenc.lm_eval import PosencLM
+
+    lm = PosencLM(pretrained=str(tiny_folder), encoding="alibi", max_length=MAX_LENGTH, device="cpu")
+    model, tok = _direct_model(tiny_folder)
+    context = "the cat sat on the"
+    ids = tok(context, add_special_tokens=False).input_ids
+    for _ in range(6):
+        nxt = int(_logp_next(model, ids[-MAX_LENGTH:])[-1].argmax())
+        if nxt == tok.eos_token_id:
+            break
+        ids.append(nxt)
+    greedy = tok.decode(ids[len(tok(context, add_special_tokens=False).input_ids) :])
+    assert len(greedy) > 2  # something to cut
+    stop = greedy[len(greedy) // 2 :][:2]
+    requests = [
+        Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 6}), 0),
+        Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": 6}), 1),
+    ]
+    plain, cut = lm.generate_until(requests, disable_tqdm=True)
+    assert plain == greedy
+    assert cut == greedy.split(stop)[0]

@@ -31,6 +31,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from tqdm import tqdm
+
 try:
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
@@ -141,6 +143,23 @@ def _batch(value: Any, name: str) -> int:
     if not isinstance(value, int) or value < 1:
         raise ConfigError(f"--{name} {value!r}: a positive integer (or auto) was expected")
     return value
+
+
+def _stop_at(tokenizer: Any, start: int, until: list[str]) -> Any:
+    """A transformers stopping criterion: stop once the text generated after ``start`` holds one of ``until``.
+    (``generate(stop_strings=..., tokenizer=...)`` would hand ``tokenizer=`` to the attention, which posenc's
+    attention refuses.)"""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    stops = [s for s in until if s]
+
+    class _Stop(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            done = [any(s in tokenizer.decode(row[start:].tolist()) for s in stops) for row in input_ids]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([_Stop()])
 
 
 @register_model("posenc")
@@ -261,7 +280,8 @@ class PosencLM(TemplateLM):
 
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1] + requests[i][2]))
         out: list[tuple[float, bool] | None] = [None] * len(requests)
-        for start in range(0, len(order), self.batch_size):
+        starts = range(0, len(order), self.batch_size)
+        for start in tqdm(starts, desc="posenc: loglikelihood", disable=disable_tqdm or len(starts) < 2):
             chunk = order[start : start + self.batch_size]
             rows = []
             for i in chunk:
@@ -314,7 +334,7 @@ class PosencLM(TemplateLM):
         order = sorted(range(len(requests)), key=lambda i: -len(self.tok_encode(requests[i].args[0])))
         out: list[str] = [""] * len(requests)
         eos = self.tok_decode([self.eot_token_id])
-        for i in order:
+        for i in tqdm(order, desc="posenc: generate_until", disable=disable_tqdm):
             context, gen = requests[i].args
             gen = dict(gen or {})
             until = gen.pop("until", None) or []
@@ -332,8 +352,7 @@ class PosencLM(TemplateLM):
                     attention_mask=torch.ones_like(input_ids),
                     max_new_tokens=max_gen,
                     do_sample=False,
-                    stop_strings=until,
-                    tokenizer=self.tokenizer,
+                    stopping_criteria=_stop_at(self.tokenizer, len(ids), until),
                     pad_token_id=self.eot_token_id,
                 )
             text = self.tok_decode(produced[0, len(ids) :].tolist())

@@ -7,8 +7,25 @@
 # the attention kernels, the models, generation and the encodings that have a C kernel. Both legs print
 # pytest's closing line; the script fails if either fails. POSENC_NATIVE_ISA=baseline runs the first leg
 # with the portable baseline build of the kernels instead of the one this CPU's flags pick (src/posenc/native/builds.py).
+#
+# `bash scripts/test.sh --latest [PYTEST ARGS]` is the second leg, run by hand (CI runs only the pinned leg above):
+# the same suite in .venv-latest (bash scripts/setup.sh latest), on the newest torch and transformers tested, as
+# constraints-latest.txt pins them (the newest ends of posenc/_version.py's TESTED_RANGES; README "Supported
+# versions"). Run it before widening that range; `bash scripts/setup.sh latest --refresh` moves the pins to the
+# newest releases on the index first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --latest ]; then
+    shift
+    bash scripts/setup.sh latest
+    echo "test: the latest leg ($(.venv-latest/bin/python -c 'import torch, transformers
+print("torch", torch.__version__, "transformers", transformers.__version__)'))"
+    workers=$(.venv-latest/bin/python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')
+    if [ "$#" -gt 0 ]; then
+        exec .venv-latest/bin/python -m pytest -p no:cacheprovider "$@"
+    fi
+    exec .venv-latest/bin/python -m pytest -p no:cacheprovider -n "$workers" --dist loadfile
+fi
 bash scripts/setup.sh test
 echo "test: ruff check ."
 .venv/bin/ruff check .

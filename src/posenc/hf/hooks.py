@@ -62,6 +62,19 @@ class _Bound:
 
 
 # ------------------------------------------------------------------------------------------ on and off
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether activation (gradient) checkpointing is on for ``model``, read without transformers' deprecation
+    warning: transformers 5.24 renamed ``is_gradient_checkpointing`` to ``is_activation_checkpointing`` (the old
+    name warns, and goes in v6); the class attribute is looked up first so that the deprecated property is read only
+    where the new one does not exist."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(type(model), name):
+            return bool(getattr(model, name))
+    return False
+
+
 def _install(
     model: nn.Module,
     base: nn.Module,
@@ -215,7 +228,7 @@ def _before_forward(model: nn.Module, state: PosencPatch, base: nn.Module, token
         state.positions = pos
         # gradient checkpointing recomputes each layer in the backward: a memo another layer filled would make the
         # recomputation save other tensors than the forward did, so each layer then starts from this forward's own
-        state.checkpointing = bool(module.training and getattr(model, "is_gradient_checkpointing", False))
+        state.checkpointing = bool(module.training and _checkpointing(model))
         state.first_cache = dict(state.forward_cache) if state.checkpointing else None
         if ids is None and embeds is not None and "embed" in enc.hooks():
             if enc.requires_tokens:

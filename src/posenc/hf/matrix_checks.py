@@ -362,7 +362,8 @@ def training(make: Callable[[], Any]) -> None:
         model = _build(make).train()
         patch(model, name)
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            # transformers 5.24 deprecated gradient_checkpointing_enable (it warns) for activation_checkpointing_enable
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         torch.manual_seed(0)
         _out(model, x).float().pow(2).mean().backward()
         params = list(patched(model).parameters())

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .._version import __version__
+from .._version import TESTED_RANGES, __version__
 from ..attention import AttentionCore
 from ..base import PositionalEncoding
 from ..errors import ConfigError, PosencError
@@ -68,11 +68,14 @@ CONFIG_KEY = "posenc"
 _ATTENTION_HOOKS = frozenset({"rotate", "logits", "bias", "values", "scale", "probabilities"})
 
 
-#: the transformers release posenc.hf's tests and support matrix ran against (``constraints.txt`` pins it; a test
-#: keeps the two equal). posenc.hf reads transformers' internals (its cache's argument name and mask sizes, the
-#: rotary module, the attention registry), which a later release may change: transformers 5.24 renamed the
+#: the transformers release posenc.hf's tests and support matrix ran against on the pinned leg (``constraints.txt``
+#: pins it; a test keeps the two equal). posenc.hf reads transformers' internals (its cache's argument name and mask
+#: sizes, the rotary module, the attention registry), which a later release may change: transformers 5.24 renamed the
 #: forward's ``past_key_values`` to ``cache``.
 TESTED_TRANSFORMERS = "5.24.0"
+#: the transformers minor releases the suite ran on, oldest and newest, both included (declared once, in
+#: posenc/_version.py; the newest is the latest leg's, ``bash scripts/test.sh --latest``)
+TESTED_TRANSFORMERS_RANGE: tuple[str, str] = TESTED_RANGES["transformers"]
 _warned_version: list[str] = []
 
 
@@ -85,22 +88,26 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 def check_transformers_version(version: str | None = None) -> None:
-    """Warn once per process where transformers is newer than :data:`TESTED_TRANSFORMERS`: the patch may still
-    be right, and ``python -m posenc.hf_matrix`` says whether it is (each cell checks against the model's own
-    numbers or generate without a cache)."""
+    """Warn once per process where transformers is outside :data:`TESTED_TRANSFORMERS_RANGE` (its minor release
+    older than the oldest tested or newer than the newest; any patch release of a tested minor counts as tested):
+    the patch may still be right, and ``python -m posenc.hf_matrix`` says whether it is (each cell checks against
+    the model's own numbers or generate without a cache)."""
     if version is None:
         import transformers
 
         version = transformers.__version__
-    if _release(version)[:2] > _release(TESTED_TRANSFORMERS)[:2] and version not in _warned_version:
+    oldest, newest = TESTED_TRANSFORMERS_RANGE
+    minor = _release(version)[:2]
+    outside = "newer" if minor > _release(newest)[:2] else "older" if minor < _release(oldest)[:2] else None
+    if outside and version not in _warned_version:
         _warned_version.append(version)
         import warnings
 
         warnings.warn(
-            f"posenc.hf was tested with transformers {TESTED_TRANSFORMERS}; this is {version}, newer. posenc.hf "
+            f"posenc.hf was tested with transformers {oldest} to {newest}; this is {version}, {outside}. posenc.hf "
             "reads transformers' internals (the KV cache's mask sizes, the rotary module, the attention registry); "
             "run `python -m posenc.hf_matrix` to check every family and cache against their own numbers, or "
-            f"install the tested release: pip install transformers=={TESTED_TRANSFORMERS}",
+            f"install a tested release: pip install 'transformers>={oldest},<={newest}.*'",
             stacklevel=3,
         )
 

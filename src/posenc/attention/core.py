@@ -32,13 +32,13 @@ PATHS = ("auto", "fast", "reference", "flex")
 
 def _all_finite(*tensors: Tensor) -> bool:
     """Whether every entry of ``tensors`` is finite: one sum per tensor (NaN or inf anywhere make it non-finite; a
-    sum that overflows only sends the call to :func:`_quarantine`'s exact check)."""
+    sum that overflows only sends the call to :func:`quarantine_nonfinite`'s exact check)."""
     with torch.no_grad():
         total = sum(t.detach().sum(dtype=torch.float32) for t in tensors)
     return bool(torch.isfinite(total))
 
 
-def _quarantine(call: _Call) -> tuple[_Call, Tensor] | None:
+def quarantine_nonfinite(call: _Call) -> tuple[_Call, Tensor] | None:
     """Keep a non-finite key from reaching the queries that may not see it: ``None`` where nothing needs it, else the
     call with each key (and query) row that holds NaN or inf in ``k`` or ``v`` (``q``) set to zero, and the
     ``[B, H, Lq, 1]`` rows that do see such a key (or are such a query), whose output is then NaN.
@@ -53,7 +53,13 @@ def _quarantine(call: _Call) -> tuple[_Call, Tensor] | None:
     lq, lk = q.shape[2], k.shape[2]
     if call.allowed is None and not (call.causal and lq > 1):
         return None  # every query sees every key: a NaN reaches exactly the outputs it should
-    if torch.compiler.is_compiling() or _all_finite(q, k, v):
+    if torch.compiler.is_compiling():
+        return None
+    if lq == 1 and call.allowed is not None:  # a decoding step: only the keys it may not see need the check
+        cols = (~call.allowed).flatten(0, -2).any(0).nonzero().flatten()
+        if not len(cols) or _all_finite(q, k.index_select(2, cols), v.index_select(2, cols)):
+            return None
+    elif _all_finite(q, k, v):
         return None
     bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v[..., : v.shape[-1]]).all(-1))  # [B, Hkv, Lk]
     bad_q = ~torch.isfinite(q).all(-1)  # [B, H, Lq]
@@ -224,8 +230,8 @@ class AttentionCore(nn.Module):
         ``scale`` overrides the encoding's temperature (a transformers model's own ``scaling``). Grouped keys
         (``Hkv < H``) stay grouped where :meth:`_keeps_groups` allows; otherwise each key/value head is repeated
         for its ``H / Hkv`` query heads first, and the call runs as any other. A key hidden from a query reaches
-        no part of its output, even where it holds NaN or inf (:func:`_quarantine`)."""
-        quarantined = _quarantine(call)
+        no part of its output, even where it holds NaN or inf (:func:`quarantine_nonfinite`)."""
+        quarantined = quarantine_nonfinite(call)
         poisoned = None
         if quarantined is not None:
             call, poisoned = quarantined

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionCore, _Call, build_mask, check_groups, repeat_kv
+from ..attention.core import quarantine_nonfinite
 from ..attention.materialised import materialised
 from ..base import AttentionContext, contiguous_positions, mark_arange
 from ..errors import ConfigError
@@ -324,10 +325,14 @@ def _materialised(
     dropped), with the core's dropout while training; a query that sees no key (left padding) gets zeros, as
     :meth:`~posenc.attention.AttentionCore.attend` gives it."""
     dropout = core.dropout if core.training else 0.0
+    held = quarantine_nonfinite(call)  # a NaN/inf key reaches only the queries that see it (as in core.attend)
+    call, poisoned = held if held is not None else (call, None)
     out, weights = materialised(
         call, scale, dropout, core._terms, core._values(), softcap=softcap, sinks=sinks,
         probabilities=core._probabilities(),  # an encoding's own weights (stick-breaking) here too, not softmax
     )
+    if poisoned is not None:
+        out = out.masked_fill(poisoned, float("nan"))
     if call.allowed is not None and call.any_padding:
         out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
     return out, weights

@@ -224,6 +224,18 @@ def clean_stale(root: Path | None = None, quiet: bool = False) -> list[Path]:
     return removed
 
 
+def _as_os_error(err: BaseException) -> OSError:
+    """``err`` as an :class:`OSError`: safetensors' ``SafetensorError`` says the OS error only in its text
+    (``IoError(Os { code: 28, kind: StorageFull, ... })``)."""
+    if isinstance(err, OSError):
+        return err
+    m = re.search(r"code:\s*(\d+)", str(err))
+    code = int(m.group(1)) if m else 0
+    if not m and re.search(r"StorageFull|No space left", str(err)):
+        code = errno.ENOSPC
+    return OSError(code, os.strerror(code) if code else _first_line(err))
+
+
 def _cache_error(err: OSError, folder: Path, need_mb: float | None = None) -> ConfigError:
     """A :class:`ConfigError` for a cache folder that cannot be written (full disk, no permission, a file)."""
     where = "$POSENC_DATA" if os.environ.get("POSENC_DATA") else "~/.cache/posenc ($POSENC_DATA unset)"
@@ -321,9 +333,11 @@ def _convert(gguf: Path, target: Path, ident: dict[str, Any], quiet: bool, repla
             tok.save_pretrained(str(tmp))
             (tmp / IDENTITY_FILE).write_text(json.dumps(ident, indent=2, sort_keys=True) + "\n")
             _publish(tmp, target, ident, replace)
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 -- an OSError, or safetensors' SafetensorError wrapping one
+            if not isinstance(err, OSError) and type(err).__name__ != "SafetensorError":
+                raise
             need = 4 * sum(t.numel() for t in model.state_dict().values()) / 1e6
-            raise _cache_error(err, target.parent, need) from None
+            raise _cache_error(_as_os_error(err), target.parent, need) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -304,9 +304,7 @@ class SQLiteStore:
         self.path = Path(path)
         self.timeout = float(timeout)
         if self.path.is_dir():
-            raise StoreError(
-                f"the results store {self.path} is a folder; give a file path such as {self.path}/results.sqlite"
-            )
+            raise StoreError(_folder_message(self.path))
         if self.path.exists() and self.path.stat().st_size > 0:
             with self.path.open("rb") as f:
                 head = f.read(len(SQLITE_MAGIC))
@@ -660,11 +658,23 @@ def write_jsonl(path: str | Path, lines: Iterable[dict[str, Any]]) -> int:
     return len(lines)
 
 
+def _folder_message(path: Path) -> str:
+    """What to say of a results store path that exists as a folder (not a SQLite file)."""
+    if path.suffix:  # a file's name (results.sqlite) taken by a folder: nothing to read there
+        return (
+            f"the results store {path} exists as a folder, not a SQLite file; remove or rename that folder, or give "
+            f"another file path (--store {path.parent / ('other' + path.suffix)})"
+        )
+    return f"the results store {path} is a folder; give a file path such as {path / 'results.sqlite'}"
+
+
 def open_store(store: str | Path | SQLiteStore, **kw: Any) -> SQLiteStore:
     """A store object from a path (a folder means ``<folder>/results.sqlite``) or a store."""
     if isinstance(store, SQLiteStore):
         return store
     p = Path(store)
+    if p.is_dir() and p.suffix in (".sqlite", ".sqlite3", ".db"):  # a store's file name, taken by a folder
+        raise StoreError(_folder_message(p))
     if p.is_dir() or (not p.suffix and not p.exists()):
         p = p / "results.sqlite"
     return SQLiteStore(p, **kw)

@@ -138,6 +138,9 @@ SCALING_NAMES = (AS_TRAINED, *SCALINGS)
 LOSS_LEAST, PASSKEY_LEAST = 1.0, 0.125
 #: the shortest RULER length, as a multiple of L (cwe's one-shot example and question take about 500 tokens)
 RULER_LEAST = 0.0625
+#: the longest length of any cell, as a multiple of L (64 L of SmolLM2 is 524,288 tokens: a KV cache of ~10 GB and
+#: hours per prefill on a CPU); checked before anything is allocated
+LENGTH_MOST = 64.0
 #: RULER's six synthetic tasks (posenc.extend.ruler.TASKS, named here without importing torch)
 RULER_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
 #: what ``--tasks`` chooses among: the loss curves, the passkey grid, RULER's tasks (``ruler``: all six)
@@ -202,10 +205,10 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
             _names(n(field), value, SCALING_NAMES, "scalings")
         elif field in ("loss_short", "loss_extension"):
             why = f"a multiple of the trained length L, at least {LOSS_LEAST:g}: a curve goes to L or beyond"
-            number(n(field), value, low=LOSS_LEAST, why=why)
+            number(n(field), value, low=LOSS_LEAST, high=LENGTH_MOST, why=why)
         elif field == "passkey_lengths":
             why = "multiples of the trained length L; shorter leaves no room for the prompt"
-            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=PASSKEY_LEAST, why=w))
+            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=PASSKEY_LEAST, high=LENGTH_MOST, why=w))
         elif field == "passkey_depths":
             _numbers(n(field), value, lambda k, v: fraction(k, v, why="where the key sits in the filler"))
         elif field == "ruler_tasks" or (field == "ruler_past_tasks" and value is not None):
@@ -214,7 +217,7 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
             _names(n(field), value, SCALING_NAMES, "scalings")
         elif field in ("ruler_lengths", "ruler_floor_lengths"):
             why = "multiples of the trained length L; shorter leaves no room for a task's haystack"
-            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=RULER_LEAST, why=w))
+            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=RULER_LEAST, high=LENGTH_MOST, why=w))
         elif field in ("ruler_haystacks", "ruler_questions"):
             positive_int(n(field), value)
         elif field == "ruler_fill_below":

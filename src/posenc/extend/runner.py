@@ -404,6 +404,11 @@ def run(
     from ..pretrained import identity, load_pretrained
     from ..runenv import run_environment
 
+    if model is not None and tokenizer is None:
+        raise ConfigError(
+            "posenc.extend.run(model=...) needs tokenizer= as well (the model's own tokenizer, e.g. "
+            "transformers.AutoTokenizer.from_pretrained(...)); or give neither and cfg.model is loaded with both"
+        )
     if model is None:
         model, tokenizer = load_pretrained(cfg.model, quiet=quiet)
     ident = identity(model)
@@ -429,6 +434,7 @@ def run(
                 f"passkey lengths: {min(cfg.passkey_lengths):g} x the trained length {trained} is {shortest.tokens} "
                 f"tokens, too short ({err}); give longer --passkey-lengths"
             ) from None
+    unbuildable = ruler_too_short(cells, tokenizer, trained, resumed=bool(have))
     todo = [c for c in cells if c.key() not in done]
     progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo), trained=trained,
                         left=sum(cell_work(c, trained) for c in todo))
@@ -456,6 +462,12 @@ def run(
                 progress.done += 1
                 progress.left -= cell_work(cell, trained)
                 continue
+        if cell.kind == "ruler" and (cell.task, cell.tokens) in unbuildable:
+            progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}: skipped, "
+                         f"{unbuildable[cell.task, cell.tokens]}")
+            progress.done += 1
+            progress.left -= cell_work(cell, trained)
+            continue
         progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}{eta}")
         t0 = time.perf_counter()
         load0 = _load_average()
@@ -543,6 +555,28 @@ RULER_CHUNK = 1024
 DECODE_WORK = 0.002
 #: about the steps of one question (its ids and the answer generated)
 RULER_STEPS = {"niah_single_1": 45, "niah_multikey_2": 45, "niah_multikey_3": 120, "vt": 80, "cwe": 100, "fwe": 70}
+
+
+def ruler_too_short(cells: Sequence[Cell], tokenizer: Any, trained: int, resumed: bool) -> dict[tuple[str, int], str]:
+    """The RULER cells' ``(task, tokens)`` too short for their task with this tokenizer, each with why, checked
+    before any cell runs (one haystack built per pair, no forward). A fresh run stops on them with an error that
+    names ``--ruler-lengths``; a resumed one (``resumed``: the store holds cells) skips them, saying so when it
+    reaches them, so that it goes past a task it cannot build instead of stopping there on every resume."""
+    from . import ruler
+
+    bad: dict[tuple[str, int], str] = {}
+    pairs = {(c.task, c.tokens): c.questions for c in cells if c.kind == "ruler"}
+    for (task, tokens), questions in sorted(pairs.items(), key=lambda x: x[0][1]):
+        try:
+            ruler.build(task, tokenizer, tokens, seed=0, questions=max(questions, 1))
+        except ConfigError as err:
+            bad[task, tokens] = (
+                f"{tokens / trained:g} x the trained length {trained} is {tokens} tokens, too short for {task} "
+                f"({err}); give longer --ruler-lengths (ExtendConfig.ruler_lengths) or leave {task} out of --tasks"
+            )
+    if bad and not resumed:
+        raise ConfigError("RULER: " + "; ".join(bad.values()))
+    return bad
 
 
 def ruler_record(model: nn.Module, tokenizer: Any, cell: Cell, chunk: int | None, progress: Progress) -> dict[str, Any]:

@@ -154,3 +154,25 @@ def test_random_draws_do_not_follow_the_default_dtype(draw) -> None:
     for x, y in zip(a, b, strict=True):
         assert x.dtype == y.dtype
         assert torch.equal(x, y)
+
+
+# ------------------------------------------------------------------------------- right padding
+PAD_NAMES = [n for n in posenc.available() if not n.startswith("randomized-")]  # random positions by design
+
+
+@pytest.mark.parametrize("name", PAD_NAMES)
+def test_right_padding_changes_no_sequence_classifier_logits(name: str) -> None:
+    """20 real tokens, alone and right-padded to 28: past the example's original_max_len (16), so dynamic NTK
+    (which computes its base from the length) scales, and must see the real length, not the padded one."""
+    torch.manual_seed(0)
+    opts = example_options(name, DIMS) or None
+    m = posenc.SequenceClassifier(
+        20, 3, d_model=16, n_heads=2, n_layers=2, max_len=32, encoding=name, encoding_options=opts
+    ).eval()
+    real = torch.randint(0, 20, (1, 20))
+    padded = torch.zeros(1, 28, dtype=torch.long)
+    padded[0, :20] = real[0]
+    mask = torch.zeros(1, 28, dtype=torch.bool)
+    mask[0, :20] = True
+    with torch.no_grad():
+        assert (m(real) - m(padded, attention_mask=mask)).abs().max().item() < 1e-5

@@ -460,6 +460,17 @@ class Transformer(nn.Module):
             key_positions = torch.cat([mem_pos, q_pos], dim=1)
             if positions is None and memory_positions is None:
                 mark_arange(cache, key_positions)
+        if (
+            positions is None
+            and memory is None
+            and past == 0
+            and isinstance(attention_mask, Tensor)
+            and attention_mask.dim() == 2
+            and attention_mask.shape[0] == b
+            and attention_mask.shape[1] == n
+            and any(getattr(e, "length_dependent", False) for e in self.distinct_encodings())
+        ):  # an encoding that reads the length (dynamic NTK) sees the padding at position 0, not its padded length
+            q_pos = q_pos.expand(b, n).masked_fill(~attention_mask.bool(), 0)
         if "positions" in self.encoding.hooks():
             # in training, one draw per sequence (randomized positions): give the hook the whole batch
             q_pos = self.encoding.positions(q_pos.expand(b, -1) if self.training else q_pos, self.training)

@@ -160,12 +160,15 @@ def test_random_draws_do_not_follow_the_default_dtype(draw) -> None:
 PAD_NAMES = [n for n in posenc.available() if not n.startswith("randomized-")]  # random positions by design
 
 
-@pytest.mark.parametrize("name", PAD_NAMES)
-def test_right_padding_changes_no_sequence_classifier_logits(name: str) -> None:
+PAD_CASES = [(n, None) for n in PAD_NAMES] + [("rope-dinov3", {"grid_width": 4}), ("rope-dinov3", {"grid_width": 3})]
+
+
+@pytest.mark.parametrize(("name", "options"), PAD_CASES)
+def test_right_padding_changes_no_sequence_classifier_logits(name: str, options: dict | None) -> None:
     """20 real tokens, alone and right-padded to 28: past the example's original_max_len (16), so dynamic NTK
     (which computes its base from the length) scales, and must see the real length, not the padded one."""
     torch.manual_seed(0)
-    opts = example_options(name, DIMS) or None
+    opts = options or example_options(name, DIMS) or None  # rope-dinov3 without grid_height: rows from the length
     m = posenc.SequenceClassifier(
         20, 3, d_model=16, n_heads=2, n_layers=2, max_len=32, encoding=name, encoding_options=opts
     ).eval()

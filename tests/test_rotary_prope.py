@@ -111,22 +111,20 @@ def test_p_one_is_rope_exactly():
             assert torch.equal(x, y)
 
 
-def test_p_towards_zero_keeps_fewer_frequencies_and_is_nope_at_the_end():
+def test_p_towards_zero_keeps_fewer_frequencies_and_a_p_that_keeps_none_is_refused():
     d = 32
-    kept = [posenc.get("p-rope", head_dim=d, p=p).kept for p in (1.0, 0.75, 0.5, 0.25, 0.1, 1 / d)]
-    assert kept == [16, 12, 8, 4, 1, 0]
+    kept = [posenc.get("p-rope", head_dim=d, p=p).kept for p in (1.0, 0.75, 0.5, 0.25, 0.1, 2 / d)]
+    assert kept == [16, 12, 8, 4, 1, 1]
+    for p in (1 / d, 0.03):  # int(p * d // 2) = 0 pairs: NoPE in disguise (issue 48), refused with the smallest p
+        with pytest.raises(ConfigError, match=r"smallest p that keeps one pair is 2 / head_dim = 0.0625"):
+            posenc.get("p-rope", head_dim=d, p=p)
     torch.manual_seed(0)
     nope = MultiHeadAttention(d, 1, None).double()
     x = torch.randn(2, 10, d, dtype=F64)
     want = nope(x, causal=True)
-    for p, close in ((1 / d, 0.0), (0.1, None)):
-        attn = MultiHeadAttention(d, 1, posenc.get("p-rope", head_dim=d, p=p)).double()
-        attn.load_state_dict(nope.state_dict())
-        got = attn(x, causal=True)
-        if close == 0.0:  # no pair rotates: NoPE's numbers exactly
-            assert torch.equal(got, want)
-        else:  # one pair (the highest frequency) still carries the position
-            assert (got - want).abs().max() > 1e-3
+    attn = MultiHeadAttention(d, 1, posenc.get("p-rope", head_dim=d, p=2 / d)).double()
+    attn.load_state_dict(nope.state_dict())
+    assert (attn(x, causal=True) - want).abs().max() > 1e-3  # one pair (the highest frequency) carries the position
 
 
 @pytest.mark.parametrize("name,opts", [("p-rope", dict(p=0.5)), ("hope", dict(max_len=64))])
@@ -161,16 +159,12 @@ def test_hope_equals_its_formula_written_out():
     assert float(enc.inv_freq[enc.kept - 1]) * L >= 2 * math.pi > float(base ** (-2 * enc.kept / d)) * L
 
 
-def test_hope_keeps_more_components_for_longer_training_and_none_below_two_pi():
-    counts = [posenc.get("hope", head_dim=64, max_len=n).kept for n in (6, 7, 64, 512, 4096, 1 << 20)]
-    assert counts[0] == 0 and counts[1] == 1  # 2π·1 fits in 7 positions, not in 6
-    assert counts == [0, 1, 9, 16, 23, 32]  # θ_i = 10^(-i/8) >= 2π/L; θ_31 · 2^20 = 1.3·10^-4 · 2^20 > 2π: all
-    torch.manual_seed(0)
-    nope = MultiHeadAttention(16, 1, None).double()
-    attn = MultiHeadAttention(16, 1, posenc.get("hope", head_dim=16, max_len=6)).double()
-    attn.load_state_dict(nope.state_dict())
-    x = torch.randn(1, 5, 16, dtype=F64)
-    assert torch.equal(attn(x, causal=True), nope(x, causal=True))
+def test_hope_keeps_more_components_for_longer_training_and_refuses_none_below_two_pi():
+    counts = [posenc.get("hope", head_dim=64, max_len=n).kept for n in (7, 64, 512, 4096, 1 << 20)]
+    assert counts == [1, 9, 16, 23, 32]  # θ_i = 10^(-i/8) >= 2π/L; θ_31 · 2^20 = 1.3·10^-4 · 2^20 > 2π: all
+    for n in (1, 6):  # 2π·1 fits in 7 positions, not in 6: no pair would rotate (NoPE in disguise, issue 48)
+        with pytest.raises(ConfigError, match="the smallest max_len that keeps one pair is 7"):
+            posenc.get("hope", head_dim=64, max_len=n)
 
 
 def test_hope_has_no_long_term_decay_where_rope_has():

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-from tiny_gguf import write  # noqa: E402
+from tiny_gguf import load_cached, write  # noqa: E402
 
 import posenc.hf  # noqa: E402
 from posenc.errors import ConfigError  # noqa: E402
@@ -36,13 +36,7 @@ def source(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(source, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("POSENC_DATA", str(tmp_path_factory.mktemp("cache")))
-    try:
-        model, tok = posenc.hf.load_pretrained(source, quiet=True)
-    finally:
-        mp.undo()
-    return model, tok
+    return load_cached(source, tmp_path_factory)
 
 
 @pytest.fixture()

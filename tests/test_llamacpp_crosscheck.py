@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-from tiny_gguf import write  # noqa: E402
+from tiny_gguf import load_cached, write  # noqa: E402
 
 import posenc.hf  # noqa: E402
 
@@ -37,13 +37,7 @@ TOKENS, CONTEXT, TOLERANCE = 160, 64, 2e-4
 def loaded(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
     write(path, layers=2, hidden=32, heads=4, kv_heads=2, ff=64, context=CONTEXT)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("POSENC_DATA", str(tmp_path_factory.mktemp("cache")))
-    try:
-        model, tok = posenc.hf.load_pretrained(path, quiet=True)
-    finally:
-        mp.undo()
-    return model, tok
+    return load_cached(path, tmp_path_factory)
 
 
 def llamacpp_logits(path, ids: list[int]) -> np.ndarray:

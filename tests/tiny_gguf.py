@@ -94,3 +94,18 @@ def write(
     w.write_tensors_to_file()
     w.close()
     return written
+
+
+def load_cached(path, tmp_path_factory):
+    """``posenc.hf.load_pretrained(path)`` with its model cache in a fresh temporary folder (``POSENC_DATA``), so
+    that a test's conversion never touches the user's cache: ``(model, tokenizer)``."""
+    import pytest
+
+    import posenc.hf
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("POSENC_DATA", str(tmp_path_factory.mktemp("cache")))
+    try:
+        return posenc.hf.load_pretrained(path, quiet=True)
+    finally:
+        mp.undo()

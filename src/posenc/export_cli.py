@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from .errors import ConfigError
+from .settings import key_value
 
 DESCRIPTION = """\
 Load a model (a packaged name such as smollm2-135m, a transformers folder or a .gguf file, as posenc.hf.load_pretrained
@@ -62,16 +63,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def parse_options(items: list[str]) -> dict[str, Any]:
     """``--option KEY=VALUE`` items as a dict (values as JSON where they parse, else text)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--option takes KEY=VALUE (e.g. --option beta_fast=16), got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
+    return dict(key_value(item, "--option", "--option beta_fast=16") for item in items)
 
 
 def options_for(args: argparse.Namespace, model: Any) -> dict[str, Any]:

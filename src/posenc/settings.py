@@ -144,3 +144,19 @@ def nonempty_text(name: str, value: object, expected: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{name} must be {expected}, got {value!r}")
     return value
+
+
+def key_value(text: str, flag: str, example: str = "") -> tuple[str, object]:
+    """One ``KEY=VALUE`` item of a repeatable option (``--option beta_fast=16``): the key, and the value read as
+    JSON where it parses (``16``, ``1.5``, ``true``, ``[1, 2]``), else as the text itself. A missing ``=`` or key
+    is a :class:`~posenc.errors.ConfigError` naming ``flag`` (and ``example``, the option as a user would write it)."""
+    import json
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        hint = f" (e.g. {example})" if example else ""
+        raise ConfigError(f"{flag} takes KEY=VALUE{hint}, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except ValueError:
+        return key.strip(), value

@@ -84,6 +84,17 @@ def quarantine_nonfinite(call: _Call) -> tuple[_Call, Tensor] | None:
     return call, rows[..., None]
 
 
+def finish_rows(out: Tensor, call: _Call, poisoned: Tensor | None) -> Tensor:
+    """A kernel's output ``[B, H, Lq, Dh]`` as every path returns it: the queries that see a poisoned key (or are one,
+    ``poisoned`` from :func:`quarantine_nonfinite`) NaN, as without the quarantine, and a query that may see no key at
+    all (left padding) zero."""
+    if poisoned is not None:
+        out = out.masked_fill(poisoned, float("nan"))
+    if call.allowed is not None and call.any_padding:
+        out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
+    return out
+
+
 class AttentionCore(nn.Module):
     """Attention after the projections: an encoding's hooks, the plan, and the kernels.
 
@@ -266,9 +277,4 @@ class AttentionCore(nn.Module):
             )
         else:
             out = self._sdpa(call, plan, scale)
-        if poisoned is not None:  # the queries that see a poisoned key (or are one): NaN, as without the quarantine
-            out = out.masked_fill(poisoned, float("nan"))
-        if call.allowed is not None and call.any_padding:
-            # a query that may see no key at all (left padding) gets a zero output on every kernel
-            out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
-        return out, weights
+        return finish_rows(out, call, poisoned), weights

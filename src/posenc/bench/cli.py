@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PosencError
+from ..settings import key_value
 
 DESCRIPTION = """\
 Train small models with each positional encoding, test them on longer inputs, print a live
@@ -129,16 +129,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return pb
 
 
-def _parse_option(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise ConfigError(f"--encoding-option takes KEY=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    try:
-        return k.strip(), json.loads(v)
-    except json.JSONDecodeError:
-        return k.strip(), v
-
-
 def _suite(args: argparse.Namespace):
     from ..schedule import check_names
     from .suites import Grid, _encoding, load_suite
@@ -170,7 +160,7 @@ def _suite(args: argparse.Namespace):
     suite = load_suite("quick")
     # the quick suite has a grid per task (adjacent has settings of its own); the lists replace those of every grid
     grids: list[Grid] = suite.grids
-    options = dict(_parse_option(o) for o in args.encoding_option)
+    options = dict(key_value(o, "--encoding-option") for o in args.encoding_option)
     if args.encodings:
         if args.encodings == ["all"]:  # each with the settings it declares (example_options), then --encoding-option
             entries = _all_buildable(suite)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionCore, _Call, build_mask, check_groups, repeat_kv
-from ..attention.core import quarantine_nonfinite
+from ..attention.core import finish_rows, quarantine_nonfinite
 from ..attention.materialised import materialised
 from ..base import AttentionContext, contiguous_positions, mark_arange
 from ..errors import ConfigError
@@ -145,10 +145,10 @@ def _query_key_positions(
                 if compiling or bool((shift != 0).any()):
                     q_pos, k_pos = q_pos - shift, k_pos - shift
             q_pos = mark_arange(cache, q_pos)
-            if compiling:  # the keys clamped at 0 always, so not known as start + arange: the gather forms
+            # a left-padded row's pads before position 0: masked, placed at 0 (no longer start + arange: the kernels
+            # take the gather forms); while compiling, always (no branch on a tensor's values)
+            if compiling or bool((k_pos < 0).any()):
                 k_pos = k_pos.clamp(min=0)
-            elif bool((k_pos < 0).any()):  # a left-padded row's pads before position 0: masked, placed at 0
-                k_pos = k_pos.clamp(min=0)  # (no longer start + arange: the kernels take the gather forms)
             else:
                 k_pos = mark_arange(cache, k_pos)
             cache[key] = got = (q_pos, k_pos)
@@ -336,11 +336,7 @@ def _materialised(
         call, scale, dropout, core._terms, core._values(), softcap=softcap, sinks=sinks,
         probabilities=core._probabilities(),  # an encoding's own weights (stick-breaking) here too, not softmax
     )
-    if poisoned is not None:
-        out = out.masked_fill(poisoned, float("nan"))
-    if call.allowed is not None and call.any_padding:
-        out = out.masked_fill(~call.allowed.any(dim=-1, keepdim=True), 0.0)
-    return out, weights
+    return finish_rows(out, call, poisoned), weights
 
 
 _registered = False

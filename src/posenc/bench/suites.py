@@ -28,7 +28,10 @@ A suite file (see ``docs/bench.md`` and the built-in ones in ``posenc/bench/suit
 
     [[findings]]                    # optional: a verdict per finding of the paper (docs/results.md)
     finding = "ALiBi stays flat beyond the training length"
-    verdict = "reproduced"          # or "partly", "not reproduced", "inconclusive"
+    claim = '"ALiBi ... extrapolates to longer sequences"'   # the paper's claim: a "quote" or a close paraphrase
+    source = "Press et al. 2022, §4, Figure 4"              # author year, and section / table / figure
+    tests = "as published"          # or "posenc's question" (a variant of posenc's own)
+    verdict = "reproduced"          # or "partly", "not reproduced", "inconclusive", "not tested"
     evidence = "ptb-lm: 512 within 5 % of 64"
     written = "2026-11-24"          # the date (UTC) the verdict was written
 
@@ -77,12 +80,17 @@ TOP_KEYS = (
 GRID_KEYS = ("name", "tasks", "encodings", "seeds", "settings")
 ENCODING_KEYS = ("name", "label", "options")
 PUBLISHED_KEYS = ("source", "metric", "note", "columns", "rows", "text", "task", "higher_is_better")
-FINDING_KEYS = ("finding", "verdict", "evidence", "written")
+FINDING_KEYS = ("finding", "claim", "source", "tests", "verdict", "evidence", "written")
+#: the keys every finding must give (``evidence`` may be left out where there is none yet)
+REQUIRED_FINDING_KEYS = ("finding", "claim", "source", "tests", "verdict", "written")
+#: what a finding tests: the paper's claim as the paper states it, or a variant of posenc's own
+TESTS = ("as published", "posenc's question")
 COMPARISON_KEYS = ("name", "pairs", "column", "lengths")
 #: which test lengths a comparison averages over
 COMPARISON_LENGTHS = ("beyond", "train", "all")
-#: the verdicts a finding may have (``[[findings]]``), in the order the results page counts them
-VERDICTS = ("reproduced", "partly", "not reproduced", "inconclusive")
+#: the verdicts a finding may have (``[[findings]]``), in the order the results page counts them; "not tested":
+#: the task cannot test the claim (the evidence says why), which is no evidence against it
+VERDICTS = ("reproduced", "partly", "not reproduced", "inconclusive", "not tested")
 PER_RUN = ("task", "encoding", "seed", "encoding_options", "task_version")
 SETTING_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in PER_RUN)
 
@@ -117,6 +125,17 @@ class Finding:
     verdict: str
     evidence: str = ""
     written: str = ""
+    #: the paper's claim as the paper states it: a short "quote" (in quotes) or a close paraphrase
+    claim: str = ""
+    #: where the claim stands: author year, section, table or figure ("Shaw et al. 2018, §4, Table 3")
+    source: str = ""
+    #: ``"as published"`` (the paper's own claim) or ``"posenc's question"`` (a variant of posenc's own)
+    tests: str = "as published"
+
+    @property
+    def as_published(self) -> bool:
+        """Whether the finding tests the paper's claim as published (else it is posenc's own question)."""
+        return self.tests == "as published"
 
     def written_before(self, when: datetime.datetime) -> bool:
         """Whether the verdict was written before ``when`` (an aware datetime): a date counts as its whole
@@ -147,12 +166,38 @@ def _tables(where: str, raw: Any, key: str, allowed: tuple[str, ...]) -> list[tu
     return out
 
 
+_FINDING_HELP = {
+    "finding": "what posenc checked, in a line",
+    "claim": 'the claim as the paper states it: a short "quote" in quotes, or a close paraphrase',
+    "source": 'author year, and where the claim stands: section, table or figure, e.g. "Shaw et al. 2018, §4, '
+    'Table 3" ("(section not checked)" where it was not)',
+    "tests": "\"as published\" (the paper's claim) or \"posenc's question\" (a variant of posenc's own)",
+    "verdict": ", ".join(VERDICTS),
+    "written": "the date (UTC) the verdict was written, YYYY-MM-DD",
+}
+
+
 def _findings(where: str, raw: Any) -> list[Finding]:
     out = []
     for at, f in _tables(where, raw, "findings", FINDING_KEYS):
-        for key in ("finding", "verdict", "written"):
+        if isinstance(f.get("finding"), str):
+            at = f"{at} ({f['finding']!r})"
+        for key in REQUIRED_FINDING_KEYS:
             if key not in f:
-                raise ConfigError(f"{at}: no {key} (a finding needs {', '.join(FINDING_KEYS)})")
+                raise ConfigError(
+                    f"{at}: no {key} (a finding needs {', '.join(REQUIRED_FINDING_KEYS)}; {_FINDING_HELP[key]})"
+                )
+        tests = f["tests"]
+        if tests not in TESTS:
+            close = difflib.get_close_matches(str(tests), TESTS, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{at}: tests {tests!r} is not one of {', '.join(repr(t) for t in TESTS)} (the paper's claim as "
+                f"published, or a variant of posenc's own).{hint}"
+            )
+        for key in ("claim", "source"):
+            if not isinstance(f[key], str) or not f[key].strip():
+                raise ConfigError(f"{at}: {key} must be a non-empty string ({_FINDING_HELP[key]}), got {f[key]!r}")
         verdict = f["verdict"]
         if verdict not in VERDICTS:
             close = difflib.get_close_matches(str(verdict), VERDICTS, n=1, cutoff=0.5)
@@ -170,7 +215,17 @@ def _findings(where: str, raw: Any) -> list[Finding]:
             raise ConfigError(
                 f"{at}: written must be a date YYYY-MM-DD (or YYYY-MM-DDTHH:MM, UTC), got {written!r}"
             ) from None
-        out.append(Finding(f["finding"], verdict, f.get("evidence", ""), str(written)))
+        out.append(
+            Finding(
+                f["finding"],
+                verdict,
+                f.get("evidence", ""),
+                str(written),
+                claim=f["claim"].strip(),
+                source=f["source"].strip(),
+                tests=tests,
+            )
+        )
     return out
 
 

@@ -78,7 +78,16 @@ def verdict_counts(data: SuiteData) -> str:
         return "none yet"
     n = Counter(f.verdict for f in data.suite.findings)
     text = ", ".join(f"{n[v]} {v}" for v in VERDICTS if n[v])
+    own = sum(not f.as_published for f in data.suite.findings)
+    if own:
+        text += f" ({own} of them on posenc's question, not the paper's claim as published)"
     return text + (" (written before the latest runs)" if data.stale_findings() else "")
+
+
+def tests_cell(tests: str) -> str:
+    """The results page's cell for what a finding tests: the paper's claim as published, or posenc's question
+    (in bold: a verdict on it says nothing for or against the paper)."""
+    return "as published" if tests == "as published" else f"**{tests}**"
 
 
 def summary_table(datas: list[SuiteData]) -> list[str]:
@@ -112,8 +121,11 @@ def _findings(data: SuiteData) -> list[str]:
     if suite is None or not suite.findings:
         return ["No verdict written yet (give the suite file `[[findings]]`: see docs/bench.md)."]
     out = md_table(
-        ["finding", "verdict", "evidence", "written"],
-        [[f.finding, f"**{f.verdict}**", f.evidence or "—", f.written] for f in suite.findings],
+        ["finding", "the paper's claim", "source", "tests", "verdict", "evidence", "written"],
+        [
+            [f.finding, f.claim, f.source, tests_cell(f.tests), f"**{f.verdict}**", f.evidence or "—", f.written]
+            for f in suite.findings
+        ],
     )
     stale = data.stale_findings()
     if stale:
@@ -299,7 +311,10 @@ def render(
         "",
         "Measured time: the suite file's own measurement where it gives one, else the time computed from the "
         "records (see each section). Verdicts: of the paper's findings, as written in the suite file "
-        "(`[[findings]]`).",
+        "(`[[findings]]`), each with the paper's claim as published (a quote in quotes, else a close paraphrase) "
+        "and where it stands. *tests*: whether posenc tests that claim **as published** or a variant of its own "
+        "(**posenc's question**: its verdict says nothing for or against the paper). *not tested*: the task "
+        "cannot test the claim (the evidence says why), which is not *not reproduced*.",
         "",
     ]
     for d in datas:

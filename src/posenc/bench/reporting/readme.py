@@ -16,7 +16,7 @@ from .suite_data import SuiteData
 
 def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", extra: list[str] | None = None) -> str:
     """The README's summary of the paper suites: one row per finding (suite, with its seeds where fewer than
-    planned; finding; verdict), then the suites without a verdict yet, then ``extra`` (the real model's RULER
+    planned; finding; the claim's source; whether posenc tests it as published or its own question; verdict), then the suites without a verdict yet, then ``extra`` (the real model's RULER
     paragraph). Built from the same data as the page, so that it cannot disagree with it."""
     body = []
     waiting = []
@@ -35,9 +35,10 @@ def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", ext
         first = link + (f" ({ran} seeds)" if seeds < planned else "")
         for i, f in enumerate(d.suite.findings):
             verdict = f"**{f.verdict}**" + (" (written before the latest runs)" if id(f) in stale else "")
-            body.append([first if i == 0 else "", md_escape(f.finding), verdict])
+            tests = "as published" if f.as_published else f"**{f.tests}**"
+            body.append([first if i == 0 else "", md_escape(f.finding), f.source, tests, verdict])
     lines = [README_START, ""]
-    lines += md_table(["suite", "finding", "verdict"], body)
+    lines += md_table(["suite", "finding", "source", "tests", "verdict"], body)
     if waiting:
         lines += ["", "No verdict yet: " + "; ".join(waiting) + "."]
     if extra:

@@ -171,16 +171,26 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
     # 1. plain RoPE past L
     inside, past = ppl(AS_TRAINED, L // 2, L), ppl(AS_TRAINED, L, int(1.5 * L))
     if inside is None or past is None:
-        out.append(Verdict("Plain RoPE fails within about 1.2-1.5x the trained length", "Chen et al. 2023; "
-                           "Press et al. 2022", "not measured", "needs the as-trained loss curve to 1.5 L"))
+        out.append(
+            Verdict(
+                "Plain RoPE fails within about 1.2-1.5x the trained length",
+                "Chen et al. 2023; Press et al. 2022",
+                "not measured",
+                "needs the as-trained loss curve to 1.5 L",
+            )
+        )
     else:
         ratio = past / inside
         v = "reproduced" if ratio >= 2 else "partly" if ratio >= 1.2 else "not reproduced"
-        out.append(Verdict(
-            "Plain RoPE fails within about 1.2-1.5x the trained length", "Chen et al. 2023; Press et al. 2022", v,
-            f"{doc}: perplexity {_fmt(inside)} over positions L/2..L, {_fmt(past)} over L..1.5L "
-            f"(x{ratio:.1f}; reproduced at x2 or more, partly from x1.2)",
-        ))
+        out.append(
+            Verdict(
+                "Plain RoPE fails within about 1.2-1.5x the trained length",
+                "Chen et al. 2023; Press et al. 2022",
+                v,
+                f"{doc}: perplexity {_fmt(inside)} over positions L/2..L, {_fmt(past)} over L..1.5L "
+                f"(x{ratio:.1f}; reproduced at x2 or more, partly from x1.2)",
+            )
+        )
 
     # 2. PI: worse inside L, smoother past it
     longest = {s: r["tokens"] - 1 for s, r in curves.items()}
@@ -188,16 +198,26 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
     a_in, p_in = ppl(AS_TRAINED, 0, L), ppl("rope-linear", 0, L)
     a_out, p_out = ppl(AS_TRAINED, L, far), ppl("rope-linear", L, far)
     if None in (a_in, p_in, a_out, p_out) or far <= L:
-        out.append(Verdict("PI without fine-tuning: worse inside L, smoother past it", "Chen et al. 2023",
-                           "not measured", "needs the as-trained and rope-linear curves past L"))
+        out.append(
+            Verdict(
+                "PI without fine-tuning: worse inside L, smoother past it",
+                "Chen et al. 2023",
+                "not measured",
+                "needs the as-trained and rope-linear curves past L",
+            )
+        )
     else:
         worse_in, better_out = p_in > a_in, p_out < a_out
         v = "reproduced" if worse_in and better_out else "partly" if worse_in or better_out else "not reproduced"
-        out.append(Verdict(
-            "PI without fine-tuning: worse inside L, smoother past it", "Chen et al. 2023", v,
-            f"{doc}: inside L {_fmt(p_in)} vs as trained {_fmt(a_in)}; over L..{_mult(far, L)} {_fmt(p_out)} vs "
-            f"{_fmt(a_out)}",
-        ))
+        out.append(
+            Verdict(
+                "PI without fine-tuning: worse inside L, smoother past it",
+                "Chen et al. 2023",
+                v,
+                f"{doc}: inside L {_fmt(p_in)} vs as trained {_fmt(a_in)}; over L..{_mult(far, L)} {_fmt(p_out)} vs "
+                f"{_fmt(a_out)}",
+            )
+        )
 
     # 3./4. comparisons past L among the scalings
     scal = [s for s in SCALINGS if s in curves]
@@ -205,28 +225,48 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
     beyond = {s: ppl(s, L, reach) for s in scal} if reach > L else {}
     ntk_like = [s for s in ("rope-ntk", "rope-dynamic") if s in beyond]
     if "rope-linear" not in beyond or not ntk_like:
-        out.append(Verdict("NTK-aware and dynamic NTK beat PI without fine-tuning", "bloc97 2023; Peng et al. 2023",
-                           "not measured", "needs rope-linear and rope-ntk / rope-dynamic curves past L"))
+        out.append(
+            Verdict(
+                "NTK-aware and dynamic NTK beat PI without fine-tuning",
+                "bloc97 2023; Peng et al. 2023",
+                "not measured",
+                "needs rope-linear and rope-ntk / rope-dynamic curves past L",
+            )
+        )
     else:
         wins = [s for s in ntk_like if beyond[s] < beyond["rope-linear"]]  # type: ignore[operator]
         v = "reproduced" if len(wins) == len(ntk_like) else "partly" if wins else "not reproduced"
-        out.append(Verdict(
-            "NTK-aware and dynamic NTK beat PI without fine-tuning", "bloc97 2023; Peng et al. 2023", v,
-            f"{doc}, perplexity over L..{_mult(reach, L)}: PI {_fmt(beyond['rope-linear'])}, "
-            + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ntk_like),
-        ))
+        out.append(
+            Verdict(
+                "NTK-aware and dynamic NTK beat PI without fine-tuning",
+                "bloc97 2023; Peng et al. 2023",
+                v,
+                f"{doc}, perplexity over L..{_mult(reach, L)}: PI {_fmt(beyond['rope-linear'])}, "
+                + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ntk_like),
+            )
+        )
     if "rope-yarn" not in beyond or len(beyond) < 2:
-        out.append(Verdict("YaRN is the best scaling without fine-tuning", "Peng et al. 2023", "not measured",
-                           "needs rope-yarn and another scaling's curve past L"))
+        out.append(
+            Verdict(
+                "YaRN is the best scaling without fine-tuning",
+                "Peng et al. 2023",
+                "not measured",
+                "needs rope-yarn and another scaling's curve past L",
+            )
+        )
     else:
         ranked = sorted(beyond, key=lambda s: beyond[s])  # type: ignore[arg-type,return-value]
         rank = ranked.index("rope-yarn") + 1
         v = "reproduced" if rank == 1 else "partly" if rank <= 2 else "not reproduced"
-        out.append(Verdict(
-            "YaRN is the best scaling without fine-tuning", "Peng et al. 2023", v,
-            f"{doc}, perplexity over L..{_mult(reach, L)}, best first: "
-            + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ranked),
-        ))
+        out.append(
+            Verdict(
+                "YaRN is the best scaling without fine-tuning",
+                "Peng et al. 2023",
+                v,
+                f"{doc}, perplexity over L..{_mult(reach, L)}, best first: "
+                + ", ".join(f"{LABELS[s]} {_fmt(beyond[s])}" for s in ranked),
+            )
+        )
 
     # 5. passkey
     grid = passkey_grid(records)
@@ -236,9 +276,14 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
     scaled = {s: passkey_accuracy(c, L, 10**9) for s, c in grid.items() if s != AS_TRAINED}
     scaled = {s: a for s, a in scaled.items() if a is not None}
     if at_in is None or at_out is None or not scaled:
-        out.append(Verdict("Passkey: plain RoPE fails past L, the scalings retrieve past it",
-                           "Chen et al. 2023; Peng et al. 2023", "not measured",
-                           "needs passkey cells inside and past L, as trained and scaled"))
+        out.append(
+            Verdict(
+                "Passkey: plain RoPE fails past L, the scalings retrieve past it",
+                "Chen et al. 2023; Peng et al. 2023",
+                "not measured",
+                "needs passkey cells inside and past L, as trained and scaled",
+            )
+        )
     else:
         fails = at_out[0] <= 0.5 * at_in[0] if at_in[0] > 0 else False
         best = max(scaled.values(), key=lambda a: a[0])[0]
@@ -251,14 +296,17 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
             if at_in[0] < 0.5
             else ""
         )
-        out.append(Verdict(
-            "Passkey: plain RoPE fails past L, the scalings retrieve past it", "Chen et al. 2023; Peng et al. 2023",
-            v,
-            f"as trained: {at_in[0]:.0%} of {_keys(at_in[1])} up to L, {at_out[0]:.0%} of {_keys(at_out[1])} past L; "
-            "past L "
-            + ", ".join(f"{LABELS.get(s, s)} {a[0]:.0%}" for s, a in sorted(scaled.items(), key=lambda x: -x[1][0]))
-            + weak,
-        ))
+        out.append(
+            Verdict(
+                "Passkey: plain RoPE fails past L, the scalings retrieve past it",
+                "Chen et al. 2023; Peng et al. 2023",
+                v,
+                f"as trained: {at_in[0]:.0%} of {_keys(at_in[1])} up to L, {at_out[0]:.0%} of {_keys(at_out[1])} past L; "
+                "past L "
+                + ", ".join(f"{LABELS.get(s, s)} {a[0]:.0%}" for s, a in sorted(scaled.items(), key=lambda x: -x[1][0]))
+                + weak,
+            )
+        )
     return out
 
 
@@ -294,12 +342,24 @@ def plot_losses(records: Sequence[dict[str, Any]], path: Path, window_tokens: in
             ys = _smooth(r["loss_bins"], max(1, window_tokens // b))
             xs = [(i + 1) * b for i in range(len(ys))]
             keep = [i for i, x in enumerate(xs) if x <= right]
-            ax.plot([xs[i] for i in keep], [ys[i] for i in keep], color=COLOURS.get(s),
-                    lw=1.6 if s in (AS_TRAINED, "rope-yarn") else 1.1, label=label(s, r.get("factor")))
+            ax.plot(
+                [xs[i] for i in keep],
+                [ys[i] for i in keep],
+                color=COLOURS.get(s),
+                lw=1.6 if s in (AS_TRAINED, "rope-yarn") else 1.1,
+                label=label(s, r.get("factor")),
+            )
         ax.set_xlim(0, right)
         ax.axvline(trained, color="grey", ls="--", lw=1)
-        ax.text(trained, 0.98, f" trained context L = {trained}", transform=ax.get_xaxis_transform(), va="top",
-                fontsize=8, color="grey")
+        ax.text(
+            trained,
+            0.98,
+            f" trained context L = {trained}",
+            transform=ax.get_xaxis_transform(),
+            va="top",
+            fontsize=8,
+            color="grey",
+        )
         ax.set_xlabel("position (tokens)")
         ax.set_ylabel(f"next-token loss (nats; mean over the last {window_tokens} tokens)")
         what = f"scalings at s = {factor:g}" if factor and factor > 1 else "as trained"
@@ -350,8 +410,15 @@ def plot_passkey(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
             values[depths.index(d)][lengths.index(n)] = r["tokens_right"]
         image = ax.imshow(values, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto", origin="upper")
         for (n, d), r in cells.items():
-            ax.text(lengths.index(n), depths.index(d), "✓" if r["correct"] else "✗", ha="center", va="center",
-                    fontsize=10, color="black")
+            ax.text(
+                lengths.index(n),
+                depths.index(d),
+                "✓" if r["correct"] else "✗",
+                ha="center",
+                va="center",
+                fontsize=10,
+                color="black",
+            )
         ax.set_xticks(range(len(lengths)), [f"{n / 1024:g}k" for n in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=8)
         beyond = [i for i, n in enumerate(lengths) if n > trained]
@@ -443,8 +510,13 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     seconds = sum(float(r.get("seconds", 0)) for r in records)
     envs = sorted({describe(r.get("env")) for r in records})
     loads = [x for r in records for x in (r.get("load_average") or []) if x is not None]
-    return {"model": model, "cells": len(records), "seconds": seconds, "machines": envs,
-            "load": (min(loads), max(loads)) if loads else None}
+    return {
+        "model": model,
+        "cells": len(records),
+        "seconds": seconds,
+        "machines": envs,
+        "load": (min(loads), max(loads)) if loads else None,
+    }
 
 
 def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#", command: str = "") -> str:
@@ -518,15 +590,21 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
     return "\n".join(lines)
 
 
-def ruler_section(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#",
-                  title: bool = True) -> list[str]:
+def ruler_section(
+    records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: str = "#", title: bool = True
+) -> list[str]:
     """RULER by length: the table, the heatmaps and the verdicts (:mod:`posenc.extend.ruler_report`); ``title``:
     under a heading of its own (else the caller's heading says it)."""
     from . import ruler_report
 
     lines = [f"{heading}# RULER by length", ""] if title else []
-    lines += [f"![RULER by length]({img_rel}/extend-ruler.png)", "",
-             *ruler_report.table(records), "| finding | verdict | on |", "|---|---|---|"]
+    lines += [
+        f"![RULER by length]({img_rel}/extend-ruler.png)",
+        "",
+        *ruler_report.table(records),
+        "| finding | verdict | on |",
+        "|---|---|---|",
+    ]
     lines += [f"| {v.finding} | **{v.verdict}** | {v.evidence} |" for v in ruler_report.verdicts(records)]
     return [*lines, ""]
 
@@ -565,9 +643,16 @@ def _html(md: str) -> str:
     def flush() -> None:
         if table:
             rows = [r for r in table if not all(set(c) <= set("-:") for c in r)]
-            body.append("<table>" + "".join(
-                "<tr>" + "".join(f"<{'th' if i == 0 else 'td'}>{inline(c)}</{'th' if i == 0 else 'td'}>" for c in r)
-                + "</tr>" for i, r in enumerate(rows)) + "</table>")
+            body.append(
+                "<table>"
+                + "".join(
+                    "<tr>"
+                    + "".join(f"<{'th' if i == 0 else 'td'}>{inline(c)}</{'th' if i == 0 else 'td'}>" for c in r)
+                    + "</tr>"
+                    for i, r in enumerate(rows)
+                )
+                + "</table>"
+            )
             table.clear()
 
     for line in md.splitlines():
@@ -587,11 +672,15 @@ def _html(md: str) -> str:
         elif line.strip():
             body.append(f"<p>{inline(line)}</p>")
     flush()
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "font-size:90%}th{background:#f3f3f3}code{background:#f3f3f3}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>posenc extend</title><style>{style}</style>"
-            f"</head><body>{''.join(body)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "font-size:90%}th{background:#f3f3f3}code{background:#f3f3f3}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>posenc extend</title><style>{style}</style>"
+        f"</head><body>{''.join(body)}</body></html>\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the results page
@@ -648,8 +737,10 @@ def page_plots(data_dir: str | Path, img_dir: str | Path) -> list[Path]:
     path = Path(data_dir) / PAGE_DATA
     if path.is_file():
         records = _read_lines(path)
-        drawn += [plot_losses(records, Path(img_dir) / "extend-loss.png"),
-                  plot_passkey(records, Path(img_dir) / "extend-passkey.png")]
+        drawn += [
+            plot_losses(records, Path(img_dir) / "extend-loss.png"),
+            plot_passkey(records, Path(img_dir) / "extend-passkey.png"),
+        ]
     path = Path(data_dir) / RULER_PAGE_DATA
     if path.is_file():
         drawn.append(plot_ruler(_read_lines(path), Path(img_dir) / "extend-ruler.png"))
@@ -670,7 +761,8 @@ def page_section(data_dir: str | Path, *, img_rel: str, img_dir: str | Path | No
         records = _read_lines(path)
         modes = sorted({str(r.get("mode", "quick")).split(",")[0] for r in records})
         tasks = " --tasks ruler" if name == RULER_PAGE_DATA else ""
-        command = " and ".join(f"posenc extend{tasks} --{m}" if m in ("quick", "full") else f"posenc extend{tasks}"
-                               for m in modes)
+        command = " and ".join(
+            f"posenc extend{tasks} --{m}" if m in ("quick", "full") else f"posenc extend{tasks}" for m in modes
+        )
         lines += markdown(records, img_rel=img_rel, heading="##", command=command).splitlines() + [""]
     return lines

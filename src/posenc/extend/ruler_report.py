@@ -105,8 +105,9 @@ def too_few(records: Sequence[dict[str, Any]], trained: int | None = None) -> di
     return out
 
 
-def average(records: Sequence[dict[str, Any]], scaling: str, factor: float, tokens: int,
-            tasks: Sequence[str] | None = None) -> tuple[float, float, float, int] | None:
+def average(
+    records: Sequence[dict[str, Any]], scaling: str, factor: float, tokens: int, tasks: Sequence[str] | None = None
+) -> tuple[float, float, float, int] | None:
     """RULER's average over ``tasks`` (default: every task in the records) at one length: ``(score, low, high,
     tasks)``, or ``None`` where one of them was not measured there. One task: its own cell's interval."""
     cs = cells(records)
@@ -175,8 +176,11 @@ def table(records: Sequence[dict[str, Any]]) -> list[str]:
         lines += ["At the floor inside L (no verdict): " + "; ".join(f"{t} ({w})" for t, w in floor.items()), ""]
     few = too_few(records, trained)
     if few:
-        lines += ["Under the floor's score inside L on too few questions to call it: "
-                  + "; ".join(f"{t} ({w})" for t, w in few.items()), ""]
+        lines += [
+            "Under the floor's score inside L on too few questions to call it: "
+            + "; ".join(f"{t} ({w})" for t, w in few.items()),
+            "",
+        ]
     return lines
 
 
@@ -234,11 +238,15 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
         return []
     out: list[RulerVerdict] = []
     if not live:
-        return [RulerVerdict("any verdict", "not measured",
-                             "every task measured is at the floor inside L: " + ", ".join(floor))]
+        return [
+            RulerVerdict(
+                "any verdict", "not measured", "every task measured is at the floor inside L: " + ", ".join(floor)
+            )
+        ]
     lengths = sorted({n for *_, n in cs})
     past = [n for n in lengths if n > trained]
     inside = [n for n in lengths if n <= trained]
+
     def common(pairs: Sequence[tuple[str, float, int]]) -> list[str]:
         """The tasks not at the floor measured in every (scaling, factor, length) of ``pairs``."""
         return [t for t in live if all((t, s, f, n) in cs for s, f, n in pairs)]
@@ -268,9 +276,14 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
                     continue  # a task alone is said where it resolves what the average does not
                 if group is not tasks and out[-1].verdict == "yes" and out[-1].finding == finding:
                     continue
-                out.append(RulerVerdict(
-                    finding + ("" if group is tasks else f" on {group[0]}"), verdict,
-                    f"{over(group)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at {_mult(ref_n, trained)}"))
+                out.append(
+                    RulerVerdict(
+                        finding + ("" if group is tasks else f" on {group[0]}"),
+                        verdict,
+                        f"{over(group)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at "
+                        f"{_mult(ref_n, trained)}",
+                    )
+                )
     # every pair of scalings at L (the longest length inside) and past it
     for n in [*inside[-1:], *past]:
         for i, a in enumerate(scal):
@@ -321,7 +334,7 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
     fig, axes = plt.subplots(rws, cols, figsize=(3.2 * cols + 1, 0.55 * len(scal) * rws + 1.3 * rws), squeeze=False)
     floor = floor_tasks(records, trained)
     live = [t for t in tasks if t not in floor] if floor else None
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, name in zip(axes.flat, panels):
         grid = [[math.nan] * len(lengths) for _ in scal]
@@ -338,8 +351,15 @@ def plot(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
         ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         for i in range(len(scal)):
             for j in range(len(lengths)):
-                ax.text(j, i, notes[i][j] or "not run", ha="center", va="center", fontsize=7,
-                        color="black" if notes[i][j] else "grey")
+                ax.text(
+                    j,
+                    i,
+                    notes[i][j] or "not run",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if notes[i][j] else "grey",
+                )
         ax.set_xticks(range(len(lengths)), [_mult(n, trained) for n in lengths], fontsize=8)
         ax.set_yticks(range(len(scal)), [_label(s, f) for s, f in scal], fontsize=8)
         title = "average, tasks not at the floor" if name == "average" and live else name

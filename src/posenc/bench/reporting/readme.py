@@ -16,8 +16,9 @@ from .suite_data import SuiteData
 
 def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", extra: list[str] | None = None) -> str:
     """The README's summary of the paper suites: one row per finding (suite, with its seeds where fewer than
-    planned; finding; the claim's source; whether posenc tests it as published or its own question; verdict), then the suites without a verdict yet, then ``extra`` (the real model's RULER
-    paragraph). Built from the same data as the page, so that it cannot disagree with it."""
+    planned; finding; the claim's source; whether posenc tests it as published or its own question; verdict),
+    then the suites without a verdict yet, then ``extra`` (the real model's RULER paragraph). Built from the same
+    data as the page, so that it cannot disagree with it."""
     body = []
     waiting = []
     for d in datas:

@@ -220,7 +220,10 @@ def test_plan_orders_and_sizes_the_cells():
 
 def test_the_modes_plan_what_their_help_says():
     assert [(c.scaling, c.tokens) for c in plan(QUICK, 8192)] == [
-        (AS_TRAINED, 16384), ("rope-yarn", 16384), (AS_TRAINED, 16384), ("rope-yarn", 16384),
+        (AS_TRAINED, 16384),
+        ("rope-yarn", 16384),
+        (AS_TRAINED, 16384),
+        ("rope-yarn", 16384),
     ]
     full = plan(FULL, 8192)
     long = {c.scaling for c in full if c.kind == "loss" and c.tokens == 4 * 8192}
@@ -305,13 +308,24 @@ def test_an_interrupted_write_is_redone(tiny, text_document, tmp_path):
 
 
 def _curve(scaling, values, trained=100, factor=1.0):
-    return {"kind": "loss", "document": "d", "scaling": scaling, "factor": factor, "tokens": len(values) * 10 + 1,
-            "bin": 10, "loss_bins": values, "trained_length": trained, "model": {"name": "m"}}
+    return {
+        "kind": "loss",
+        "document": "d",
+        "scaling": scaling,
+        "factor": factor,
+        "tokens": len(values) * 10 + 1,
+        "bin": 10,
+        "loss_bins": values,
+        "trained_length": trained,
+        "model": {"name": "m"},
+    }
 
 
 def test_verdicts_follow_the_curves():
     flat, blow = [2.0] * 30, [2.0] * 10 + [5.0] * 20
-    pi = [2.5] * 30  # worse inside L, better past it than the blown-up plain RoPE
+    # worse inside L and past it than the model's own perplexity inside L (x1.65), though better past L than the
+    # blown-up plain RoPE: the PI rule judges it against the model's own, so "not reproduced"
+    pi = [2.5] * 30
     records = [
         _curve(AS_TRAINED, blow),
         _curve("rope-linear", pi, factor=3),
@@ -320,7 +334,7 @@ def test_verdicts_follow_the_curves():
         _curve("rope-yarn", flat, factor=3),
     ]
     got = {v.finding.split(":")[0].split(" ")[0] + str(i): v.verdict for i, v in enumerate(report.verdicts(records))}
-    assert list(got.values()) == ["reproduced", "reproduced", "reproduced", "reproduced", "not measured"]
+    assert list(got.values()) == ["reproduced", "not reproduced", "reproduced", "reproduced", "not measured"]
     # YaRN worst past L: not reproduced; plain RoPE flat: not reproduced
     records[4] = _curve("rope-yarn", [2.0] * 10 + [9.0] * 20, factor=3)
     records[0] = _curve(AS_TRAINED, flat)
@@ -330,19 +344,30 @@ def test_verdicts_follow_the_curves():
 
 def test_passkey_verdict_and_table():
     def cell(scaling, n, correct, depth=0.5):
-        return {"kind": "passkey", "scaling": scaling, "tokens": n, "depth": depth, "correct": correct,
-                "tokens_right": 1.0 if correct else 0.2, "factor": 2.0, "trained_length": 100, "model": {}}
+        return {
+            "kind": "passkey",
+            "scaling": scaling,
+            "tokens": n,
+            "depth": depth,
+            "correct": correct,
+            "tokens_right": 1.0 if correct else 0.2,
+            "factor": 2.0,
+            "trained_length": 100,
+            "model": {},
+        }
 
     records = [cell(AS_TRAINED, 50, True), cell(AS_TRAINED, 200, False), cell("rope-yarn", 200, True)]
     v = report.verdicts(records)[-1]
-    assert v.verdict == "reproduced" and "YaRN 100%" in v.evidence
+    # one key a cell: no verdict (tests/test_claims_audit.py has the rule at 20 keys)
+    assert v.verdict == "inconclusive" and "1 key a cell" in v.evidence and "YaRN 100%" in v.evidence
     table = "\n".join(report.passkey_table(records))
     assert "| as trained (plain RoPE) | 1/1 | 0/1 |" in table
-    # a scaling that finds one key of three past L, by a model that finds one of three inside L: only partly
-    depths = (0.1, 0.5, 0.9)
-    few = [cell(AS_TRAINED, 50, c, d) for c, d in zip((True, False, False), depths)]
+    # 24 keys a cell: a scaling that finds a third of its keys past L, by a model that finds a third inside L and
+    # none past it: the fall and the gain are separable (Wilson), but a third is not "retrieves": only partly
+    depths = [i / 24 for i in range(24)]
+    few = [cell(AS_TRAINED, 50, i % 3 == 0, d) for i, d in enumerate(depths)]
     few += [cell(AS_TRAINED, 200, False, d) for d in depths]
-    few += [cell("rope-yarn", 200, c, d) for c, d in zip((True, False, False), depths)]
+    few += [cell("rope-yarn", 200, i % 3 == 0, d) for i, d in enumerate(depths)]
     v = report.verdicts(few)[-1]
     assert v.verdict == "partly" and "YaRN 33%" in v.evidence and "weak at this task" in v.evidence
 

@@ -71,6 +71,9 @@ rows = { rope = [99.0], none = [50.0] }
 
 [[findings]]
 finding = "rope beats no encoding on order"
+claim = '"rope beats none on order"'
+source = "Nobody et al. 2000, §1, Table 1"
+tests = "as published"
 verdict = "reproduced"
 evidence = "order, L=8: rope above none"
 written = "2000-01-01"
@@ -94,12 +97,18 @@ seeds = [0, 1]
     + """
 [[findings]]
 finding = "sinusoidal extrapolates a little"
+claim = "the sinusoid extrapolates (a close paraphrase)"
+source = "Nobody et al. 2000 (section not checked)"
+tests = "as published"
 verdict = "partly"
 evidence = "adjacent, L=16"
 written = "2999-01-01"
 
 [[findings]]
 finding = "nothing can be said at 5 steps"
+claim = "a variant of our own"
+source = "Nobody et al. 2000, §2"
+tests = "posenc's question"
 verdict = "inconclusive"
 written = 2999-01-01
 """
@@ -232,13 +241,24 @@ def test_the_page_gives_the_machine_seeds_dates_and_commands(built):
 def test_verdicts_are_a_table_and_a_stale_one_is_flagged(built):
     text = built["page"].read_text()
     a, b = _section(text, "tiny-a"), _section(text, "tiny-b")
-    head, body = _table(a, "| finding | verdict |")
-    assert head == ["finding", "verdict", "evidence", "written"]
-    assert body == [["rope beats no encoding on order", "**reproduced**", "order, L=8: rope above none", "2000-01-01"]]
+    head, body = _table(a, "| finding | the paper's claim |")
+    assert head == ["finding", "the paper's claim", "source", "tests", "verdict", "evidence", "written"]
+    assert body == [
+        [
+            "rope beats no encoding on order",
+            '"rope beats none on order"',
+            "Nobody et al. 2000, §1, Table 1",
+            "as published",
+            "**reproduced**",
+            "order, L=8: rope above none",
+            "2000-01-01",
+        ]
+    ]
     assert "**Warning:** 1 of these verdicts (written 2000-01-01) were written before the latest runs" in a
-    _, body_b = _table(b, "| finding | verdict |")
-    assert [r[1] for r in body_b] == ["**partly**", "**inconclusive**"]
-    assert body_b[1][3] == "2999-01-01"  # an unquoted TOML date is written as the string
+    _, body_b = _table(b, "| finding | the paper's claim |")
+    assert [r[4] for r in body_b] == ["**partly**", "**inconclusive**"]
+    assert [r[3] for r in body_b] == ["as published", "**posenc's question**"]
+    assert body_b[1][6] == "2999-01-01"  # an unquoted TOML date is written as the string
     assert "written before the latest runs" not in b
     # the summary: seeds, runs, measured time, verdict counts
     _, summary = _table(text, "| suite | seeds |")
@@ -251,7 +271,10 @@ def test_verdicts_are_a_table_and_a_stale_one_is_flagged(built):
     ]
     assert rows["[tiny-b](#tiny-b)"][2] == "3 of 4, 1 failed"
     assert rows["[tiny-b](#tiny-b)"][3].endswith(" wall")
-    assert rows["[tiny-b](#tiny-b)"][4] == "1 partly, 1 inconclusive"
+    assert (
+        rows["[tiny-b](#tiny-b)"][4]
+        == "1 partly, 1 inconclusive (1 of them on posenc's question, not the paper's claim as published)"
+    )
     assert rows["[tiny-c](#tiny-c)"][2:] == ["not run yet", "—", "none yet"]
 
 
@@ -311,13 +334,15 @@ def test_the_readme_block_lists_every_verdict_and_check_sees_an_edit(built, tmp_
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old text" not in text
     head, body = _table(text, "| suite | finding |")
-    assert head == ["suite", "finding", "verdict"]
+    assert head == ["suite", "finding", "source", "tests", "verdict"]
     assert body[0] == [
         "[tiny-a](docs/results.md#tiny-a)",  # every seed of the suite ran: no count
         "rope beats no encoding on order",
+        "Nobody et al. 2000, §1, Table 1",
+        "as published",
         "**reproduced** (written before the latest runs)",
     ]
-    assert [r[2] for r in body[1:]] == ["**partly**", "**inconclusive**"]
+    assert [r[3:] for r in body[1:]] == [["as published", "**partly**"], ["**posenc's question**", "**inconclusive**"]]
     assert "No verdict yet: [tiny-c](docs/results.md#tiny-c) (not run yet)." in text
     assert check_page(page, suites=built["suites"], readme=readme) == (True, "")
     readme.write_text(text.replace("**partly**", "**reproduced**"))
@@ -411,11 +436,12 @@ def _suite(**top) -> dict:
 
 
 def test_an_invalid_verdict_is_a_clear_config_error():
-    bad = {"finding": "f", "verdict": "reproducible", "evidence": "e", "written": "2026-11-24"}
+    claim = {"claim": "c", "source": "Nobody et al. 2000, §1", "tests": "as published"}
+    bad = {"finding": "f", "verdict": "reproducible", "evidence": "e", "written": "2026-11-24", **claim}
     with pytest.raises(ConfigError, match="verdict 'reproducible' is not one of 'reproduced', 'partly'.*reproduced"):
         parse_suite(_suite(findings=[bad]))
     with pytest.raises(ConfigError, match="no written"):
-        parse_suite(_suite(findings=[{"finding": "f", "verdict": "partly"}]))
+        parse_suite(_suite(findings=[{"finding": "f", "verdict": "partly", **claim}]))
     with pytest.raises(ConfigError, match="written must be a date"):
         parse_suite(_suite(findings=[{**bad, "verdict": "partly", "written": "last week"}]))
     with pytest.raises(ConfigError, match="unknown key 'verdic'"):

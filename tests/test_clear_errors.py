@@ -128,6 +128,40 @@ def test_a_ruler_length_too_short_for_a_task_is_found_before_any_cell(resumed: b
     assert all("--ruler-lengths" in why for why in bad.values())
 
 
+def test_a_ruler_length_too_short_is_refused_before_the_model_loads(monkeypatch, tmp_path: Path) -> None:
+    """Where the tokenizer loads without the weights (a converted cache, a folder), the tasks are checked against
+    the lengths before the model loads: the weights are never read."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import posenc.pretrained
+    from posenc.extend import runner
+    from posenc.extend.config import ExtendConfig
+
+    config = SimpleNamespace(max_position_embeddings=256, rope_parameters={})
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the lengths were checked")
+
+    monkeypatch.setattr(posenc.pretrained, "load_tokenizer", lambda name: (_Chars(), config))
+    monkeypatch.setattr(posenc.pretrained, "load_pretrained", never)
+    cfg = replace(ExtendConfig(), scalings=(), passkey_scalings=(), ruler_tasks=("vt",), ruler_lengths=(0.25,))
+    with pytest.raises(ConfigError, match=r"64 tokens, too short for vt .*--ruler-lengths"):
+        runner.run(cfg, tmp_path / "out", quiet=True)
+
+
+def test_load_tokenizer_reads_a_folder_without_its_weights(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+
+    from posenc.pretrained import load_tokenizer
+
+    assert load_tokenizer(tmp_path / "nothing-here") is None  # only load_pretrained says what is wrong
+    assert load_tokenizer(tmp_path) is None  # a folder without config.json
+    LlamaConfig(max_position_embeddings=333).save_pretrained(tmp_path)
+    assert load_tokenizer(tmp_path) is None  # no tokenizer there: load_pretrained's error names it
+
+
 # ------------------------------------------------------------------------------- stores and caches
 def test_a_results_store_path_that_exists_as_a_folder(tmp_path: Path) -> None:
     from posenc.bench.store import StoreError, open_store

@@ -600,6 +600,51 @@ def _from_hub(given: str, dtype: Any, kwargs: dict[str, Any]) -> tuple[nn.Module
     return model, tokenizer
 
 
+def load_tokenizer(name_or_path: str | os.PathLike = "smollm2-135m") -> tuple[Any, Any] | None:
+    """The tokenizer and config of ``name_or_path`` without its weights, where that is cheap: a local transformers
+    folder, or a GGUF file (or packaged name) already converted into the cache. ``None`` where only
+    :func:`load_pretrained` can tell (a GGUF not yet converted, a hub id, a folder transformers cannot read: its
+    error is :func:`load_pretrained`'s to give). ``posenc extend`` checks its tasks against its lengths with it
+    before the model loads."""
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+    except ImportError:
+        return None
+    try:
+        given = _checked_name(name_or_path)
+    except ConfigError:
+        return None
+    key = ALIASES.get(given.strip().lower(), given.strip().lower())
+    folder: Path | None = None
+    path = Path(given).expanduser()
+    gguf = None
+    if key in PACKAGED:
+        try:
+            gguf = packaged_file(key)
+        except ConfigError:
+            return None
+    elif path.is_file() and path.suffix.lower() == ".gguf":
+        gguf = path.resolve()
+    elif path.is_dir() and (path / "config.json").is_file():
+        folder = path
+    if gguf is not None:
+        try:
+            digest = sha256_of(gguf)
+        except OSError:
+            return None
+        target = cache_root() / f"{gguf.stem}-{digest[:16]}"
+        cached = _read_identity(target)
+        if cached is None or cached.get("sha256") != digest:
+            return None
+        folder = target
+    if folder is None:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(folder)), AutoConfig.from_pretrained(str(folder))
+    except Exception:  # noqa: BLE001 -- load_pretrained says what is wrong with the folder
+        return None
+
+
 def load_pretrained(
     name_or_path: str | os.PathLike = "smollm2-135m",
     *,

@@ -47,14 +47,16 @@ def quarantine_nonfinite(call: _Call) -> tuple[_Call, Tensor] | None:
     multiplies a block of probabilities that holds hidden keys by their values; zeroing the poisoned rows first keeps
     the other queries' outputs bit for bit what they are with any finite values in those rows. Only calls where some
     key is hidden from some query (a mask, or causal with several queries) pay the check, one sum over q, k and v;
-    calls without a non-finite entry then run as before. Not under ``torch.compile`` (the check is a branch on data).
+    calls without a non-finite entry then run as before. Under ``torch.compile`` there is no branch on data: every
+    such call zeroes the rows that need it (none, mostly: elementwise work that inductor fuses) and, for a causal
+    call without a mask, finds the poisoned queries from each head's first non-finite key, ``O(L)`` not ``O(L^2)``.
     """
     q, k, v = call.q, call.k, call.v
     lq, lk = q.shape[2], k.shape[2]
     if call.allowed is None and not (call.causal and lq > 1):
         return None  # every query sees every key: a NaN reaches exactly the outputs it should
     if torch.compiler.is_compiling():
-        return None
+        return _quarantine_branch_free(call)
     if lq == 1 and call.allowed is not None:  # a decoding step: only the keys it may not see need the check
         cols = (~call.allowed).flatten(0, -2).any(0).nonzero().flatten()
         if not len(cols) or _all_finite(q, k.index_select(2, cols), v.index_select(2, cols)):
@@ -81,6 +83,33 @@ def quarantine_nonfinite(call: _Call) -> tuple[_Call, Tensor] | None:
         k=k.where(keep, torch.zeros((), dtype=k.dtype, device=k.device)),
         v=v.where(keep, torch.zeros((), dtype=v.dtype, device=v.device)),
     )
+    return call, rows[..., None]
+
+
+def _quarantine_branch_free(call: _Call) -> tuple[_Call, Tensor]:
+    """:func:`quarantine_nonfinite` without a branch on the data (under ``torch.compile``): the same zeroed rows and
+    the same poisoned queries, found as masks whatever the values."""
+    q, k, v = call.q, call.k, call.v
+    lq, lk = q.shape[2], k.shape[2]
+    bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # [B, Hkv, Lk]
+    bad_q = ~torch.isfinite(q).all(-1)  # [B, H, Lq]
+    g = q.shape[1] // k.shape[1]
+    heads = bad_k.repeat_interleave(g, dim=1) if g > 1 else bad_k  # [B, H, Lk]
+    if call.allowed is None:  # causal: query i sees keys j <= i + lk - lq, so it is poisoned past the first bad key
+        j = torch.arange(lk, device=q.device)
+        first = torch.where(heads, j, lk).amin(-1, keepdim=True)  # [B, H, 1]
+        i = torch.arange(lq, device=q.device) + (lk - lq)
+        rows = i >= first
+    else:
+        seen = call.allowed
+        if call.causal:
+            i = torch.arange(lq, device=q.device)[:, None]
+            seen = seen & (torch.arange(lk, device=q.device)[None, :] <= i + (lk - lq))[None, None]
+        rows = (seen & heads[:, :, None, :]).any(-1)
+    rows = rows | bad_q
+    keep = ~bad_k[..., None]
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    call = replace(call, q=q.masked_fill(bad_q[..., None], 0.0), k=k.where(keep, zero), v=v.where(keep, zero))
     return call, rows[..., None]
 
 

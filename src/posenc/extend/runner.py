@@ -153,8 +153,10 @@ def choose_chunk(chunk: int | None, model: nn.Module, tokens: int) -> int | None
     return None if forward_bytes(model, tokens) <= WHOLE_BYTES else CHUNK
 
 
-def trained_length(model: nn.Module) -> int:
-    cfg = model.config
+def trained_length(model: nn.Module | Any) -> int:
+    """The context the model was trained at (``original_max_position_embeddings`` where a scaling is stored, else
+    ``max_position_embeddings``), of a model or of its config."""
+    cfg = getattr(model, "config", model)
     params = getattr(cfg, "rope_parameters", None) or {}
     return int(params.get("original_max_position_embeddings") or cfg.max_position_embeddings)
 
@@ -409,12 +411,18 @@ def run(
             "posenc.extend.run(model=...) needs tokenizer= as well (the model's own tokenizer, e.g. "
             "transformers.AutoTokenizer.from_pretrained(...)); or give neither and cfg.model is loaded with both"
         )
+    store = Store(out)
+    have = store.records()
+    checked = None
     if model is None:
+        from ..pretrained import load_tokenizer
+
+        cheap = load_tokenizer(cfg.model)
+        if cheap is not None:  # the tasks against the lengths before the weights load
+            checked = check_lengths(cfg, cheap[0], trained_length(cheap[1]), resumed=bool(have))
         model, tokenizer = load_pretrained(cfg.model, quiet=quiet)
     ident = identity(model)
     trained = trained_length(model)
-    store = Store(out)
-    have = store.records()
     for r in have:
         if r.get("model", {}).get("sha256") != ident.get("sha256") or r.get("model", {}).get("name") != ident.get(
             "name"
@@ -424,17 +432,7 @@ def run(
                 f"{str(r.get('model', {}).get('sha256'))[:12]}); use another --out for {ident.get('name')}"
             )
     done = {r["key"] for r in have}
-    cells = plan(cfg, trained)
-    shortest = min((c for c in cells if c.kind == "passkey"), key=lambda c: c.tokens, default=None)
-    if shortest is not None:  # before any cell runs, not when the grid reaches it
-        try:
-            passkey_ids(tokenizer, shortest.tokens, 0.5, "12345")
-        except ConfigError as err:
-            raise ConfigError(
-                f"passkey lengths: {min(cfg.passkey_lengths):g} x the trained length {trained} is {shortest.tokens} "
-                f"tokens, too short ({err}); give longer --passkey-lengths"
-            ) from None
-    unbuildable = ruler_too_short(cells, tokenizer, trained, resumed=bool(have))
+    cells, unbuildable = checked if checked is not None else check_lengths(cfg, tokenizer, trained, bool(have))
     todo = [c for c in cells if c.key() not in done]
     progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo), trained=trained,
                         left=sum(cell_work(c, trained) for c in todo))
@@ -555,6 +553,25 @@ RULER_CHUNK = 1024
 DECODE_WORK = 0.002
 #: about the steps of one question (its ids and the answer generated)
 RULER_STEPS = {"niah_single_1": 45, "niah_multikey_2": 45, "niah_multikey_3": 120, "vt": 80, "cwe": 100, "fwe": 70}
+
+
+def check_lengths(
+    cfg: ExtendConfig, tokenizer: Any, trained: int, resumed: bool
+) -> tuple[list[Cell], dict[tuple[str, int], str]]:
+    """The plan's cells and its RULER cells too short for their task (:func:`ruler_too_short`), checked before any
+    cell runs and, where the tokenizer loads without the weights, before the model loads: a passkey length too short
+    for a passkey prompt is a :class:`ConfigError` naming ``--passkey-lengths``."""
+    cells = plan(cfg, trained)
+    shortest = min((c for c in cells if c.kind == "passkey"), key=lambda c: c.tokens, default=None)
+    if shortest is not None:
+        try:
+            passkey_ids(tokenizer, shortest.tokens, 0.5, "12345")
+        except ConfigError as err:
+            raise ConfigError(
+                f"passkey lengths: {min(cfg.passkey_lengths):g} x the trained length {trained} is {shortest.tokens} "
+                f"tokens, too short ({err}); give longer --passkey-lengths"
+            ) from None
+    return cells, ruler_too_short(cells, tokenizer, trained, resumed=resumed)
 
 
 def ruler_too_short(cells: Sequence[Cell], tokenizer: Any, trained: int, resumed: bool) -> dict[tuple[str, int], str]:

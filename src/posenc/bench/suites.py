@@ -171,7 +171,7 @@ _FINDING_HELP = {
     "claim": 'the claim as the paper states it: a short "quote" in quotes, or a close paraphrase',
     "source": 'author year, and where the claim stands: section, table or figure, e.g. "Shaw et al. 2018, §4, '
     'Table 3" ("(section not checked)" where it was not)',
-    "tests": "\"as published\" (the paper's claim) or \"posenc's question\" (a variant of posenc's own)",
+    "tests": '"as published" (the paper\'s claim) or "posenc\'s question" (a variant of posenc\'s own)',
     "verdict": ", ".join(VERDICTS),
     "written": "the date (UTC) the verdict was written, YYYY-MM-DD",
 }

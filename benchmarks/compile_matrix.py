@@ -64,7 +64,10 @@ def one(family: str, name: str, cache: str | None) -> dict:
         return {"status": "refused", "why": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
     if model.config._attn_implementation != hf.ATTENTION_NAME:
         return {"status": "not in posenc's attention on this family"}
-    want = _generate(model, cache)
+    try:
+        want = _generate(model, cache)
+    except Exception as err:  # noqa: BLE001 -- eager itself fails: a result of the matrix too
+        return {"status": "eager fails", "why": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     eager_forward = model.forward

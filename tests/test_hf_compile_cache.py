@@ -77,6 +77,7 @@ CASES = [
     ("llama", "fire", "static"),
     ("llama", "shaw", "dynamic"),
     ("llama", "xpos", "dynamic"),
+    ("llama", "mrope", "static"),
     ("gemma3", "alibi", "sliding_window"),
     ("llama4", "fire", "dynamic"),
 ]
@@ -107,3 +108,13 @@ def test_compiled_generate_gives_the_eager_tokens(family: str, name: str, cache:
     print(family, name, cache, "graph breaks:", sum(breaks.values()), [r.split(chr(10))[0] for r in breaks])
     if (family, cache) in GRAPH_BREAKS:
         assert sum(breaks.values()) == GRAPH_BREAKS[family, cache], breaks
+
+
+@pytest.mark.parametrize("name", ["mrope", "mrope-interleaved", "fire", "xpos"])
+@pytest.mark.parametrize("cache", ["static", "sliding_window"])
+def test_a_left_padded_static_cache_gives_the_uncached_tokens(name: str, cache: str) -> None:
+    """A static cache's slots shifted to a left-padded row's positions put its pad queries before 0; they are
+    clamped to 0 like the pad keys (an encoding rotating in posenc's attention, mrope, refused a position of -2)."""
+    model = _build("llama")
+    hf.patch(model, name)
+    assert torch.equal(_generate(model, cache), _generate(model, None))

@@ -144,9 +144,14 @@ def _query_key_positions(
                 # break there, inside this inlined call, crashed Dynamo); shifting by zero changes nothing
                 if compiling or bool((shift != 0).any()):
                     q_pos, k_pos = q_pos - shift, k_pos - shift
-            q_pos = mark_arange(cache, q_pos)
-            # a left-padded row's pads before position 0: masked, placed at 0 (no longer start + arange: the kernels
-            # take the gather forms); while compiling, always (no branch on a tensor's values)
+            # a left-padded row's pads before position 0, as keys and as queries: masked (a pad query's output is
+            # not read), placed at 0 (no longer start + arange: the kernels take the gather forms); an encoding
+            # that rotates in posenc's attention (mrope) refuses a negative position. While compiling, always (no
+            # branch on a tensor's values)
+            if compiling or bool((q_pos < 0).any()):
+                q_pos = q_pos.clamp(min=0)
+            else:
+                q_pos = mark_arange(cache, q_pos)
             if compiling or bool((k_pos < 0).any()):
                 k_pos = k_pos.clamp(min=0)
             else:

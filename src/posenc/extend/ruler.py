@@ -1,43 +1,38 @@
-"""RULER's six synthetic tasks (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
-Language Models?"), built to an exact number of tokens for a model's tokenizer, and asked many questions per prefill.
+"""RULER's synthetic tasks (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context Language
+Models?"), built the way NVIDIA/RULER's ``scripts/data`` builds them, and asked many questions per prefill where a
+haystack carries several.
 
-The tasks, as the paper's task configuration defines them (written here from the paper and its configuration):
+**The tasks** (:data:`TASKS`, RULER's ``scripts/synthetic.yaml``): eight needle-in-a-haystack tasks (:data:`NIAH`:
+a noise, essay or needle haystack; word, number or UUID keys and values; 1 or 4 keys, values and queries), variable
+tracking (``vt``: one chain of four hops in the noise, after a one-shot example), common-words extraction (``cwe``:
+ten words 30 times each and the rest 3 times, 6 and 1 below 4096 tokens, after a one-shot example; past wonderwords'
+lists the words come from :func:`posenc.extend.ruler_prose.vocabulary`, as RULER falls back to its own list) and
+frequent-words extraction (``fwe``: Zipf counts, alpha 2, over ``(n - generate) / 50`` coded words). The essay
+haystack is :mod:`posenc.extend.ruler_prose`'s substitute for Paul Graham's essays (named on every table). RULER's
+``qa_1`` (SQuAD) and ``qa_2`` (HotpotQA) are not run: :data:`NOT_RUN` says why.
 
-* ``niah_single_1``: a noise haystack (``"The grass is green. The sky is blue. The sun is yellow. Here we go. There
-  and back again."`` a line, repeated), one needle ``"One of the special magic numbers for {word} is: {number}."``
-  (the key an adjective-noun pair of wonderwords' lists, the value seven digits) at a random line;
-* ``niah_multikey_2``: a haystack made of needles (every line a word -> number needle, keys distinct); the
-  question asks for one of them. Several keys of one haystack are asked in turn (one prefill, many questions);
-* ``niah_multikey_3``: the same with UUID keys and UUID values;
-* ``vt`` (variable tracking): one chain of four hops, ``VAR AAAAA = 12345``, ``VAR BBBBB = VAR AAAAA`` ... placed in
-  order at random points of the noise; asked which variables hold the number (all five); after a one-shot example
-  (three-letter names, a short noise);
-* ``cwe`` (common-words extraction): a numbered list of words from wonderwords (nouns, adjectives, verbs): ten
-  common words 30 times each and the rest 3 times each (6 and 1 below 4096 tokens), shuffled; asked for the ten
-  most common; after a one-shot example;
-* ``fwe`` (frequent-words extraction): random six-letter "coded words" drawn with Zipf counts
-  ``floor(N k^-2 / zeta(2))`` over a vocabulary of ``n / 50`` words, the most frequent replaced by the noise word
-  ``...``; asked for the three most frequent (ranks 2-4).
+**The protocol** (RULER's ``prepare.py`` and the task scripts; written here from them):
 
-Templates, needles, questions and answer prefixes are RULER's (including its ``"assgined"``). Scoring is RULER's
-``string_match_all``: the share of the references found, case-insensitive, in the generated text.
+* the prompt is the task's template filled in (:data:`TEMPLATES`), wrapped in the model's chat template where the
+  tokenizer has one (``template="auto"``; ``"base"``: no wrapping, RULER's ``base``), the answer prefix after it,
+  and the whole string tokenised at once: BOS and other special tokens as the tokenizer adds them (``base``) or as
+  the chat template writes them (``chat``);
+* the length: the number of haystack units (noise lines, needles, essay words, list words, coded words) is the
+  largest whose prompt plus the task's generation budget (:data:`GENERATE`, RULER's ``tokens_to_generate``) fits in
+  ``n`` tokens, found by a binary search on that number; the slack (fewer than a unit's tokens) is left at the end;
+* a prediction is post-processed as RULER's ``evaluate.py`` does (:func:`postprocess`) and scored by RULER's
+  ``string_match_all``.
 
-**Exact lengths.** An example of length ``n`` is built from pieces tokenized on their own and concatenated as ids
-(so that counting is exact): the instruction, whole haystack units (lines, list items, words), a pad that fills the
-remainder (the task's noise cut at a token), the question and the answer prefix. Its longest prompt (context plus
-the longest of its questions and answer prefixes) is exactly ``n - generate`` tokens, where ``generate`` is the
-task's generation budget (:data:`GENERATE`), so that prompt plus answer fit in ``n``, as RULER counts a length. The
-ids decode to the example's text; they need not be the tokenizer's own segmentation of that text.
-
-**Generation budgets** are smaller than RULER's reserve (128 tokens for NIAH, 120 for cwe, 50 for fwe; 30 for vt):
-a CPU decodes a few tokens a second at 16k tokens. They fit each task's answer (a seven-digit number is about nine
-tokens, a UUID about thirty, ten words about fifty), and generation stops early once every reference has been
-generated (the score cannot change after that) or at the end-of-text token.
+Several questions on one haystack (niah_multikey_2 / 3, :data:`MULTI`): each question's prompt is still tokenised as
+one string; the KV cache holds the longest id prefix they share (the template's head and the haystack), and each
+question feeds the rest. Such questions are one cluster, not independent samples
+(:func:`posenc.extend.ruler_report.cluster_interval`).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import string
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -52,46 +47,76 @@ from .._stats import wilson_bounds
 from ..errors import ConfigError
 from .evaluate import cache_kw
 
-TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
+#: RULER's needle tasks: haystack, key and value kinds, keys, values per key, keys asked (scripts/synthetic.yaml)
+NIAH: dict[str, dict[str, Any]] = {
+    "niah_single_1": {"haystack": "noise", "key": "words", "value": "numbers", "k": 1, "v": 1, "q": 1},
+    "niah_single_2": {"haystack": "essay", "key": "words", "value": "numbers", "k": 1, "v": 1, "q": 1},
+    "niah_single_3": {"haystack": "essay", "key": "words", "value": "uuids", "k": 1, "v": 1, "q": 1},
+    "niah_multikey_1": {"haystack": "essay", "key": "words", "value": "numbers", "k": 4, "v": 1, "q": 1},
+    "niah_multikey_2": {"haystack": "needle", "key": "words", "value": "numbers", "k": 1, "v": 1, "q": 1},
+    "niah_multikey_3": {"haystack": "needle", "key": "uuids", "value": "uuids", "k": 1, "v": 1, "q": 1},
+    "niah_multivalue": {"haystack": "essay", "key": "words", "value": "numbers", "k": 1, "v": 4, "q": 1},
+    "niah_multiquery": {"haystack": "essay", "key": "words", "value": "numbers", "k": 4, "v": 1, "q": 4},
+}
+TASKS = (*NIAH, "vt", "cwe", "fwe")
+#: RULER's tasks that do not run here, and why
+NOT_RUN = {
+    "qa_1": "SQuAD, which RULER downloads; no registry package installed here ships it",
+    "qa_2": "HotpotQA, which RULER downloads; no registry package installed here ships it (aviary-hotpotqa on PyPI "
+    "is an environment that fetches it at run time)",
+}
+#: the tasks whose haystack is the essay substitute (:mod:`posenc.extend.ruler_prose`)
+ESSAY = tuple(t for t, c in NIAH.items() if c["haystack"] == "essay")
 ABOUT = {
-    "niah_single_1": "needle in a noise haystack, word -> number",
+    "niah_single_1": "noise haystack, word -> number",
+    "niah_single_2": "essay haystack, word -> number",
+    "niah_single_3": "essay haystack, word -> UUID",
+    "niah_multikey_1": "essay haystack, 4 keys, one asked",
     "niah_multikey_2": "haystack of needles, word -> number",
     "niah_multikey_3": "haystack of needles, UUID -> UUID",
+    "niah_multivalue": "essay haystack, 4 values of one key",
+    "niah_multiquery": "essay haystack, 4 keys asked at once",
     "vt": "variable tracking, 1 chain x 4 hops",
     "cwe": "common-words extraction (10 words x 30)",
     "fwe": "frequent-words extraction (Zipf, alpha 2)",
 }
-#: the tokens generated at most per question (and reserved in the length); see the module's text
-GENERATE = {"niah_single_1": 16, "niah_multikey_2": 16, "niah_multikey_3": 48, "vt": 30, "cwe": 64, "fwe": 32}
-#: tasks whose haystack holds many askable keys (several questions per prefill)
+#: RULER's tokens_to_generate: the tokens generated at most per question, and reserved in the length
+GENERATE = {**dict.fromkeys(NIAH, 128), "vt": 30, "cwe": 120, "fwe": 50}
+#: tasks whose haystack holds many askable keys (several questions per prefill, one cluster)
 MULTI = ("niah_multikey_2", "niah_multikey_3")
+#: ``auto``: the chat template where the tokenizer has one, else ``base``
+TEMPLATE_MODES = ("auto", "chat", "base")
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-NEEDLE = "One of the special magic {kind} for {key} is: {value}."
-NIAH_HEAD = "A special magic {one} is hidden within the following text. Make sure to memorize it. I will quiz you about the {one} afterwards.\n"  # noqa: E501
-NIAH_QUESTION = "\nWhat is the special magic {one} for {key} mentioned in the provided text?"
-NIAH_PREFIX = " The special magic {one} for {key} mentioned in the provided text is"
-VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
-VT_QUESTION = "\nQuestion: Find all variables that are assigned the value {value} in the text above."
-VT_PREFIX = (
-    " Answer: According to the chain(s) of variable assignment in the text above, {count} variables are assgined "
-    "the value {value}, they are: "
-)
-CWE_HEAD = (
-    "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones that "
-    "appear most often.\n"
-)
-CWE_QUESTION = "\nQuestion: What are the 10 most common words in the above list?"
-CWE_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
-FWE_HEAD = (
-    "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
-    "appeared coded words."
-)
-FWE_QUESTION = (
-    "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the three most frequently "
-    "appeared words in the above coded text?"
-)
-FWE_PREFIX = " Answer: According to the coded text above, the three most frequently appeared words are:"
+NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
+#: RULER's task templates and answer prefixes (scripts/data/synthetic/constants.py)
+TEMPLATES = {
+    "niah": (
+        "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will "
+        "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} "
+        "for {query} mentioned in the provided text?",
+        " The special magic {type_needle_v} for {query} mentioned in the provided text are",
+    ),
+    "vt": (
+        "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+        "Question: Find all variables that are assigned the value {query} in the text above.",
+        " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are assigned "
+        "the value {query}, they are: ",
+    ),
+    "cwe": (
+        "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
+        "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?",
+        " Answer: The top 10 words that appear most often in the list are:",
+    ),
+    "fwe": (
+        "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+        "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
+        "What are the three most frequently appeared words in the above coded text?",
+        " Answer: According to the coded text above, the three most frequently appeared words are:",
+    ),
+}
+#: RULER's needle depths: round(linspace(0, 100, 40)) per cent, sampled for the essay haystack
+DEPTHS = tuple(round(100 * i / 39) for i in range(40))
 
 
 # ---------------------------------------------------------------------------------------------- words
@@ -114,276 +139,220 @@ def wordlist(kind: str) -> list[str]:
     return _WORDS[kind]
 
 
-def _key_word(rng: random.Random) -> str:
+def _draw(kind: str, rng: random.Random) -> str:
+    if kind == "numbers":
+        return str(rng.randint(10**6, 10**7 - 1))
+    if kind == "uuids":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     return f"{rng.choice(wordlist('adjective'))}-{rng.choice(wordlist('noun'))}"
 
 
-def _number(rng: random.Random, digits: int = 7) -> str:
-    return str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+# ---------------------------------------------------------------------------------------------- the template
+def template_mode(tokenizer: Any, template: str = "auto") -> str:
+    """``"chat"`` or ``"base"``: ``template`` (one of :data:`TEMPLATE_MODES`) for ``tokenizer`` (``auto``: chat where
+    ``tokenizer.chat_template`` is set)."""
+    if template not in TEMPLATE_MODES:
+        raise ConfigError(f"template is one of {', '.join(TEMPLATE_MODES)}, got {template!r}")
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if template == "chat" and not has:
+        raise ConfigError(
+            "template='chat' needs a tokenizer with a chat template (tokenizer.chat_template is unset); "
+            "use 'auto' or 'base'"
+        )
+    return "chat" if (template == "chat" or (template == "auto" and has)) else "base"
 
 
-def _uuid(rng: random.Random) -> str:
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+def render(tokenizer: Any, body: str, prefix: str, mode: str) -> str:
+    """The prompt's text: ``body`` as the user's turn of the chat template (``mode="chat"``, with the assistant's
+    turn opened) or alone (``"base"``), then the answer ``prefix``."""
+    if mode == "chat":
+        head = tokenizer.apply_chat_template(
+            [{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True
+        )
+        return head + prefix
+    return body + prefix
+
+
+def encode(tokenizer: Any, text: str, mode: str) -> list[int]:
+    """``text`` tokenised as one string: with the tokenizer's special tokens (BOS) in ``base`` mode; as written in
+    ``chat`` mode, where the chat template's text carries them."""
+    return list(tokenizer(text, add_special_tokens=mode == "base")["input_ids"])
 
 
 # ---------------------------------------------------------------------------------------------- examples
 @dataclass(frozen=True)
 class Question:
-    """One question on an example's context: its ids (question and answer prefix), the references to find."""
+    """One question on an example's context: its ids (the rest of its prompt after the shared context), the
+    references to find."""
 
     ids: tuple[int, ...]
     answers: tuple[str, ...]
     key: str
-    #: where in the context (a fraction of its tokens) the needle / first chain link of this question starts
-    depth: float
+    #: where in the prompt (a fraction of its tokens) the question's first needle / chain link starts (None: cwe, fwe)
+    depth: float | None
 
 
 @dataclass(frozen=True)
 class Example:
-    """One haystack of ``task``: its context ids (asked once, prefilled once) and the questions on it."""
+    """One haystack of ``task``: the ids its prompts share (prefilled once) and the questions on it."""
 
     task: str
     context: tuple[int, ...]
     questions: tuple[Question, ...]
-    length: int  # n: the longest prompt plus ``generate``
+    length: int  # n: the longest prompt plus ``generate`` fits in it
     generate: int
     seed: int
     info: dict[str, Any] = field(default_factory=dict)
-    text: str = ""
+    text: str = ""  # the whole text of question 0's prompt
 
     def prompt(self, i: int = 0) -> list[int]:
-        """The ids of question ``i``'s whole prompt (context, question, answer prefix)."""
+        """The ids of question ``i``'s whole prompt."""
         return [*self.context, *self.questions[i].ids]
 
 
-def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:
-    memo: dict[str, list[int]] = {}
+@dataclass(frozen=True)
+class _Draft:
+    """A task's prompts at one unit count: for each question its text, references, key and needle text."""
 
-    def enc(text: str) -> list[int]:
-        if text not in memo:
-            memo[text] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return memo[text]
-
-    return enc
-
-
-def _pad(enc: Callable[[str], list[int]], unit: str, room: int) -> list[int]:
-    """``room`` tokens of ``unit`` repeated, cut at a token."""
-    if room <= 0:
-        return []
-    ids = enc(unit)
-    if not ids:
-        raise ConfigError(f"the tokenizer gives no tokens for the pad {unit!r}")
-    return (ids * (room // len(ids) + 1))[:room]
+    texts: list[str]
+    answers: list[tuple[str, ...]]
+    keys: list[str]
+    needles: list[str | None]
+    info: dict[str, Any]
 
 
-def _too_short(task: str, n: int, need: int) -> ConfigError:
-    return ConfigError(
-        f"a {task} example needs more than {need} tokens with this tokenizer, got n={n}; ask for a longer one"
+def _join_query(keys: Sequence[str]) -> str:
+    return ", ".join(keys[:-1]) + ", and " + keys[-1] if len(keys) > 1 else keys[0]
+
+
+def _niah(task: str, count: int, seed: str, questions: int, render_: Callable[[str, str], str]) -> _Draft:
+    from . import ruler_prose
+
+    c = NIAH[task]
+    rng = random.Random(seed)
+    asked = questions if task in MULTI else 1
+    k = max(c["k"], c["q"], asked)
+    keys, values, needles = [], [], []
+    for _ in range(k):
+        keys.append(_draw(c["key"], rng))
+        vs = [_draw(c["value"], rng) for _ in range(c["v"])]
+        values.append(vs)
+        needles += [NEEDLE.format(type_needle_v=c["value"], key=keys[-1], value=v) for v in vs]
+    random.Random(rng.random()).shuffle(needles)
+    if c["haystack"] == "essay":
+        sents = ruler_prose.sentences(ruler_prose.haystack(count))
+        at = [0, *sorted(int(len(sents) * d / 100) for d in rng.sample(DEPTHS, len(needles))), len(sents)]
+        parts = []
+        for i in range(1, len(at)):
+            parts.append(" ".join(sents[at[i - 1] : at[i]]))
+            if i - 1 < len(needles):
+                parts.append(needles[i - 1])
+        context = " ".join(p for p in parts if p)
+    else:
+        if c["haystack"] == "noise":
+            lines = [NOISE] * count
+        else:
+            lines = [
+                NEEDLE.format(type_needle_v=c["value"], key=_draw(c["key"], rng), value=_draw(c["value"], rng))
+                for _ in range(count)
+            ]
+        for i, nd in zip(sorted(rng.sample(range(count), len(needles)), reverse=True), needles):
+            lines.insert(i, nd)
+        context = "\n".join(lines)
+    body, prefix = TEMPLATES["niah"]
+    groups = [[i] for i in rng.sample(range(k), asked)] if task in MULTI else [rng.sample(range(k), c["q"])]
+    texts, answers, qkeys, first = [], [], [], []
+    for g in groups:
+        b, p, kind = body, prefix, c["value"]
+        if len(g) * c["v"] == 1:  # RULER's singular wording
+            for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+                b, p = b.replace(old, new), p.replace(old, new)
+            kind = kind[:-1]
+        query = _join_query([keys[i] for i in g])
+        texts.append(
+            render_(
+                b.format(type_needle_v=kind, context=context, query=query), p.format(type_needle_v=kind, query=query)
+            )
+        )
+        answers.append(tuple(v for i in g for v in values[i]))
+        qkeys.append(query)
+        first.append(min((nd for nd in needles if any(f"for {keys[i]} is:" in nd for i in g)), key=context.find))
+    return _Draft(texts, answers, qkeys, first, {"units": count, "haystack": c["haystack"], "needles": len(needles)})
+
+
+def _vt(task: str, count: int, seed: str, questions: int, render_: Callable[[str, str], str]) -> _Draft:
+    rng = random.Random(seed)
+    body, prefix = TEMPLATES["vt"]
+
+    def chain(letters: int, value: str) -> tuple[list[str], list[str]]:
+        names: list[str] = []
+        while len(names) < 5:
+            v = "".join(rng.choices(string.ascii_uppercase, k=letters))
+            if v not in names:
+                names.append(v)
+        return names, [f"VAR {names[0]} = {value}", *(f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(4))]
+
+    def context(noises: int, links: list[str]) -> str:
+        lines = [NOISE] * noises
+        for j, p in enumerate(sorted(rng.sample(range(noises), len(links)))):
+            lines.insert(p + j, links[j])
+        return "\n".join(lines).replace(". \n", ".\n")
+
+    # the one-shot example: three-letter names, five noise lines, answered (RULER's randomised ICL example)
+    shot_value = str(rng.randint(10000, 99999))
+    shot_names, shot_links = chain(3, shot_value)
+    shot = (
+        body.format(context=context(5, shot_links), query=shot_value)
+        + prefix.format(num_v=5, query=shot_value)
+        + " "
+        + " ".join(shot_names)
+        + "\n"
     )
-
-
-def build(task: str, tokenizer: Any, n: int, seed: int, questions: int = 1) -> Example:
-    """A ``task`` example of length ``n`` for ``tokenizer``, drawn from ``seed`` (the same seed, the same example),
-    with ``questions`` questions where the task has several keys (:data:`MULTI`; others ask one)."""
-    if task not in TASKS:
-        raise ConfigError(f"unknown RULER task {task!r}; the tasks are {', '.join(TASKS)}")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ConfigError(f"n is a positive number of tokens, got {n!r}")
-    if not isinstance(questions, int) or isinstance(questions, bool) or questions < 1:
-        raise ConfigError(f"questions is a positive number, got {questions!r}")
-    rng = random.Random(f"ruler|{task}|{n}|{seed}")
-    enc = _encoder(tokenizer)
-    make = {"niah_single_1": _niah_single, "niah_multikey_2": _niah_multi, "niah_multikey_3": _niah_multi,
-            "vt": _vt, "cwe": _cwe, "fwe": _fwe}[task]
-    ex = make(task, enc, n, rng, questions)
-    ex = Example(ex.task, ex.context, ex.questions, n, ex.generate, seed, ex.info,
-                 tokenizer.decode(list(ex.context)) if hasattr(tokenizer, "decode") else "")
-    longest = len(ex.context) + max(len(q.ids) for q in ex.questions)
-    assert longest + ex.generate == n, (task, n, longest, ex.generate)
-    return ex
-
-
-def _fill(
-    n: int, generate: int, head: list[int], units: Sequence[list[int]], qmax: int, task: str
-) -> tuple[list[int], list[int], int]:
-    """Take whole ``units`` while they fit; returns (context ids without pad, the unit starts, units taken); the
-    caller pads to ``room``."""
-    room = n - generate - len(head) - qmax
-    if room < 0:
-        raise _too_short(task, n, generate + len(head) + qmax)
-    out, starts, used = list(head), [], 0
-    for u in units:
-        if used + len(u) > room:
-            break
-        starts.append(len(out))
-        out.extend(u)
-        used += len(u)
-    return out, starts, room - used
-
-
-def _niah_single(task, enc, n, rng, _questions) -> Example:
-    gen = GENERATE[task]
-    key, value = _key_word(rng), _number(rng)
-    head = enc(NIAH_HEAD.format(one="number"))
-    needle = enc(NEEDLE.format(kind="numbers", key=key, value=value) + "\n")
-    q = enc(NIAH_QUESTION.format(one="number", key=key)) + enc(NIAH_PREFIX.format(one="number", key=key))
-    line = enc(NOISE + "\n")
-    room = n - gen - len(head) - len(q) - len(needle)
-    if room < 0:
-        raise _too_short(task, n, n - room)
-    lines = room // len(line)
-    at = rng.randint(0, lines)  # the needle goes before noise line `at` (RULER: a random place)
-    noise = [*(line * lines), *_pad(enc, NOISE + "\n", room - lines * len(line))]
-    before = at * len(line)
-    context = [*head, *noise[:before], *needle, *noise[before:]]
-    depth = (len(head) + before) / len(context)
-    return Example(task, tuple(context), (Question(tuple(q), (value,), key, depth),), n, gen, 0,
-                   {"needle_line": at, "lines": lines})
-
-
-def _niah_multi(task, enc, n, rng, questions) -> Example:
-    gen = GENERATE[task]
-    uuids = task == "niah_multikey_3"
-    kind, one = ("uuids", "uuid") if uuids else ("numbers", "number")
-    head = enc(NIAH_HEAD.format(one=one))
-    keys: set[str] = set()
-    values: set[str] = set()
-    pool: list[tuple[str, str, list[int]]] = []
-    budget = n - gen - len(head)
-    total = 0
-    while total < budget:  # lines until they overflow the room (a pool: the questions' length is not known yet)
-        key = _uuid(rng) if uuids else _key_word(rng)
-        value = _uuid(rng) if uuids else _number(rng)
-        if key in keys or value in values:
-            continue
-        keys.add(key)
-        values.add(value)
-        ids = enc(NEEDLE.format(kind=kind, key=key, value=value) + "\n")
-        pool.append((key, value, ids))
-        total += len(ids)
-
-    def qids(key: str) -> list[int]:
-        return enc(NIAH_QUESTION.format(one=one, key=key)) + enc(NIAH_PREFIX.format(one=one, key=key))
-
-    qpool = max(len(qids(k)) for k, _, _ in pool)
-    out, starts, _ = _fill(n, gen, head, [u for _, _, u in pool], qpool, task)
-    taken = len(starts)
-    if taken < 1:
-        raise _too_short(task, n, n)
-    asked = sorted(rng.sample(range(taken), min(questions, taken)))
-    qs = [qids(pool[i][0]) for i in asked]
-    qmax = max(len(q) for q in qs)
-    pad = _pad(enc, NOISE + "\n", n - gen - qmax - len(out))
-    context = [*out, *pad]
-    return Example(
-        task, tuple(context),
-        tuple(Question(tuple(q), (pool[i][1],), pool[i][0], starts[i] / len(context)) for q, i in zip(qs, asked)),
-        n, gen, 0, {"needles": taken},
-    )
-
-
-def _chain(rng: random.Random, hops: int, letters: int) -> tuple[list[str], list[str], str]:
-    names: list[str] = []
-    while len(names) < hops + 1:
-        v = "".join(rng.choices(string.ascii_uppercase, k=letters))
-        if v not in names:
-            names.append(v)
     value = str(rng.randint(10000, 99999))
-    links = [f"VAR {names[0]} = {value}", *(f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(hops))]
-    return names, links, value
+    names, links = chain(5, value)
+    text = render_(
+        shot + "\n" + body.format(context=context(count, links), query=value), prefix.format(num_v=5, query=value)
+    )
+    return _Draft([text], [tuple(names)], [value], [links[0]], {"units": count, "haystack": "noise"})
 
 
-def _vt_text(rng: random.Random, noises: int, letters: int) -> tuple[list[str], list[str], str, list[int]]:
-    """RULER's vt context as units: noise lines and the chain's links in order at random places."""
-    names, links, value = _chain(rng, 4, letters)
-    units = [NOISE + "\n"] * noises
-    where = sorted(rng.sample(range(noises + 1), len(links))) if noises + 1 >= len(links) else list(range(len(links)))
-    at = []
-    for j, (p, link) in enumerate(zip(where, links)):
-        units.insert(p + j, link + " ")
-        at.append(p + j)
-    return units, names, value, at
-
-
-def _vt(task, enc, n, rng, _questions) -> Example:
-    gen = GENERATE[task]
-    # the one-shot example: three-letter names, five noise lines, answered
-    units, names, value, _ = _vt_text(rng, 5, 3)
-    shot = [*enc(VT_HEAD), *[t for u in units for t in enc(u)], *enc(VT_QUESTION.format(value=value)),
-            *enc(VT_PREFIX.format(count=5, value=value)), *enc(" ".join(names) + "\n\n")]
-    head = [*shot, *enc(VT_HEAD)]
-    names, links, value = _chain(rng, 4, 5)
-    q = enc(VT_QUESTION.format(value=value)) + enc(VT_PREFIX.format(count=len(names), value=value))
-    link_ids = [enc(link + " ") for link in links]
-    line = enc(NOISE + "\n")
-    room = n - gen - len(head) - len(q) - sum(len(x) for x in link_ids)
-    if room < 0:
-        raise _too_short(task, n, n - room)
-    noises = room // len(line)
-    where = sorted(rng.sample(range(noises + 1), len(links))) if noises + 1 >= len(links) else [noises] * len(links)
-    pad = _pad(enc, NOISE + "\n", room - noises * len(line))
-    context = list(head)
-    starts = []
-    k = 0
-    for i in range(noises + 1):
-        while k < len(links) and where[k] == i:
-            starts.append(len(context))
-            context.extend(link_ids[k])
-            k += 1
-        if i < noises:
-            context.extend(line)
-    context.extend(pad)
-    return Example(task, tuple(context), (Question(tuple(q), tuple(names), value, starts[0] / len(context)),),
-                   n, gen, 0, {"noise_lines": noises, "links_at": [s / len(context) for s in starts]})
-
-
-def _cwe_words(rng: random.Random, count: int) -> list[str]:
+def _cwe_vocabulary(rng: random.Random) -> list[str]:
     words = sorted({*wordlist("noun"), *wordlist("adjective"), *wordlist("verb")})
-    if count > len(words):
-        raise ConfigError(f"cwe: {count} distinct words asked for, wonderwords has {len(words)}")
-    return rng.sample(words, count)
+    random.Random(rng.random()).shuffle(words)
+    return words
 
 
-def _cwe_list(enc, words: list[str], common: int, rep_c: int, rep_u: int, rng: random.Random) -> list[int]:
-    items = words[:common] * rep_c + words[common:] * rep_u
-    rng.shuffle(items)
-    out: list[int] = []
-    for i, w in enumerate(items):
-        out.extend(enc(f"{i + 1}. {w}" + (" " if i + 1 < len(items) else "")))
-    return out
+def _cwe(task: str, count: int, seed: str, questions: int, render_: Callable[[str, str], str], n: int = 0) -> _Draft:
+    from . import ruler_prose
 
-
-def _cwe(task, enc, n, rng, _questions) -> Example:
-    gen = GENERATE[task]
+    rng = random.Random(seed)
+    words = _cwe_vocabulary(rng)
     long = n >= 4096
-    rep_c, rep_u = (30, 3) if long else (6, 1)
-    shot_words = _cwe_words(rng, 40 if long else 20)
-    shot_c, shot_u = (10, 3) if long else (3, 1)
-    shot = [*enc(CWE_HEAD), *_cwe_list(enc, shot_words, 10, shot_c, shot_u, random.Random(rng.random())),
-            *enc(CWE_QUESTION), *enc(CWE_PREFIX),
-            *enc(" " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_words[:10])) + "\n")]
-    head = [*shot, *enc(CWE_HEAD)]
-    q = enc(CWE_QUESTION) + enc(CWE_PREFIX)
-    room = n - gen - len(head) - len(q)
-    order_seed = rng.random()
+    body, prefix = TEMPLATES["cwe"]
 
-    def listed(uncommon: int) -> tuple[list[int], list[str]]:
-        words = _cwe_words(random.Random(order_seed), 10 + uncommon)
-        return _cwe_list(enc, words, 10, rep_c, rep_u, random.Random(order_seed + 1)), words
+    def example(num: int, rep_c: int, rep_u: int) -> tuple[str, list[str], bool]:
+        fallback = num > len(words)
+        pool = ruler_prose.vocabulary() if fallback else words
+        if num > len(pool):
+            raise ConfigError(f"cwe: {num} distinct words asked for, the fallback vocabulary has {len(pool)}")
+        chosen = rng.sample(pool, num)
+        items = chosen[:10] * rep_c + chosen[10:] * rep_u
+        random.Random(rng.random()).shuffle(items)
+        return " ".join(f"{i + 1}. {w}" for i, w in enumerate(items)), chosen[:10], fallback
 
-    if room < len(listed(0)[0]):
-        raise _too_short(task, n, n - room + len(listed(0)[0]))
-    lo, hi = 0, 1
-    while len(listed(hi)[0]) <= room and hi < 20000:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:  # the most uncommon words whose list fits (the length grows with the count)
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if len(listed(mid)[0]) <= room else (lo, mid)
-    ids, words = listed(lo)
-    context = [*head, *ids, *_pad(enc, "\n", room - len(ids))]
-    return Example(task, tuple(context), (Question(tuple(q), tuple(words[:10]), "", len(head) / len(context)),),
-                   n, gen, 0, {"uncommon_words": lo, "common_repeats": rep_c, "uncommon_repeats": rep_u})
+    shot_ctx, shot_ans, _ = example(40, 10, 3) if long else example(20, 3, 1)
+    shot = (
+        render_(body.format(context=shot_ctx), prefix) + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_ans))
+    )
+    ctx, ans, fallback = example(count, 30, 3) if long else example(count, 6, 1)
+    text = shot + "\n" + render_(body.format(context=ctx), prefix)
+    return _Draft(
+        [text],
+        [tuple(ans)],
+        [""],
+        [None],
+        {"units": count, "fallback_vocabulary": fallback, "repeats": [30, 3] if long else [6, 1]},
+    )
 
 
 def zipf_counts(words: int, vocabulary: int, alpha: float = 2.0) -> list[int]:
@@ -392,43 +361,109 @@ def zipf_counts(words: int, vocabulary: int, alpha: float = 2.0) -> list[int]:
     return [int(words * k**-alpha / zeta) for k in range(1, vocabulary + 1)]
 
 
-def _fwe(task, enc, n, rng, _questions) -> Example:
-    gen = GENERATE[task]
-    size = max(5, n // 50)
-    vocab: list[str] = []
-    seen: set[str] = set()
+def _fwe(task: str, count: int, seed: str, questions: int, render_: Callable[[str, str], str], n: int = 0) -> _Draft:
+    rng = random.Random(seed)
+    size = max(5, (n - GENERATE[task]) // 50)
+    vocab: set[str] = set()
     while len(vocab) < size:
-        w = "".join(rng.choices(string.ascii_lowercase, k=6))
-        if w not in seen:
-            seen.add(w)
-            vocab.append(w)
-    vocab[0] = "..."  # the most frequent is noise
-    head = enc(FWE_HEAD)
-    q = enc(FWE_QUESTION) + enc(FWE_PREFIX)
-    room = n - gen - len(head) - len(q)
-    order_seed = rng.random()
+        vocab.add("".join(rng.choices(string.ascii_lowercase, k=6)))
+    order = sorted(vocab)
+    random.Random(rng.random()).shuffle(order)
+    order[0] = "..."  # the most frequent is noise
+    items = [w for w, c in zip(order, zipf_counts(count, size)) for _ in range(c)]
+    random.Random(rng.random()).shuffle(items)
+    body, prefix = TEMPLATES["fwe"]
+    text = render_(body.format(context=" ".join(items)), prefix)
+    return _Draft(
+        [text],
+        [tuple(order[1:4])],
+        [""],
+        [None],
+        {"units": count, "vocabulary": size, "top_counts": zipf_counts(count, size)[:5]},
+    )
 
-    def text(words: int) -> list[int]:
-        items = [w for w, c in zip(vocab, zipf_counts(words, size)) for _ in range(c)]
-        random.Random(order_seed).shuffle(items)
-        return [t for w in items for t in enc(" " + w)]
 
-    if room < len(text(100)):
-        raise _too_short(task, n, n - room + len(text(100)))
-    lo, hi = 100, 200
-    while len(text(hi)) <= room:
+#: the fewest haystack units each kind of task is built with
+_LEAST = {"niah": 4, "vt": 5, "cwe": 11, "fwe": 100}
+
+
+def _too_short(task: str, n: int, need: int) -> ConfigError:
+    return ConfigError(
+        f"a {task} example needs more than {need} tokens with this tokenizer (its fewest haystack units and the "
+        f"{GENERATE[task]} tokens of its generation budget), got n={n}; ask for a longer one"
+    )
+
+
+def build(task: str, tokenizer: Any, n: int, seed: int, questions: int = 1, template: str = "auto") -> Example:
+    """A ``task`` example of at most ``n`` tokens (prompt plus generation budget) for ``tokenizer``, drawn from
+    ``seed`` (the same seed, the same example), with ``questions`` questions where the task has several keys
+    (:data:`MULTI`; others ask one); ``template``: one of :data:`TEMPLATE_MODES`."""
+    if task not in TASKS:
+        extra = f" ({task} is RULER's but not run here: {NOT_RUN[task]})" if task in NOT_RUN else ""
+        raise ConfigError(f"unknown RULER task {task!r}{extra}; the tasks are {', '.join(TASKS)}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"n is a positive number of tokens, got {n!r}")
+    if not isinstance(questions, int) or isinstance(questions, bool) or questions < 1:
+        raise ConfigError(f"questions is a positive number, got {questions!r}")
+    mode = template_mode(tokenizer, template)
+    gen = GENERATE[task]
+    kind = "niah" if task in NIAH else task
+    make = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe}[kind]
+    key = f"ruler|{task}|{seed}"
+
+    def render_(body: str, prefix: str) -> str:
+        return render(tokenizer, body, prefix, mode)
+
+    memo: dict[int, tuple[_Draft, list[list[int]]]] = {}
+
+    def at(count: int) -> tuple[_Draft, list[list[int]]]:
+        if count not in memo:
+            extra = {"n": n} if kind in ("cwe", "fwe") else {}
+            d = make(task, count, key, questions, render_, **extra)
+            memo[count] = (d, [encode(tokenizer, t, mode) for t in d.texts])
+        return memo[count]
+
+    def fits(count: int) -> bool:
+        return max(len(ids) for ids in at(count)[1]) + gen <= n
+
+    lo = _LEAST[kind]
+    if not fits(lo):
+        raise _too_short(task, n, max(len(ids) for ids in at(lo)[1]) + gen)
+    hi = lo * 2
+    while fits(hi):  # RULER's binary search on the unit count (from above by doubling)
         lo, hi = hi, hi * 2
+        if hi > 1 << 26:
+            raise ConfigError(f"{task}: no unit count overflows n={n} (the tokenizer gives no tokens?)")
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if len(text(mid)) <= room else (lo, mid)
-    ids = text(lo)
-    context = [*head, *ids, *_pad(enc, " ...", room - len(ids))]
-    counts = zipf_counts(lo, size)
-    return Example(task, tuple(context), (Question(tuple(q), tuple(vocab[1:4]), "", len(head) / len(context)),),
-                   n, gen, 0, {"words": lo, "vocabulary": size, "top_counts": counts[:5]})
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    draft, prompts = at(lo)
+    memo.clear()
+    shared = 0
+    shortest = min(len(p) for p in prompts)
+    while shared < shortest - 1 and all(p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    qs = []
+    for text, ids, answers, qkey, needle in zip(draft.texts, prompts, draft.answers, draft.keys, draft.needles):
+        depth = None
+        if needle is not None:
+            where = text.find(needle)
+            depth = len(encode(tokenizer, text[:where], mode)) / len(ids)
+        qs.append(Question(tuple(ids[shared:]), answers, qkey, depth))
+    info = {**draft.info, "template": mode, "prompt_tokens": [len(p) for p in prompts]}
+    return Example(task, tuple(prompts[0][:shared]), tuple(qs), n, gen, seed, info, draft.texts[0])
 
 
 # ---------------------------------------------------------------------------------------------- scoring
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def postprocess(prediction: str) -> str:
+    """RULER's ``postprocess_pred`` (scripts/eval/evaluate.py): strip, every control character (``\\x00``-``\\x1f``)
+    a newline, strip again."""
+    return _CONTROL.sub("\n", prediction.strip()).strip()
+
+
 def string_match_all(prediction: str, answers: Sequence[str]) -> float:
     """RULER's score: the share of ``answers`` that occur in ``prediction``, case-insensitive."""
     if not answers:
@@ -518,21 +553,40 @@ def decode_threads(model: nn.Module) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _answer(model: nn.Module, tokenizer: Any, example: Example, q: Question, cache: Any, m: int,
-            eos: int | None) -> dict[str, Any]:
+def _answer(
+    model: nn.Module, tokenizer: Any, example: Example, q: Question, cache: Any, m: int, eos: int | None
+) -> dict[str, Any]:
     """Ask question ``q`` on ``cache`` (the context's ``m`` positions), cut the cache back; the question's record."""
     device = next(model.parameters()).device
     ids = torch.tensor(q.ids, dtype=torch.long, device=device).reshape(1, -1)
-    gen = greedy(model, ids, cache, example.generate, eos,
-                 lambda toks: string_match_all(tokenizer.decode(toks), q.answers) == 1.0)
+    gen = greedy(
+        model,
+        ids,
+        cache,
+        example.generate,
+        eos,
+        lambda toks: string_match_all(postprocess(tokenizer.decode(toks)), q.answers) == 1.0,
+    )
     _crop(cache, m)
     text = tokenizer.decode(gen)
-    return {"key": q.key, "answers": list(q.answers), "prediction": text,
-            "score": string_match_all(text, q.answers), "depth": round(q.depth, 4), "generated": len(gen)}
+    return {
+        "key": q.key,
+        "answers": list(q.answers),
+        "prediction": text,
+        "score": string_match_all(postprocess(text), q.answers),
+        "depth": None if q.depth is None else round(q.depth, 4),
+        "generated": len(gen),
+    }
 
 
-def greedy(model: nn.Module, ids: Tensor, cache: Any, limit: int, eos: int | None,
-           done: Callable[[list[int]], bool] | None = None) -> list[int]:
+def greedy(
+    model: nn.Module,
+    ids: Tensor,
+    cache: Any,
+    limit: int,
+    eos: int | None,
+    done: Callable[[list[int]], bool] | None = None,
+) -> list[int]:
     """Greedy decoding of at most ``limit`` tokens after ``ids`` (``[1, k]``) on ``cache`` (with ``None``: no
     cache, each step a full forward of everything so far: the slow truth the tests compare with)."""
     gen: list[int] = []

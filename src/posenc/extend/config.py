@@ -87,14 +87,20 @@ class ExtendConfig:
     mode: str = "custom"
     #: RULER's synthetic tasks (:mod:`posenc.extend.ruler`), each at every length of ``ruler_lengths`` for every
     #: scaling of ``ruler_scalings`` (factor: the longest length over L); ``ruler_floor_lengths`` run only for a
-    #: task the model as trained is not at the floor on inside L (see :func:`posenc.extend.report.floor_tasks`)
+    #: task the model as trained is not at the floor on inside L (see :func:`posenc.extend.report.floor_tasks`).
+    #: Lengths are tokens (RULER's 4k, 8k, 16k), or multiples of L with ``ruler_relative``.
     ruler_tasks: tuple[str, ...] = ()
     ruler_scalings: tuple[str, ...] = (AS_TRAINED, "rope-linear", "rope-ntk", "rope-yarn")
-    ruler_lengths: tuple[float, ...] = (1.0, 2.0)
+    ruler_lengths: tuple[float, ...] = (4096, 8192, 16384)
     ruler_floor_lengths: tuple[float, ...] = ()
-    #: haystacks (prefills) per cell, and questions per haystack where a task has many keys (niah_multikey_*)
-    ruler_haystacks: int = 1
-    ruler_questions: int = 20
+    ruler_relative: bool = False
+    #: ``auto``: the model's chat template where its tokenizer has one (RULER's prepare.py wraps every prompt in
+    #: the model's template), ``chat`` (required), ``base`` (none)
+    ruler_template: str = "auto"
+    #: independent haystacks (prefills) per cell (25: the fewest a verdict reads), and questions per haystack where
+    #: a task has many keys (niah_multikey_2 / 3: one cluster of questions on one haystack)
+    ruler_haystacks: int = 25
+    ruler_questions: int = 1
     #: the tasks that run at the lengths past L (``None``: all of ``ruler_tasks``), and whether the scalings run at
     #: the lengths inside L too (else only the model as trained does there)
     ruler_past_tasks: tuple[str, ...] | None = None
@@ -125,9 +131,15 @@ class ExtendConfig:
     def passkey_factor(self) -> float:
         return max(1.0, max(self.passkey_lengths, default=1.0))
 
-    def ruler_factor(self) -> float:
+    def ruler_tokens(self, length: float, trained: int) -> int:
+        """A RULER length of ``ruler_lengths`` in tokens, for a model trained at ``trained`` tokens."""
+        return int(length * trained) if self.ruler_relative else int(length)
+
+    def ruler_factor(self, trained: int) -> float:
         """The scalings' factor in the RULER cells: the longest length over L (at least 1)."""
-        return max(1.0, max((*self.ruler_lengths, *self.ruler_floor_lengths), default=1.0))
+        longest = max((self.ruler_tokens(x, trained) for x in (*self.ruler_lengths, *self.ruler_floor_lengths)),
+                      default=trained)
+        return max(1.0, longest / trained)
 
 
 #: the scaling names a run takes (the loss curves' and the passkey grid's)
@@ -141,9 +153,22 @@ RULER_LEAST = 0.0625
 #: the longest length of any cell, as a multiple of L (64 L of SmolLM2 is 524,288 tokens: a KV cache of ~10 GB and
 #: hours per prefill on a CPU); checked before anything is allocated
 LENGTH_MOST = 64.0
-#: RULER's six synthetic tasks (posenc.extend.ruler.TASKS, named here without importing torch)
-RULER_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "cwe", "fwe")
-#: what ``--tasks`` chooses among: the loss curves, the passkey grid, RULER's tasks (``ruler``: all six)
+#: the RULER tasks that run (posenc.extend.ruler.TASKS, named here without importing torch): 11 of RULER's 13;
+#: qa_1 and qa_2 need SQuAD and HotpotQA, which no installed package ships (posenc.extend.ruler.NOT_RUN)
+RULER_TASKS = (
+    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
+    "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe",
+)
+#: RULER's tasks that do not run here, and why (posenc.extend.ruler.NOT_RUN)
+RULER_NOT_RUN = {
+    "qa_1": "SQuAD, which RULER downloads; no registry package installed here ships it",
+    "qa_2": "HotpotQA, which RULER downloads; no registry package installed here ships it",
+}
+#: the RULER tasks with many askable keys (several questions on one haystack: one cluster)
+RULER_MULTI = ("niah_multikey_2", "niah_multikey_3")
+#: the shortest absolute RULER length, in tokens (cwe's one-shot example and question take about 500)
+RULER_LEAST_TOKENS = 256
+#: what ``--tasks`` chooses among: the loss curves, the passkey grid, RULER's tasks (``ruler``: all that run)
 TASK_NAMES = ("loss", "passkey", "ruler", *RULER_TASKS)
 
 
@@ -216,8 +241,13 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
         elif field == "ruler_scalings":
             _names(n(field), value, SCALING_NAMES, "scalings")
         elif field in ("ruler_lengths", "ruler_floor_lengths"):
-            why = "multiples of the trained length L; shorter leaves no room for a task's haystack"
-            _numbers(n(field), value, lambda k, v, w=why: number(k, v, low=RULER_LEAST, high=LENGTH_MOST, why=w))
+            check_ruler_lengths(n(field), value, bool(values.get("ruler_relative", False)))
+        elif field == "ruler_relative":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{n(field)} is True or False, got {value!r}")
+        elif field == "ruler_template":
+            if value not in ("auto", "chat", "base"):
+                raise ConfigError(f"{n(field)} is one of auto, chat, base, got {value!r}")
         elif field in ("ruler_haystacks", "ruler_questions"):
             positive_int(n(field), value)
         elif field == "ruler_fill_below":
@@ -227,6 +257,26 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
                 positive_int(n(field), value)
         elif field == "seed":
             whole(n(field), value, low=0)
+
+
+def check_ruler_lengths(name: str, value: Any, relative: bool) -> tuple[float, ...]:
+    """RULER lengths: distinct token counts (whole, at least :data:`RULER_LEAST_TOKENS`), or with ``relative``
+    multiples of L in [:data:`RULER_LEAST`, :data:`LENGTH_MOST`]; the cap of :data:`LENGTH_MOST` x L on token
+    counts is checked against the model's L (:func:`posenc.extend.runner.plan`)."""
+    if relative:
+        why = "multiples of the trained length L (--ruler-relative); shorter leaves no room for a task's haystack"
+        return _numbers(name, value, lambda k, v: number(k, v, low=RULER_LEAST, high=LENGTH_MOST, why=why))
+
+    def tokens(k: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v != int(v):
+            raise ConfigError(f"{k}: {v!r} is not a whole number of tokens (RULER's lengths: 4096 8192 16384; "
+                              "multiples of L with --ruler-relative)")
+        if v < RULER_LEAST_TOKENS:
+            raise ConfigError(f"{k}: {v:g} tokens is too short, give at least {RULER_LEAST_TOKENS} (or multiples of "
+                              "L with --ruler-relative)")
+        return float(v)
+
+    return _numbers(name, value, tokens)
 
 
 #: tokens per forward where a whole forward would not fit (:data:`WHOLE_BYTES`) or ``--chunk`` asks for chunks
@@ -242,34 +292,39 @@ def loss_lengths(cfg: ExtendConfig, scaling: str) -> list[float]:
     return out
 
 
-def count_cells(cfg: ExtendConfig) -> int:
-    """How many cells ``cfg`` plans (:func:`posenc.extend.runner.plan` lists them)."""
+#: the trained length :func:`count_cells` assumes when none is given (SmolLM2's)
+DEFAULT_TRAINED = 8192
+
+
+def count_cells(cfg: ExtendConfig, trained: int = DEFAULT_TRAINED) -> int:
+    """How many cells ``cfg`` plans for a model trained at ``trained`` tokens (:func:`posenc.extend.runner.plan`
+    lists them)."""
     loss = sum(len(loss_lengths(cfg, s)) for s in cfg.scalings) * len(cfg.documents)
-    ruler = sum(ruler_haystacks(cfg, task, mult) for mult, _, task, _ in ruler_grid(cfg))
+    ruler = sum(ruler_haystacks(cfg, task, n, trained) for n, _, task, _ in ruler_grid(cfg, trained))
     return loss + len(cfg.passkey_scalings) * len(cfg.passkey_lengths) * len(cfg.passkey_depths) + ruler
 
 
-def ruler_grid(cfg: ExtendConfig) -> list[tuple[float, bool, str, str]]:
-    """The RULER cells of ``cfg`` as ``(length multiple, unless_floor, task, scaling)``, one haystack each, by
-    length (the lengths that run unless at the floor last)."""
+def ruler_grid(cfg: ExtendConfig, trained: int = DEFAULT_TRAINED) -> list[tuple[int, bool, str, str]]:
+    """The RULER cells of ``cfg`` as ``(tokens, unless_floor, task, scaling)``, one haystack each, by length (the
+    lengths that run unless at the floor last), for a model trained at ``trained`` tokens."""
     out = []
     past = cfg.ruler_tasks if cfg.ruler_past_tasks is None else cfg.ruler_past_tasks
     for lengths, floor in ((cfg.ruler_lengths, False), (cfg.ruler_floor_lengths, True)):
-        for mult in sorted(lengths):
+        for n in sorted(cfg.ruler_tokens(x, trained) for x in lengths):
             for task in cfg.ruler_tasks:
-                if mult > 1 and task not in past:
+                if n > trained and task not in past:
                     continue
                 for s in cfg.ruler_scalings:
-                    if mult < 1 and s != AS_TRAINED and not cfg.ruler_scaled_inside:
+                    if n < trained and s != AS_TRAINED and not cfg.ruler_scaled_inside:
                         continue
-                    out.append((mult, floor, task, s))
+                    out.append((n, floor, task, s))
     return out
 
 
-def ruler_haystacks(cfg: ExtendConfig, task: str, mult: float) -> int:
-    """The haystacks of ``task``'s cells at ``mult`` x L: ``ruler_haystacks``, or, for a one-question task at a
-    length up to ``ruler_fill_below``, enough of them for ``ruler_questions`` questions."""
-    if task not in RULER_TASKS[1:3] and mult <= cfg.ruler_fill_below:
+def ruler_haystacks(cfg: ExtendConfig, task: str, tokens: int, trained: int = DEFAULT_TRAINED) -> int:
+    """The haystacks of ``task``'s cells at ``tokens``: ``ruler_haystacks``, or, for a one-question task at a
+    length up to ``ruler_fill_below`` x L, enough of them for ``ruler_questions`` questions."""
+    if task not in RULER_MULTI and tokens <= cfg.ruler_fill_below * trained:
         return max(cfg.ruler_haystacks, cfg.ruler_questions)
     return cfg.ruler_haystacks
 
@@ -283,17 +338,15 @@ QUICK = ExtendConfig(
     passkey_scalings=(AS_TRAINED, "rope-yarn"),
     passkey_lengths=(2.0,),
     passkey_depths=(0.5,),
-    # RULER (--tasks ruler): every task as trained at L/4 (the floor inside L), then niah_multikey_2 (20 questions
-    # on one prefill) at 2L as trained and with YaRN s=2: what 10 minutes on 2 cores hold (docs/extend.md)
-    ruler_scalings=(AS_TRAINED, "rope-yarn"),
-    ruler_lengths=(0.25, 2.0),
-    ruler_past_tasks=("niah_multikey_2",),
-    ruler_scaled_inside=False,
+    # RULER (--tasks ruler): every task as trained at 4096 tokens, 5 haystacks a cell: a look at the protocol in
+    # minutes on 2 cores, too few haystacks for a verdict (a verdict reads 25)
+    ruler_scalings=(AS_TRAINED,),
+    ruler_lengths=(4096,),
+    ruler_haystacks=5,
     mode="quick",
 )
-# The full RULER grid (--tasks ruler): every task as trained at L/4 with 20 questions a cell (20 haystacks for the
-# one-question tasks: 2k prefills take seconds), which says which tasks the model is at the floor on inside L; then
-# the tasks not at the floor at L and 2L, as trained and with PI, NTK-aware and YaRN (s = 2), one haystack a cell
-# (an 8k prefill takes about a minute, a 16k one about three): what 2 hours on 2 cores hold (docs/extend.md)
-FULL = replace(ExtendConfig(), mode="full", ruler_lengths=(0.25,), ruler_floor_lengths=(1.0, 2.0),
-               ruler_scaled_inside=False, ruler_fill_below=0.25)
+# The full RULER grid (--tasks ruler): RULER's lengths 4096, 8192 and 16384 tokens, as trained and with PI,
+# NTK-aware and YaRN (s = 2 for SmolLM2's L = 8192), 25 haystacks a cell; the lengths past L run only for the tasks
+# the model as trained is not at the floor on inside L (docs/extend.md gives the time on 2 cores)
+FULL = replace(ExtendConfig(), mode="full", ruler_lengths=(4096, 8192), ruler_floor_lengths=(16384,),
+               ruler_scaled_inside=True)

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from .._stats import wilson_bounds
 from ..errors import ConfigError
+from .config import RULER_NOT_RUN
 from .evaluate import cache_kw
 
 #: RULER's needle tasks: haystack, key and value kinds, keys, values per key, keys asked (scripts/synthetic.yaml)
@@ -60,11 +61,7 @@ NIAH: dict[str, dict[str, Any]] = {
 }
 TASKS = (*NIAH, "vt", "cwe", "fwe")
 #: RULER's tasks that do not run here, and why
-NOT_RUN = {
-    "qa_1": "SQuAD, which RULER downloads; no registry package installed here ships it",
-    "qa_2": "HotpotQA, which RULER downloads; no registry package installed here ships it (aviary-hotpotqa on PyPI "
-    "is an environment that fetches it at run time)",
-}
+NOT_RUN = RULER_NOT_RUN
 #: the tasks whose haystack is the essay substitute (:mod:`posenc.extend.ruler_prose`)
 ESSAY = tuple(t for t, c in NIAH.items() if c["haystack"] == "essay")
 ABOUT = {

@@ -179,13 +179,16 @@ class Cell:
     seed: int = 0
     #: a RULER length that runs only where the model as trained is not at the floor on the task inside L
     unless_floor: bool = False
+    #: a RULER cell's prompt template (posenc.extend.ruler.TEMPLATE_MODES)
+    template: str = "auto"
 
     def key(self) -> str:
         if self.kind == "loss":
             return f"loss|{self.document}|{self.scaling}|{self.factor:g}|{self.tokens}"
         if self.kind == "ruler":
-            return (f"ruler|{self.task}|{self.scaling}|{self.factor:g}|{self.tokens}|h{self.haystack}"
-                    f"|q{self.questions}|s{self.seed}")
+            # p2: RULER's protocol (posenc 0.x, issue 45); the stored records of the older protocol have no p2
+            return (f"ruler|p2|{self.task}|{self.scaling}|{self.factor:g}|{self.tokens}|h{self.haystack}"
+                    f"|q{self.questions}|s{self.seed}|t{self.template}")
         return f"passkey|{self.scaling}|{self.factor:g}|{self.tokens}|{self.depth:g}"
 
     def describe(self) -> str:
@@ -239,22 +242,29 @@ def ruler_cells(cfg: ExtendConfig, trained: int) -> list[Cell]:
     """RULER's cells: by length (the shortest first, so that the floor inside L is known before the longer
     lengths), then by haystack (every task and scaling's first haystack before any second one: an interrupted run
     has them all), then task and scaling. ``ruler_floor_lengths`` come last, marked :attr:`Cell.unless_floor`."""
-    from .config import RULER_TASKS, ruler_grid, ruler_haystacks
+    from .config import LENGTH_MOST, RULER_MULTI, RULER_TASKS, ruler_grid, ruler_haystacks
 
     for t in cfg.ruler_tasks:
         if t not in RULER_TASKS:
             raise ConfigError(f"unknown RULER task {t!r}; the tasks are {', '.join(RULER_TASKS)}")
-    factor = cfg.ruler_factor()
-    grid = ruler_grid(cfg)
+    grid = ruler_grid(cfg, trained)
+    most = int(LENGTH_MOST * trained)
+    for n in sorted({n for n, *_ in grid}):
+        if n > most:
+            raise ConfigError(
+                f"--ruler-lengths: {n} tokens is more than {LENGTH_MOST:g} x the trained length {trained} ({most}): "
+                "its KV cache and prefill would not fit a CPU run; give shorter lengths"
+            )
+    factor = cfg.ruler_factor(trained)
     out = []
-    for mult, floor in dict.fromkeys((m, f) for m, f, _, _ in grid):
-        for h in range(max(ruler_haystacks(cfg, t, m) for m, f, t, _ in grid if (m, f) == (mult, floor))):
+    for tokens, floor in dict.fromkeys((m, f) for m, f, _, _ in grid):
+        for h in range(max(ruler_haystacks(cfg, t, m, trained) for m, f, t, _ in grid if (m, f) == (tokens, floor))):
             for m, f, task, s in grid:
-                if (m, f) == (mult, floor) and h < ruler_haystacks(cfg, task, m):
-                    out.append(Cell("ruler", s, 1.0 if s == AS_TRAINED else factor, tokens=int(mult * trained),
+                if (m, f) == (tokens, floor) and h < ruler_haystacks(cfg, task, m, trained):
+                    out.append(Cell("ruler", s, 1.0 if s == AS_TRAINED else factor, tokens=tokens,
                                     task=task, haystack=h, seed=cfg.seed,
-                                    questions=cfg.ruler_questions if task in RULER_TASKS[1:3] else 1,
-                                    unless_floor=floor))
+                                    questions=cfg.ruler_questions if task in RULER_MULTI else 1,
+                                    unless_floor=floor, template=cfg.ruler_template))
     return out
 
 
@@ -539,9 +549,9 @@ def cell_work(cell: Cell, trained: int) -> float:
     haystack adds its questions' decoding steps at :data:`DECODE_WORK` each."""
     x = cell.tokens / max(trained, 1)
     if cell.kind == "ruler":
-        from .config import RULER_TASKS
+        from .config import RULER_MULTI
 
-        steps = RULER_STEPS.get(cell.task, 40) * (cell.questions if cell.task in RULER_TASKS[1:3] else 1)
+        steps = RULER_STEPS.get(cell.task, 60) * (cell.questions if cell.task in RULER_MULTI else 1)
         return x + x * x + steps * DECODE_WORK * (1 + x)
     return x + x * x
 
@@ -552,7 +562,7 @@ RULER_CHUNK = 1024
 #: cores: a question of niah_multikey_3 at 2k (about 50 steps) took as long as a 2k prefill, 0.3 units
 DECODE_WORK = 0.002
 #: about the steps of one question (its ids and the answer generated)
-RULER_STEPS = {"niah_single_1": 45, "niah_multikey_2": 45, "niah_multikey_3": 120, "vt": 80, "cwe": 100, "fwe": 70}
+RULER_STEPS = {"niah_single_1": 45, "niah_multikey_2": 45, "niah_multikey_3": 120, "vt": 80, "cwe": 150, "fwe": 90}
 
 
 def check_lengths(
@@ -582,10 +592,10 @@ def ruler_too_short(cells: Sequence[Cell], tokenizer: Any, trained: int, resumed
     from . import ruler
 
     bad: dict[tuple[str, int], str] = {}
-    pairs = {(c.task, c.tokens): c.questions for c in cells if c.kind == "ruler"}
-    for (task, tokens), questions in sorted(pairs.items(), key=lambda x: x[0][1]):
+    pairs = {(c.task, c.tokens): (c.questions, c.template) for c in cells if c.kind == "ruler"}
+    for (task, tokens), (questions, template) in sorted(pairs.items(), key=lambda x: x[0][1]):
         try:
-            ruler.build(task, tokenizer, tokens, seed=0, questions=max(questions, 1))
+            ruler.build(task, tokenizer, tokens, seed=0, questions=max(questions, 1), template=template)
         except ConfigError as err:
             bad[task, tokens] = (
                 f"{tokens / trained:g} x the trained length {trained} is {tokens} tokens, too short for {task} "
@@ -601,12 +611,15 @@ def ruler_record(model: nn.Module, tokenizer: Any, cell: Cell, chunk: int | None
     from . import ruler
 
     ex = ruler.build(cell.task, tokenizer, cell.tokens, seed=cell.seed * 100_003 + cell.haystack,
-                     questions=cell.questions)
+                     questions=cell.questions, template=cell.template)
     answers = ruler.ask(model, tokenizer, ex, chunk=chunk, progress=progress.ruler(cell))
     return {
         "task": cell.task,
         "haystack": cell.haystack,
         "seed": cell.seed,
+        "protocol": "ruler",  # RULER's protocol (issue 45); records without it were built the older way
+        "template": ex.info["template"],
+        "generate": ex.generate,
         "context_tokens": len(ex.context),
         "example": ex.info,
         "answers": answers,

@@ -391,6 +391,20 @@ def _too_short(task: str, n: int, need: int) -> ConfigError:
     )
 
 
+def build_at(
+    task: str, tokenizer: Any, n: int, seed: int, questions: int = 1, *, count: int, template: str = "auto"
+) -> list[str]:
+    """The prompt texts :func:`build` draws for ``seed`` with ``count`` haystack units (one per question), whatever
+    their length: what its binary search tries (the tests check that ``count + 1`` overflows ``n``)."""
+    mode = template_mode(tokenizer, template)
+    kind = "niah" if task in NIAH else task
+    make = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe}[kind]
+    extra = {"n": n} if kind in ("cwe", "fwe") else {}
+    return make(
+        task, count, f"ruler|{task}|{seed}", questions, lambda b, p: render(tokenizer, b, p, mode), **extra
+    ).texts
+
+
 def build(task: str, tokenizer: Any, n: int, seed: int, questions: int = 1, template: str = "auto") -> Example:
     """A ``task`` example of at most ``n`` tokens (prompt plus generation budget) for ``tokenizer``, drawn from
     ``seed`` (the same seed, the same example), with ``questions`` questions where the task has several keys

@@ -25,7 +25,7 @@ SUBSTITUTE = (
 )
 
 _WORDS: list[str] = []
-_SENTENCE_END = re.compile(r"(?<=[.!?])['\")\]]*\s+")
+_SENTENCE_END = re.compile(r"[.!?]['\")\]]*\s+")
 
 
 def words() -> list[str]:
@@ -48,7 +48,14 @@ def haystack(count: int) -> str:
 
 def sentences(text: str) -> list[str]:
     """``text`` cut into sentences: after ``.``, ``!`` or ``?`` (and closing quotes or brackets) and a space."""
-    return [s for s in (p.strip() for p in _SENTENCE_END.split(text.strip())) if s]
+    text = text.strip()
+    out, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        end = m.start() + len(m.group().rstrip())
+        out.append(text[start:end])
+        start = m.end()
+    out.append(text[start:])
+    return [s for s in (p.strip() for p in out) if s]
 
 
 def vocabulary() -> list[str]:

@@ -145,7 +145,8 @@ def test_a_ruler_length_too_short_is_refused_before_the_model_loads(monkeypatch,
 
     monkeypatch.setattr(posenc.pretrained, "load_tokenizer", lambda name: (_Chars(), config))
     monkeypatch.setattr(posenc.pretrained, "load_pretrained", never)
-    cfg = replace(ExtendConfig(), scalings=(), passkey_scalings=(), ruler_tasks=("vt",), ruler_lengths=(0.25,))
+    cfg = replace(ExtendConfig(), scalings=(), passkey_scalings=(), ruler_tasks=("vt",), ruler_lengths=(0.25,),
+                  ruler_relative=True)
     with pytest.raises(ConfigError, match=r"64 tokens, too short for vt .*--ruler-lengths"):
         runner.run(cfg, tmp_path / "out", quiet=True)
 

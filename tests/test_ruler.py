@@ -314,6 +314,7 @@ def test_the_plan_is_in_tokens_with_relative_lengths_as_an_option():
             "unknown task 'niah_single' \\(did you mean niah_single_3, niah_single_2, niah_single_1",
         ),
         (dict(ruler_lengths=(100,)), "100 tokens is too short"),
+        (dict(ruler_lengths=(1e9,)), "1000000000 tokens is too long .* <= 64 x L"),
         (dict(ruler_lengths=(4096.5,)), "not a whole number of tokens"),
         (dict(ruler_lengths=(0.01,), ruler_relative=True), "ExtendConfig.ruler_lengths"),
         (dict(ruler_haystacks=0), "ExtendConfig.ruler_haystacks"),
@@ -424,7 +425,7 @@ def test_cli_names_a_bad_ruler_flag(tmp_path, capsys):
     assert main(["extend", "--haystacks", "2", "--out", str(tmp_path)]) == 2
     assert "add --tasks ruler" in capsys.readouterr().err
     assert main(["extend", "--tasks", "ruler", "--ruler-lengths", "2", "--out", str(tmp_path)]) == 2
-    assert "--ruler-lengths: 2 tokens is too short" in capsys.readouterr().err
+    assert "--ruler-lengths: 2 tokens is too short (lengths are tokens" in capsys.readouterr().err
     assert main(["extend", "--tasks", "ruler", "--ruler-relative", "--out", str(tmp_path)]) == 2
     assert "give --ruler-lengths too" in capsys.readouterr().err
 

@@ -168,6 +168,8 @@ RULER_NOT_RUN = {
 RULER_MULTI = ("niah_multikey_2", "niah_multikey_3")
 #: the shortest absolute RULER length, in tokens (cwe's one-shot example and question take about 500)
 RULER_LEAST_TOKENS = 256
+#: the longest absolute RULER length, in tokens, before the model's L is known: 64 x 65,536
+RULER_MOST_TOKENS = 2**22
 #: what ``--tasks`` chooses among: the loss curves, the passkey grid, RULER's tasks (``ruler``: all that run)
 TASK_NAMES = ("loss", "passkey", "ruler", *RULER_TASKS)
 
@@ -271,9 +273,12 @@ def check_ruler_lengths(name: str, value: Any, relative: bool) -> tuple[float, .
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v != int(v):
             raise ConfigError(f"{k}: {v!r} is not a whole number of tokens (RULER's lengths: 4096 8192 16384; "
                               "multiples of L with --ruler-relative)")
+        bounds = (f"lengths are tokens, at least {RULER_LEAST_TOKENS} and <= {LENGTH_MOST:g} x L (checked against "
+                  f"the model's L; never more than {RULER_MOST_TOKENS}); or multiples of L with --ruler-relative")
         if v < RULER_LEAST_TOKENS:
-            raise ConfigError(f"{k}: {v:g} tokens is too short, give at least {RULER_LEAST_TOKENS} (or multiples of "
-                              "L with --ruler-relative)")
+            raise ConfigError(f"{k}: {int(v)} tokens is too short ({bounds})")
+        if v > RULER_MOST_TOKENS:
+            raise ConfigError(f"{k}: {int(v)} tokens is too long ({bounds})")
         return float(v)
 
     return _numbers(name, value, tokens)

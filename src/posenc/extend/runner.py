@@ -593,9 +593,13 @@ def ruler_too_short(cells: Sequence[Cell], tokenizer: Any, trained: int, resumed
 
     bad: dict[tuple[str, int], str] = {}
     pairs = {(c.task, c.tokens): (c.questions, c.template) for c in cells if c.kind == "ruler"}
+    built: set[str] = set()  # a task built at a length builds at every longer one: those are not tried
     for (task, tokens), (questions, template) in sorted(pairs.items(), key=lambda x: x[0][1]):
+        if task in built:
+            continue
         try:
             ruler.build(task, tokenizer, tokens, seed=0, questions=max(questions, 1), template=template)
+            built.add(task)
         except ConfigError as err:
             bad[task, tokens] = (
                 f"{tokens / trained:g} x the trained length {trained} is {tokens} tokens, too short for {task} "

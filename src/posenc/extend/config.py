@@ -64,7 +64,8 @@ DOCUMENTS: dict[str, tuple[str, Callable[[], str]]] = {
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """What one ``posenc extend`` run measures. Lengths are multiples of the model's trained length ``L``.
+    """What one ``posenc extend`` run measures. Loss and passkey lengths are multiples of the model's trained length
+    ``L``; RULER's are tokens (multiples of L with ``ruler_relative``).
 
     Every scaling of ``scalings`` gets a loss curve to ``loss_short`` x L with ``factor = loss_short``; those of
     ``loss_long_scalings`` get one more, to ``loss_extension`` x L with ``factor = loss_extension`` (when that is

@@ -259,14 +259,15 @@ def compare(ruler: Path, shim: Path, pred_dir: Path, ours: dict[str, dict[str, A
     return out
 
 
-def posenc_side(model: Any, tok: Any, task: str, length: int, samples: int) -> dict[str, Any]:
-    """posenc's own generator and asking (posenc.extend.ruler) on ``samples`` haystacks of ``task`` at ``length``."""
+def posenc_side(model: Any, tok: Any, task: str, length: int, samples: int, template: str) -> dict[str, Any]:
+    """posenc's own generator and asking (posenc.extend.ruler) on ``samples`` haystacks of ``task`` at ``length``,
+    one question each, under the template RULER's data was prepared with (``base`` or ``chat``)."""
     from posenc.extend import ruler
 
     start = time.perf_counter()
     scores = []
     for seed in range(samples):
-        ex = ruler.build(task, tok, length, seed=seed)
+        ex = ruler.build(task, tok, length, seed=seed, template=template)
         scores += [r["score"] for r in ruler.ask(model, tok, ex)]
     return {
         "task": task,
@@ -355,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         report["model"] = compare(tree, shim, scored, ruler_data.score_predictions(scored))
         ok = ok and all(c["per_sample_equal"] and c["task_equal"] for c in report["model"])
         if a.posenc:
-            report["posenc"] = [posenc_side(model, tok, t, a.length, a.samples) for t in tasks if t in OFFLINE]
+            report["posenc"] = [
+                posenc_side(model, tok, t, a.length, a.samples, a.template) for t in tasks if t in OFFLINE
+            ]
     report["equal"] = ok
     (a.out / "crosscheck.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({k: v for k, v in report.items() if k != "not_offline"}, indent=1))

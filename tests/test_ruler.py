@@ -460,3 +460,21 @@ def test_cli_takes_a_transformers_folder(tiny, tmp_path, capsys, monkeypatch):
     records = extend_run.Store(out).records()
     assert [(r["scaling"], r["tokens"]) for r in records] == [(AS_TRAINED, 1024), ("rope-linear", 1024)]
     assert records[0]["model"]["source"] == "local folder"
+
+
+def test_vts_one_shot_example_fills_rulers_500_tokens(tiny):
+    """RULER sizes vt's in-context example to 500 tokens (its answer aside): the most noise lines that fit."""
+    from posenc.pretrained import load_tokenizer
+
+    got = load_tokenizer("smollm2-135m")
+    if got is None:
+        pytest.skip("SmolLM2's converted tokenizer is not cached here")
+    tok = got[0]
+    lines = ruler._vt_shot_lines(tok)
+    body, prefix = ruler.TEMPLATES["vt"]
+    ex = ruler.build("vt", tok, 4096, seed=0, template="base")
+    shot = ex.text.split("\n\nMemorize and track", 1)[0]
+    assert shot.count(ruler.NOISE) == lines > 5
+    question = shot.rsplit(" Answer:", 1)[0] + prefix.format(num_v=5, query=shot.split("assigned the value ")[1][:5])
+    assert len(_ids(tok, question, special=False)) <= ruler.VT_SHOT_TOKENS
+    assert len(_ids(tok, question + "\n" + ruler.NOISE, special=False)) > ruler.VT_SHOT_TOKENS - 5

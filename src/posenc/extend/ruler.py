@@ -277,7 +277,34 @@ def _niah(task: str, count: int, seed: str, questions: int, render_: Callable[[s
     return _Draft(texts, answers, qkeys, first, {"units": count, "haystack": c["haystack"], "needles": len(needles)})
 
 
-def _vt(task: str, count: int, seed: str, questions: int, render_: Callable[[str, str], str]) -> _Draft:
+#: the tokens of vt's one-shot example, its answer left out (RULER's ``max_seq_length=500`` for it)
+VT_SHOT_TOKENS = 500
+
+
+def _vt_shot_lines(tokenizer: Any) -> int:
+    """The most noise lines whose one-shot example (template and answer prefix, no answer) is at most
+    :data:`VT_SHOT_TOKENS` tokens (at least 5), as RULER sizes its in-context example."""
+    body, prefix = TEMPLATES["vt"]
+    links = ["VAR AAA = 12345", *(f"VAR {c * 3} = VAR {p * 3} " for p, c in zip("ABCD", "BCDE"))]
+
+    def size(lines: int) -> int:
+        text = "\n".join([*links, *[NOISE] * lines]) + "\n"
+        return len(
+            tokenizer(
+                body.format(context=text, query="12345") + prefix.format(num_v=5, query="12345"),
+                add_special_tokens=False,
+            )["input_ids"]
+        )
+
+    lines = 5
+    while size(lines + 1) <= VT_SHOT_TOKENS and lines < 1000:
+        lines += 1
+    return lines
+
+
+def _vt(
+    task: str, count: int, seed: str, questions: int, render_: Callable[[str, str], str], shot_lines: int = 5
+) -> _Draft:
     rng = random.Random(seed)
     body, prefix = TEMPLATES["vt"]
 
@@ -295,11 +322,12 @@ def _vt(task: str, count: int, seed: str, questions: int, render_: Callable[[str
             lines.insert(p + j, links[j])
         return "\n".join(lines).replace(". \n", ".\n")
 
-    # the one-shot example: three-letter names, five noise lines, answered (RULER's randomised ICL example)
+    # the one-shot example: three-letter names, the noise lines that fill about 500 tokens, answered (RULER's
+    # randomised in-context example)
     shot_value = str(rng.randint(10000, 99999))
     shot_names, shot_links = chain(3, shot_value)
     shot = (
-        body.format(context=context(5, shot_links), query=shot_value)
+        body.format(context=context(shot_lines, shot_links), query=shot_value)
         + prefix.format(num_v=5, query=shot_value)
         + " "
         + " ".join(shot_names)
@@ -399,7 +427,9 @@ def build_at(
     mode = template_mode(tokenizer, template)
     kind = "niah" if task in NIAH else task
     make = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe}[kind]
-    extra = {"n": n} if kind in ("cwe", "fwe") else {}
+    extra: dict[str, Any] = {"n": n} if kind in ("cwe", "fwe") else {}
+    if kind == "vt":
+        extra["shot_lines"] = _vt_shot_lines(tokenizer)
     return make(
         task, count, f"ruler|{task}|{seed}", questions, lambda b, p: render(tokenizer, b, p, mode), **extra
     ).texts
@@ -426,11 +456,13 @@ def build(task: str, tokenizer: Any, n: int, seed: int, questions: int = 1, temp
         return render(tokenizer, body, prefix, mode)
 
     memo: dict[int, tuple[_Draft, list[list[int]]]] = {}
+    fixed: dict[str, Any] = {"n": n} if kind in ("cwe", "fwe") else {}
+    if kind == "vt":
+        fixed["shot_lines"] = _vt_shot_lines(tokenizer)
 
     def at(count: int) -> tuple[_Draft, list[list[int]]]:
         if count not in memo:
-            extra = {"n": n} if kind in ("cwe", "fwe") else {}
-            d = make(task, count, key, questions, render_, **extra)
+            d = make(task, count, key, questions, render_, **fixed)
             memo[count] = (d, [encode(tokenizer, t, mode) for t in d.texts])
         return memo[count]
 

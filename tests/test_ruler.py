@@ -297,7 +297,12 @@ def test_the_plan_is_in_tokens_with_relative_lengths_as_an_option():
     assert sorted({c.tokens for c in extend_run.plan(rel, 256)}) == [512, 1024]
     assert ExtendConfig().ruler_lengths == (4096, 8192, 16384) and ExtendConfig().ruler_haystacks == 25
     full = extend_run.plan(replace(FULL, scalings=(), passkey_scalings=(), ruler_tasks=RULER_TASKS), 8192)
-    assert sorted({(c.tokens, c.unless_floor) for c in full}) == [(4096, False), (8192, False), (16384, True)]
+    assert sorted({(c.tokens, c.unless_floor) for c in full}) == [(4096, False), (8192, False), (16384, False)]
+    assert (
+        len(full)
+        == 11 * 4 * 3 * 25
+        == count_cells(replace(FULL, scalings=(), passkey_scalings=(), ruler_tasks=RULER_TASKS))
+    )
     assert {c.haystack for c in full} == set(range(25)) and {c.factor for c in full} == {1.0, 2.0}
     quick = extend_run.plan(replace(QUICK, scalings=(), passkey_scalings=(), ruler_tasks=RULER_TASKS), 8192)
     assert {(c.tokens, c.scaling) for c in quick} == {(4096, AS_TRAINED)} and len(quick) == 11 * 5

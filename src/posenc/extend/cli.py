@@ -54,10 +54,10 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
             where it has one (--template base: none), lengths in tokens (RULER's 4096 8192 16384;
             --ruler-relative: multiples of L), 25 independent haystacks a cell; instead of the loss curves and
             the passkey grid. With --quick: every task as trained at 4096 tokens, 5 haystacks a cell (too few for
-            a verdict; 55 cells of 30-70 s: 30-60 min on 2 cores). With --full: 4096 and 8192 tokens for as
-            trained, PI, NTK and YaRN (s=2), and 16384 for the tasks not at the floor inside L, 25 haystacks a
-            cell: up to 3,300 cells, 40-100 hours on 2 cores (docs/extend.md); choose with --tasks,
-            --ruler-scalings and --ruler-lengths what a budget can give 25 haystacks each
+            a verdict; 55 cells of 30-70 s: 30-60 min on 2 cores). With --full: 4096, 8192 and 16384 tokens for
+            as trained, PI, NTK and YaRN (s=2), 25 haystacks a cell: 3,300 cells, 40-100 hours on 2 cores
+            (docs/extend.md); choose with --tasks, --ruler-scalings and --ruler-lengths what a budget can give
+            25 haystacks each
 
 examples:
   posenc extend --quick
@@ -84,7 +84,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--ruler-scalings", nargs="+", metavar="NAME", help="for the RULER cells (scaling names)")
     p.add_argument("--ruler-lengths", type=float, nargs="+", metavar="N",
                    help="RULER context lengths in tokens, prompt plus generation budget (default 4096 8192 16384; "
-                   "--full: 4096 8192, and 16384 unless at the floor); at most 64 x the trained length")
+                   "--full too); at most 64 x the trained length")
     p.add_argument("--ruler-relative", action="store_true",
                    help="--ruler-lengths are multiples of the trained length L instead of tokens")
     p.add_argument("--template", choices=("auto", "chat", "base"),

@@ -4,8 +4,11 @@
 * :mod:`.evaluate` -- per-token loss along a long document (chunked through the KV cache) and passkey retrieval;
 * :mod:`.runner` -- the cells of a run, the resumable store, the scalings as patches of the real model;
 * :mod:`.report` -- the curves, heatmaps, tables and verdicts beside the published shapes;
-* :mod:`.ruler` -- RULER's six synthetic tasks built to an exact token count, asked many questions per prefill;
-* :mod:`.ruler_report` -- RULER by length: the table with Wilson intervals, heatmaps, verdicts, the floor.
+* :mod:`.ruler` -- 11 of RULER's 13 tasks built as NVIDIA/RULER builds them (the model's chat template, one string
+  tokenised at once, the unit count by binary search), asked from one prefill per haystack;
+* :mod:`.ruler_prose` -- the essay haystack's substitute (Shakespeare's Gutenberg plays for Paul Graham's essays);
+* :mod:`.ruler_report` -- RULER by length: the per-task table (the haystack as the unit), RULER's mean, effective
+  length, heatmaps by task and by depth, verdicts at the family level, the floor.
 
 The names below load their module on first use, so that ``posenc --help`` does not import torch.
 """

@@ -17,9 +17,10 @@ Table 1) define them after Liu et al.: training and the in-distribution test dra
 same length, so that the last write lies much further back. The run reports ``"<n>"`` (in distribution) and
 ``"<n>_sparse"`` (the sparse split) at every test length ``n``.
 
-The paper reports the test *error* (%) of 4-layer models on sequences of 256 tokens (128 instructions), RoPE with
-a large out-of-distribution error and CoPE with a small one; the suite ``cope`` shows the table's numbers where
-they were checked. Ours is reduced to ``N`` = 16-32 instructions (32-64 tokens) so that a 2-core CPU trains it.
+The paper reports the test *error* (%), RoPE's large out of distribution and CoPE's small, on sequences of 256
+tokens (128 instructions; Liu et al.'s length, not checked against the paper's text here). Its table's numbers are
+to be copied into the suite ``cope``'s ``[published]``: they were not at hand when this was written. Ours is
+reduced to ``N`` = 32 instructions (63 tokens and the final read) so that a 2-core CPU trains it.
 
 Tokens: ``w``, ``r``, ``i``, ``0``, ``1``; the answer is one bit token. Default model: a decoder.
 """

@@ -13,9 +13,10 @@ i-th symbol lies among blanks, which moves as the blanks grow denser or sparser.
 The splits: training at input length ``N`` (``train_lengths = [N, N]`` in the suite) with ``tokens`` symbols; the
 in-distribution test at ``N``; the out-of-distribution tests at longer inputs with the same number of symbols, so
 *more blanks* between them and positions never seen in training, the kind of shift Golovneva et al. test (the
-paper's test error, %, of RoPE large out of distribution and CoPE's near zero; the suite ``cope`` shows the
-table's numbers where they were checked). The paper copies 16 symbols out of 256 positions; our default, 4
-symbols out of 24 (tested to 48), is what a 2-core CPU trains in minutes.
+paper's test error, %, of RoPE large out of distribution and CoPE's near zero; the table's numbers are to be
+copied into the suite ``cope``'s ``[published]``). The paper's inputs are far longer (16 symbols among 256
+positions, as we recall it: not checked against its text here); our default, 4 symbols among 24 (tested at 48),
+is what a 2-core CPU trains in minutes.
 
 Tokens: a blank and ``symbols`` data symbols; the answer has ``tokens`` symbol tokens. Default model: a decoder.
 """

@@ -170,7 +170,11 @@ def test_model_products_match_a_flop_counter(floors, kind):
         got = flops(lambda: model(tokens))
     step = floors.Step(kind, L, B, V)
     attention = floors.N_LAYERS * 4 * floors.D * B * step.pairs()
-    assert got == pytest.approx(floors.model_products(step) - attention, rel=1e-9)
+    # torch 2.15's counter has a formula for the CPU SDPA kernel: all L x L pairs, whatever the causal mask;
+    # torch <= 2.14's counts nothing there
+    full = floors.N_LAYERS * 4 * floors.D * B * L * L
+    counted_sdpa = got - (floors.model_products(step) - attention)
+    assert counted_sdpa == pytest.approx(0, abs=1e-6) or counted_sdpa == pytest.approx(full, rel=1e-9), counted_sdpa
     assert baseline(B, L) == 8 * B * L * D * D + 4 * D * B * L * L
 
 

@@ -333,16 +333,15 @@ def test_the_readme_block_lists_every_verdict_and_check_sees_an_edit(built, tmp_
     write_page(page, suites=built["suites"], readme=readme, plots=False, log=_quiet)
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old text" not in text
-    head, body = _table(text, "| suite | finding |")
-    assert head == ["suite", "finding", "source", "tests", "verdict"]
+    head, body = _table(text, "| suite | finding (claim and source")
+    assert head == ["suite", "finding (claim and source: the results page)", "verdict"]
     assert body[0] == [
         "[tiny-a](docs/results.md#tiny-a)",  # every seed of the suite ran: no count
         "rope beats no encoding on order",
-        "Nobody et al. 2000, §1, Table 1",
-        "as published",
         "**reproduced** (written before the latest runs)",
     ]
-    assert [r[3:] for r in body[1:]] == [["as published", "**partly**"], ["**posenc's question**", "**inconclusive**"]]
+    assert [r[2] for r in body[1:]] == ["**partly**", "**inconclusive**"]
+    assert body[2][1].endswith("*(posenc's question)*")
     assert "No verdict yet: [tiny-c](docs/results.md#tiny-c) (not run yet)." in text
     assert check_page(page, suites=built["suites"], readme=readme) == (True, "")
     readme.write_text(text.replace("**partly**", "**reproduced**"))

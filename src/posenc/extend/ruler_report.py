@@ -372,6 +372,11 @@ def readme_lines(records: Sequence[dict[str, Any]], link: str) -> list[str]:
     _, old = current(records)
     name = str(records[0].get("model", {}).get("name", "the model"))
     hay = sum(c.haystacks for c in cs.values())
+    if old:  # no table of superseded numbers on the front page: the page keeps them, marked
+        return [
+            f"**RULER by length** ([the real model]({link})): {name}'s {hay} stored haystacks are under the older "
+            "protocol (superseded); the run under RULER's own protocol is still to come."
+        ]
     lines = [
         f"**RULER by length** ([the real model]({link})): {name} (L = {trained}), {len(tasks)} of RULER's 13 tasks, "
         f"{hay} haystacks, no fine-tuning: RULER's mean over the {len(tasks)} tasks that ran, with 95 % intervals"

@@ -8,6 +8,8 @@ It imports the suites' data and the formats of the reporting package.
 
 from __future__ import annotations
 
+import re
+
 from ...errors import PosencError
 from .commands import README_END, README_START
 from .format import anchor, md_escape, md_table
@@ -16,7 +18,8 @@ from .suite_data import SuiteData
 
 def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", extra: list[str] | None = None) -> str:
     """The README's summary of the paper suites: one row per finding (suite, with its seeds where fewer than
-    planned; finding; the claim's source; whether posenc tests it as published or its own question; verdict),
+    planned; finding, marked "(posenc's question)" where posenc tests a variant of its own, not the claim as
+    published; verdict; the claim's source is on the page),
     then the suites without a verdict yet, then ``extra`` (the real model's RULER paragraph). Built from the same
     data as the page, so that it cannot disagree with it."""
     body = []
@@ -36,10 +39,13 @@ def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", ext
         first = link + (f" ({ran} seeds)" if seeds < planned else "")
         for i, f in enumerate(d.suite.findings):
             verdict = f"**{f.verdict}**" + (" (written before the latest runs)" if id(f) in stale else "")
-            tests = "as published" if f.as_published else f"**{f.tests}**"
-            body.append([first if i == 0 else "", md_escape(f.finding), f.source, tests, verdict])
+            said = f.as_published or f.finding.lower().startswith("posenc's question")
+            # the finding without its closing parenthesis (the paper's numbers, an aside): those are on the page
+            short = re.sub(r"\s*\([^()]*\)$", "", f.finding) or f.finding
+            what = md_escape(short) + ("" if said else " *(posenc's question)*")
+            body.append([first if i == 0 else "", what, verdict])
     lines = [README_START, ""]
-    lines += md_table(["suite", "finding", "source", "tests", "verdict"], body)
+    lines += md_table(["suite", "finding (claim and source: the results page)", "verdict"], body)
     if waiting:
         lines += ["", "No verdict yet: " + "; ".join(waiting) + "."]
     if extra:

@@ -141,7 +141,7 @@ def test_the_stored_records_of_the_older_protocol_render_as_superseded():
     assert records and not any(rr.is_new(r) for r in records)
     text = "\n".join(rr.table(records))
     assert rr.OLD_NOTE in text and text.count("Machine: ") == 1 and "posenc commits: " in text
-    assert "(older protocol: superseded" in rr.readme_lines(records, "x")[0]
+    assert "under the older protocol (superseded)" in rr.readme_lines(records, "x")[0]
     # beside a record of the new protocol, the old ones are left out
     new = cell("vt", AS_TRAINED, 4096, [[1.0]])
     assert set(rr.cells([*records, *new])) == {("vt", AS_TRAINED, 1.0, 4096)}

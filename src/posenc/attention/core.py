@@ -52,7 +52,7 @@ def quarantine_nonfinite(call: _Call) -> tuple[_Call, Tensor] | None:
     call without a mask, finds the poisoned queries from each head's first non-finite key, ``O(L)`` not ``O(L^2)``.
     """
     q, k, v = call.q, call.k, call.v
-    lq, lk = q.shape[2], k.shape[2]
+    lq = q.shape[2]
     if call.allowed is None and not (call.causal and lq > 1):
         return None  # every query sees every key: a NaN reaches exactly the outputs it should
     if torch.compiler.is_compiling():
@@ -63,40 +63,33 @@ def quarantine_nonfinite(call: _Call) -> tuple[_Call, Tensor] | None:
             return None
     elif _all_finite(q, k, v):
         return None
-    bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v[..., : v.shape[-1]]).all(-1))  # [B, Hkv, Lk]
+    bad_k = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # [B, Hkv, Lk]
     bad_q = ~torch.isfinite(q).all(-1)  # [B, H, Lq]
     if not bool(bad_k.any() | bad_q.any()):
-        return None
-    g = q.shape[1] // k.shape[1]
-    seen = call.allowed
-    if seen is None or call.causal:
-        i = torch.arange(lq, device=q.device)[:, None]
-        j = torch.arange(lk, device=q.device)[None, :]
-        tril = (j <= i + (lk - lq))[None, None]
-        seen = tril if seen is None else seen & tril
-    heads = bad_k.repeat_interleave(g, dim=1) if g > 1 else bad_k
-    rows = (seen & heads[:, :, None, :]).any(-1) | bad_q  # [B, H, Lq]
-    keep = ~bad_k[..., None]
-    call = replace(
-        call,
-        q=q.masked_fill(bad_q[..., None], 0.0),
-        k=k.where(keep, torch.zeros((), dtype=k.dtype, device=k.device)),
-        v=v.where(keep, torch.zeros((), dtype=v.dtype, device=v.device)),
-    )
-    return call, rows[..., None]
+        return None  # only a sum that overflowed: nothing is poisoned
+    return _quarantine(call, bad_k, bad_q)
 
 
 def _quarantine_branch_free(call: _Call) -> tuple[_Call, Tensor]:
     """:func:`quarantine_nonfinite` without a branch on the data (under ``torch.compile``): the same zeroed rows and
-    the same poisoned queries, found as masks whatever the values."""
+    the same poisoned queries, found as masks whatever the values.
+
+    A row's sum (in float32) is non-finite where the row holds NaN or inf: a sum a row, fused with the zeroing by
+    inductor, costs nothing measurable where ``isfinite(...).all(-1)`` cost 15 % of a compiled causal step. A finite
+    row whose sum overflows float32 (entries near 1e38) counts as poisoned: loud (NaN), never silent."""
     q, k, v = call.q, call.k, call.v
-    lq, lk = q.shape[2], k.shape[2]
-    # a row's sum (in float32) is non-finite where the row holds NaN or inf: a sum a row, fused with the zeroing by
-    # inductor, costs nothing measurable where ``isfinite(...).all(-1)`` cost 15 % of a compiled causal step. A
-    # finite row whose sum overflows float32 (entries near 1e38) counts as poisoned: loud (NaN), never silent
     f32 = torch.float32
     bad_k = ~torch.isfinite(k.sum(-1, dtype=f32) + v.sum(-1, dtype=f32))  # [B, Hkv, Lk]
     bad_q = ~torch.isfinite(q.sum(-1, dtype=f32))  # [B, H, Lq]
+    return _quarantine(call, bad_k, bad_q)
+
+
+def _quarantine(call: _Call, bad_k: Tensor, bad_q: Tensor) -> tuple[_Call, Tensor]:
+    """The call with the poisoned key rows ``bad_k`` ``[B, Hkv, Lk]`` and query rows ``bad_q`` ``[B, H, Lq]`` set to
+    zero, and the ``[B, H, Lq, 1]`` queries that see such a key (or are one). With no mask (causal), a query is
+    poisoned from each head's first bad key on: ``O(L)``, not ``O(L^2)``. No branch on data."""
+    q, k, v = call.q, call.k, call.v
+    lq, lk = q.shape[2], k.shape[2]
     g = q.shape[1] // k.shape[1]
     heads = bad_k.repeat_interleave(g, dim=1) if g > 1 else bad_k  # [B, H, Lk]
     if call.allowed is None:  # causal: query i sees keys j <= i + lk - lq, so it is poisoned past the first bad key

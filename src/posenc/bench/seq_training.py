@@ -97,6 +97,11 @@ class SeqTask(Task):
     def check_options(self, cfg: RunConfig, opts: dict[str, Any]) -> None:
         """Task-specific checks of the options against the config (raise ConfigError)."""
 
+    def eval_splits(self, cfg: RunConfig, n: int, opts: dict[str, Any]) -> dict[str, list[Example]]:
+        """The evaluation examples at test length ``n``, by metric key: ``"<n>"``, the examples drawn as in training;
+        a task with an out-of-distribution split at the same length adds ``"<n>_<split>"`` (Flip-Flop's sparse one)."""
+        return {str(n): self.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)}
+
     # ---- shared -------------------------------------------------------------------------------
     def options(self, cfg: RunConfig) -> dict[str, Any]:
         """``cfg.task_options`` merged over :attr:`defaults`; unknown keys or wrong types raise."""
@@ -309,16 +314,16 @@ def train_seq(task: SeqTask, cfg: RunConfig, opts: dict[str, Any], on_step: OnSt
     curve, train_s = fit(model, cfg, loss_at, on_step=on_step, reduce=mean_over_ranks)
     metrics: dict[str, Any] = {}
     for n in cfg.test_lengths:
-        examples = task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts)
-        try:
-            whole, tok = score(examples, predict(model, cfg.model, examples), task)
-        except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
-            metrics[str(n)] = None
-            metrics[f"{n}_error"] = f"{type(exc).__name__}: {exc}"
-            continue
-        metrics[str(n)] = whole
-        if task.multi_token:
-            metrics[f"{n}_token"] = tok
+        for key, examples in task.eval_splits(cfg, n, opts).items():
+            try:
+                whole, tok = score(examples, predict(model, cfg.model, examples), task)
+            except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
+                metrics[key] = None
+                metrics[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
+                continue
+            metrics[key] = whole
+            if task.multi_token:
+                metrics[f"{key}_token"] = tok
     return {
         "metrics": metrics,
         "curve": curve,

@@ -29,7 +29,6 @@ cwe and fwe, ``string_match_part`` (1 if any reference is found) for qa_1 and qa
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .ruler import postprocess, string_match_all
 
 #: RULER's scripts/synthetic.yaml: each task's family (the key of its budget, template and metric)
 FAMILY = {
@@ -78,18 +78,6 @@ METRIC = {
     "qa": "string_match_part",
 }
 
-_CONTROL = re.compile(r"[\x00-\x1f]")
-
-
-def postprocess(prediction: str) -> str:
-    """RULER's ``postprocess_pred``: strip, every character U+0000..U+001F to a newline, strip again."""
-    return _CONTROL.sub("\n", prediction.strip()).strip()
-
-
-def string_match_all(prediction: str, references: Sequence[str]) -> float:
-    """The share of ``references`` found in ``prediction``, case-insensitive (one sample of RULER's metric)."""
-    low = prediction.lower()
-    return sum(1.0 if r.lower() in low else 0.0 for r in references) / len(references)
 
 
 def string_match_part(prediction: str, references: Sequence[str]) -> float:

@@ -30,13 +30,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import torch
-
 from ...errors import ConfigError
-from ..distributed import distributed
-from ..seq_training import FIRST, Example, SeqTask, build_model, decoder_batch, encoder_batch, eval_rng, predict, score
-from ..steps import fit
-from ..types import OnStep, RunConfig, register_task
+from ..seq_training import FIRST, Example, SeqTask, eval_rng
+from ..types import RunConfig, register_task
 
 W, R, I, B0 = FIRST, FIRST + 1, FIRST + 2, FIRST + 3  # B0, B0 + 1: the bits 0 and 1
 #: the suffix of the out-of-distribution (sparse) split's metrics: ``"<n>_sparse"``
@@ -100,11 +96,9 @@ class FlipFlopTask(SeqTask):
     def example(self, n: int, rng: random.Random, opts: dict[str, Any]) -> Example:
         return self.draw(n, rng, opts["ignore"])
 
-    def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
-        self.validate(cfg)
-        if distributed() is not None:
-            raise ConfigError("task 'flipflop' does not run under --ddp; run it without")
-        return train_with_split(self, cfg, self.options(cfg), SPARSE, "ood_ignore", on_step)
+    def eval_splits(self, cfg: RunConfig, n: int, opts: dict[str, Any]) -> dict[str, list[Example]]:
+        """The in-distribution examples (``"<n>"``) and the sparse split (``"<n>_sparse"``) at length ``n``."""
+        return {**super().eval_splits(cfg, n, opts), f"{n}_{SPARSE}": self.split_examples(cfg, n, opts)}
 
     def split_examples(self, cfg: RunConfig, n: int, opts: dict[str, Any]) -> list[Example]:
         """The sparse split's evaluation examples at length ``n``."""
@@ -122,47 +116,3 @@ class FlipFlopTask(SeqTask):
         outs = [tuple(out) for _, out in self.split_examples(cfg, int(n_text), self.options(cfg))]
         return max(outs.count(o) for o in set(outs)) / len(outs)
 
-
-def train_with_split(
-    task: Any, cfg: RunConfig, opts: dict[str, Any], suffix: str, option: str, on_step: OnStep | None = None
-) -> dict[str, Any]:
-    """Train as :func:`~posenc.bench.seq_training.train_seq` does (one process), then evaluate the in-distribution
-    examples at every test length (``"<n>"``) and ``task.split_examples`` (``"<n>_<suffix>"``), whose options
-    differ from training in ``opts[option]``."""
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    longest = max(max(cfg.test_lengths), cfg.train_lengths[1])
-    max_len = max(task.max_total(n, opts) for n in {longest, *cfg.test_lengths}) + (cfg.model == "decoder")
-    model = build_model(cfg, task.vocab_size(opts), max_len)
-    collate = decoder_batch if cfg.model == "decoder" else encoder_batch
-
-    def loss_at(step: int) -> torch.Tensor:
-        tokens, mask, targets = collate(task.make(cfg.batch_size, cfg.train_lengths, rng, opts))
-        logits = model(tokens, attention_mask=mask)
-        return torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-        )
-
-    curve, train_s = fit(model, cfg, loss_at, on_step=on_step)
-    metrics: dict[str, Any] = {}
-    for n in cfg.test_lengths:
-        splits = {
-            str(n): task.make(cfg.eval_samples, (n, n), eval_rng(cfg.seed, n), opts),
-            f"{n}_{suffix}": task.split_examples(cfg, n, opts),
-        }
-        for key, examples in splits.items():
-            try:
-                whole, tok = score(examples, predict(model, cfg.model, examples), task)
-            except Exception as exc:  # an encoding that cannot reach this length: recorded, not fatal
-                metrics[key] = None
-                metrics[f"{key}_error"] = f"{type(exc).__name__}: {exc}"
-                continue
-            metrics[key] = whole
-            if task.multi_token:
-                metrics[f"{key}_token"] = tok
-    return {
-        "metrics": metrics,
-        "curve": curve,
-        "train_seconds": round(train_s, 2),
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }

@@ -179,6 +179,56 @@ def test_rulers_budgets_are_the_default_and_bad_arguments_say_so(tiny, tmp_path,
         ruler_data.score_ruler_data(model, tok, FIX / "data", tmp_path, limit=0)
 
 
+def _extend(*argv: str) -> int:
+    from posenc.cli import main
+
+    return main(["extend", *argv])
+
+
+def test_the_cli_scores_rulers_data_for_each_scaling_as_the_library_does(tiny, tmp_path, monkeypatch, capsys):
+    """``posenc extend --ruler-data DIR``: the same predictions and scores as score_ruler_data on the same model, one
+    folder a scaling, the model as trained again afterwards; its bad flags are named before a model loads."""
+    import posenc.pretrained
+
+    model, tok = tiny
+    monkeypatch.setattr(posenc.pretrained, "load_pretrained", lambda name, **k: (model, tok))
+    monkeypatch.setattr(ruler_data, "TOKENS_TO_GENERATE", {k: 4 for k in ruler_data.TOKENS_TO_GENERATE})
+    assert _extend("--ruler-data", str(FIX / "data"), "--ruler-scalings", "as-trained", "rope-yarn",
+                   "--haystacks", "1", "--out", str(tmp_path)) == 0
+    printed = capsys.readouterr().out
+    assert "rope-yarn" in printed and "niah_single_1" in printed and "vt" in printed
+    plain = ruler_data.score_ruler_data(model, tok, FIX / "data", tmp_path / "lib", limit=1)
+    for task in ("niah_single_1", "vt"):
+        got = ruler_data.read_jsonl(tmp_path / "ruler-data" / "as-trained" / f"{task}.jsonl")
+        want = ruler_data.read_jsonl(tmp_path / "lib" / f"{task}.jsonl")
+        assert [r["pred"] for r in got] == [r["pred"] for r in want] and len(got) == 1
+        assert (tmp_path / "ruler-data" / "rope-yarn" / f"{task}.jsonl").is_file()
+    from posenc.hf.state import patched
+
+    assert patched(model) is None  # as trained again after the rope-yarn pass
+    again = ruler_data.score_ruler_data(model, tok, FIX / "data", tmp_path / "lib2", limit=1)
+    assert {t: s["score"] for t, s in again.items()} == {t: s["score"] for t, s in plain.items()}
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--quick"], ["--quick", "describe posenc's own cells"]),
+    (["--template", "base"], ["--template"]),
+    (["--tasks", "cwe"], ["no RULER data for cwe", "niah_single_1"]),
+    (["--ruler-scalings", "rope-yarnn"], ["unknown scaling 'rope-yarnn'", "did you mean rope-yarn"]),
+    (["--haystacks", "0"], ["--haystacks"]),
+])
+def test_the_cli_names_a_bad_flag_beside_ruler_data_before_loading(argv, words, tmp_path, monkeypatch, capsys):
+    import posenc.pretrained
+
+    monkeypatch.setattr(posenc.pretrained, "load_pretrained", lambda *a, **k: pytest.fail("loaded a model"))
+    assert _extend("--ruler-data", str(FIX / "data"), "--out", str(tmp_path), *argv) == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err
+    assert _extend("--ruler-data", str(tmp_path / "nowhere"), "--out", str(tmp_path)) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------- NVIDIA's scripts
 def _crosscheck():
     spec = importlib.util.spec_from_file_location("ruler_crosscheck", BENCH / "ruler_crosscheck.py")

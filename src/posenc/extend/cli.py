@@ -62,6 +62,7 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
 examples:
   posenc extend --quick
   posenc extend --tasks ruler --quick
+  posenc extend --ruler-data RULER/data --ruler-scalings as-trained rope-yarn --haystacks 25
   posenc extend --scalings as-trained rope-yarn rope-linear --loss-extension 2 --no-passkey
   posenc extend --report-only --out posenc-results/extend
 """
@@ -100,6 +101,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="at RULER lengths up to X times the trained length, give the one-question tasks "
                    "(niah_single_1, vt, cwe, fwe) a haystack per question, --questions of them (--full: 0.25; "
                    "0: one haystack a cell)")
+    p.add_argument("--ruler-data", metavar="DIR",
+                   help="score the model on NVIDIA/RULER's own data instead: the jsonl its scripts/data/prepare.py "
+                   "wrote under DIR (DIR/<task>/validation.jsonl), each prompt asked as RULER's HuggingFaceModel "
+                   "asks it and scored as its evaluate.py scores it (posenc.extend.ruler_data), for each "
+                   "--ruler-scalings (default: as-trained; factor: the data's longest length over L); --tasks and "
+                   "--haystacks N (the first N samples) choose; writes <out>/ruler-data/<scaling>/<task>.jsonl "
+                   "(RULER's prediction files: its evaluate.py reads them) and summary.json")
     p.add_argument("--model", default="smollm2-135m",
                    help="a packaged model name, a .gguf file or a transformers folder (default: smollm2-135m)")
     p.add_argument("--out", help="the results folder (default: posenc-results/extend or extend-quick)")
@@ -292,7 +300,99 @@ def _export(args: argparse.Namespace, model: Any, tokenizer: Any, out: Path) -> 
     return written
 
 
+def _check_ruler_data(args: argparse.Namespace) -> dict[str, Path]:
+    """``--ruler-data``: the task files it scores (checked before the model loads), and no flag of posenc's own
+    cells beside it."""
+    from .ruler_data import find_tasks
+
+    cells_flags = [
+        "--" + n.replace("_", "-")
+        for n in ("quick", "full", "documents", "scalings", "passkey_scalings", "loss_extension", "passkey_lengths",
+                  "passkey_depths", "no_passkey", "chunk", "ruler_lengths", "ruler_relative", "template",
+                  "questions", "fill_below", "report_only", "export", "export_dir", "export_factor")
+        if getattr(args, n) not in (None, False, [])
+    ]
+    if cells_flags:
+        raise ConfigError(
+            f"--ruler-data scores RULER's own prompts as they are (their template, lengths and samples): "
+            f"{', '.join(cells_flags)} describe posenc's own cells; leave {'it' if len(cells_flags) == 1 else 'them'} "
+            "out, or drop --ruler-data"
+        )
+    found = find_tasks(args.ruler_data)
+    if args.tasks and "ruler" not in args.tasks:
+        missing = [t for t in args.tasks if t not in found]
+        if missing:
+            raise ConfigError(f"--tasks: no RULER data for {', '.join(missing)} under {args.ruler_data}; it holds "
+                              f"{', '.join(found)}")
+        found = {t: found[t] for t in args.tasks}
+    for s in args.ruler_scalings or ():
+        if s != AS_TRAINED and s not in SCALINGS:
+            import difflib
+
+            names = (AS_TRAINED, *SCALINGS)
+            close = difflib.get_close_matches(s, names, n=2, cutoff=0.5)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"--ruler-scalings: unknown scaling {s!r}{hint}; the scalings are {', '.join(names)}")
+    if args.haystacks is not None:
+        positive_int("--haystacks", args.haystacks)
+    if args.threads is not None:
+        positive_int("--threads", args.threads)
+    return found
+
+
+def _sample_progress(scaling: str, total: int) -> Any:
+    """A line a sample asked, with the time left at the pace so far (of this scaling's ``total`` samples)."""
+    start, done = time.perf_counter(), [0]
+
+    def progress(task: str, n: int, of: int) -> None:
+        done[0] += 1
+        left = (time.perf_counter() - start) / done[0] * max(0, total - done[0])
+        print(f"  {scaling} {task}: {n}/{of} (this scaling: {done[0]}/{total}, about {left / 60:.0f} min left)",
+              flush=True)
+
+    return progress
+
+
+def run_ruler_data(args: argparse.Namespace) -> int:
+    """``posenc extend --ruler-data DIR``: the model, as trained and in each ``--ruler-scalings``, on RULER's data."""
+    found = _check_ruler_data(args)
+    out = Path(args.out or "posenc-results/extend") / "ruler-data"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file; --ruler-data writes a folder there")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from ..pretrained import load_pretrained
+    from .ruler_data import read_jsonl, score_ruler_data
+    from .runner import apply_scaling, trained_length
+
+    t0 = time.perf_counter()
+    model, tokenizer = load_pretrained(args.model)
+    trained = trained_length(model)
+    longest = max(int(r.get("length", 0) or 0) for p in found.values() for r in read_jsonl(p)[: args.haystacks])
+    factor = max(1.0, longest / trained)
+    total = sum(min(len(read_jsonl(p)), args.haystacks or 10**9) for p in found.values())
+    rows = []
+    for scaling in args.ruler_scalings or (AS_TRAINED,):
+        opts = apply_scaling(model, scaling, factor)
+        progress = _sample_progress(scaling, total)
+        summary = score_ruler_data(model, tokenizer, args.ruler_data, out / scaling, tasks=list(found),
+                                   limit=args.haystacks, progress=progress)
+        for task, s in summary.items():
+            rows.append((scaling, opts.get("factor", 1.0), task, s))
+    apply_scaling(model, AS_TRAINED, 1.0)
+    print(f"\nRULER's data from {args.ruler_data}, scored as its evaluate.py scores (score: RULER's, 0-100):")
+    print(f"{'scaling':<16} {'factor':>6}  {'task':<18} {'score':>7} {'nulls':>8} {'samples':>7}")
+    for scaling, fac, task, s in rows:
+        print(f"{scaling:<16} {fac:>6g}  {task:<18} {s['score']:>7.2f} {s['nulls']:>8} {s['samples']:>7}")
+    print(f"\nwrote {out} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.ruler_data is not None:
+        return run_ruler_data(args)
     cfg = config_from(args)
     _check_export(args)
     out = Path(args.out or ("posenc-results/extend-quick" if args.quick else "posenc-results/extend"))

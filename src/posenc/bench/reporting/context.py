@@ -107,6 +107,8 @@ def environment() -> dict[str, str]:
     try:
         import torch
 
+        # the build as torch names itself: PyPI's CUDA wheel says 2.15.0 in its metadata, 2.15.0+cu132 here
+        env["torch"] = str(torch.__version__)
         env["torch threads"] = str(torch.get_num_threads())
     except ImportError:  # pragma: no cover - torch is a dependency
         pass

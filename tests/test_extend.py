@@ -383,6 +383,9 @@ def test_cli_quick_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     assert main(["extend", "--quick", "--model", str(path), "--out", str(out), "--chunk", "50"]) == 0
     printed = capsys.readouterr().out
     assert "verdicts:" in printed and "YaRN" in printed
+    # each verdict with the claim it reads and the claim's source, as the results page gives them
+    for v in report.verdicts(Store(out).records()):
+        assert f"claim: {v.claim} [{v.source}]" in printed and f"on: {v.evidence}" in printed
     records = Store(out).records()
     assert {r["kind"] for r in records} == {"loss", "passkey"} and len(records) == 2 + 2
     assert (out / "extend-loss.png").is_file() and (out / "report.html").is_file()

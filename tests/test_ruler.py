@@ -379,6 +379,19 @@ def test_lengths_past_the_floor_are_cut(tmp_path, monkeypatch):
     assert ruler_report.floor_tasks(records) == {"niah_multikey_2": "0% [0%–32%] of 8 haystack(s) at 1024 tokens"}
 
 
+def test_the_cli_prints_a_ruler_verdict_with_the_claim_it_reads(capsys):
+    from posenc.extend import ruler_report
+    from posenc.extend.cli import _print_verdict
+
+    for kind, tests in (("fails", "as published"), ("pair", "posenc's question")):
+        v = ruler_report._rv(kind, "finding x", "suggestive", "12/25 against 3/25")
+        _print_verdict(v)
+        out = capsys.readouterr().out
+        claim, source, _ = ruler_report.RULER_CLAIMS[kind]
+        assert f"suggestive: finding x{'' if tests == 'as published' else ' (' + tests + ')'}\n" in out
+        assert f"claim: {claim} [{source}]" in out and "on: 12/25 against 3/25" in out
+
+
 def test_cli_tasks_ruler_on_the_tiny_model(tiny, tmp_path, capsys, monkeypatch):
     from posenc.cli import main
 

@@ -390,6 +390,16 @@ def run_ruler_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_verdict(v: Any) -> None:
+    """A verdict as the results page gives it: the finding and the verdict, then the claim it reads (posenc's own
+    question marked so), its source and the numbers."""
+    mark = "" if v.tests == "as published" else f" ({v.tests})"
+    print(f"  {v.verdict}: {v.finding}{mark}")
+    if v.claim:
+        print(f"      claim: {v.claim} [{v.source}]")
+    print(f"      on: {v.evidence}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.ruler_data is not None:
         return run_ruler_data(args)
@@ -436,14 +446,14 @@ def run(args: argparse.Namespace) -> int:
     if any(r.get("kind") in ("loss", "passkey") for r in records):
         print("verdicts:")
         for v in report.verdicts(records):
-            print(f"  {v.verdict:>15}: {v.finding} -- {v.evidence}")
+            _print_verdict(v)
     if any(r.get("kind") == "ruler" for r in records):
         from . import ruler_report
 
         print("\n".join(ruler_report.table(records)))
         print("RULER verdicts (on the intervals):")
         for rv in ruler_report.verdicts(records):
-            print(f"  {rv.verdict:>22}: {rv.finding} -- {rv.evidence}")
+            _print_verdict(rv)
     print(f"\nwrote {', '.join(str(p) for p in paths.values())} ({time.perf_counter() - t0:.0f} s)")
     if args.export:
         print(f"exported the model with {args.export} to {_export(args, model, tokenizer, out)}")

@@ -161,3 +161,28 @@ def test_the_time_left_leaves_out_the_cells_the_floor_will_cut(tmp_path):
     ]
     assert work_left(cells, store, 100) == pytest.approx(cell_work(cells[1], 100) + cell_work(cells[2], 100))
     assert work_left(cells, Store(tmp_path / "empty"), 100) == pytest.approx(sum(cell_work(c, 100) for c in cells))
+
+
+def test_each_machine_and_commit_is_named_once_in_both_reports():
+    """Cells measured at three commits on one machine, and one on another: two machines, three commits, each once
+    (the results page once repeated a machine's whole line per commit)."""
+    from posenc.extend import report
+    from posenc.runenv import describe
+
+    a = {"cpu": "AMD EPYC", "kernels": "native C (avx2)", "torch": "2.13.0+cpu", "threads": 2, "posenc": "0.1.0",
+         "python": "3.11.7", "platform": "Linux"}
+    b = {**a, "kernels": "native C (avx512)"}
+    envs = [{**a, "git_commit": "1" * 40}, {**a, "git_commit": "2" * 40, "git_dirty": True},
+            {**a, "git_commit": "3" * 40}, {**b, "git_commit": "1" * 40}]
+    recs = []
+    for i, env in enumerate(envs):
+        (r,) = cell("niah_single_1", AS_TRAINED, 4096 * (i + 1), [[1.0]])
+        r["env"] = env
+        recs.append(r)
+    (machine, commits) = rr.environments(recs)
+    assert machine == f"Machine: {describe(a)} / {describe(b)}" or machine == f"Machine: {describe(b)} / {describe(a)}"
+    assert commits == f"posenc commits: {'1' * 10}, {'2' * 10} (modified), {'3' * 10}"
+    s = report.summary(recs)
+    assert sorted(s["machines"]) == sorted([describe(a), describe(b)]) and len(s["commits"]) == 3
+    text = report.markdown(recs)
+    assert text.count(describe(a)) == 1 and text.count(describe(b)) == 1 and "**posenc commits:**" in text

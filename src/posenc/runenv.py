@@ -17,6 +17,7 @@ import functools
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,16 @@ def describe(env: dict[str, Any] | None) -> str:
         f"{env.get('threads', '?')} thread(s); posenc {env.get('posenc', '?')}{rev}; "
         f"Python {env.get('python', '?')}; {env.get('platform', '?')}"
     )
+
+
+def machines_and_commits(envs: Sequence[dict[str, Any] | None]) -> tuple[list[str], list[str]]:
+    """Each machine of ``envs`` once (:func:`describe` without the commit), and each posenc commit once: records
+    measured at several commits on one machine name that machine once."""
+    machines = sorted({describe({k: v for k, v in e.items() if k not in ("git_commit", "git_dirty")} if e else e)
+                       for e in envs})
+    commits = sorted({f"{str(e['git_commit'])[:10]}{' (modified)' if e.get('git_dirty') else ''}"
+                      for e in envs if e and e.get("git_commit")})
+    return machines, commits
 
 
 def differences(envs: list[dict[str, Any] | None]) -> dict[str, list[str]]:

@@ -272,17 +272,18 @@ def passkey_table(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the store holds: the model, the cells, the time they took, the machines."""
-    from ..runenv import describe
+    from ..runenv import machines_and_commits
 
     model = records[0]["model"] if records else {}
     seconds = sum(float(r.get("seconds", 0)) for r in records)
-    envs = sorted({describe(r.get("env")) for r in records})
+    envs, commits = machines_and_commits([r.get("env") for r in records])
     loads = [x for r in records for x in (r.get("load_average") or []) if x is not None]
     return {
         "model": model,
         "cells": len(records),
         "seconds": seconds,
         "machines": envs,
+        "commits": commits,
         "load": (min(loads), max(loads)) if loads else None,
     }
 
@@ -329,7 +330,8 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
         f"{sum(1 for r in records if r['kind'] == 'ruler')} RULER haystacks), {duration(s['seconds'])} of "
         "wall time in all"
         + (f" at a load average of {s['load'][0]:.1f}-{s['load'][1]:.1f}" if s["load"] else " (load not recorded)"),
-        "- **Machine:** " + "; ".join(s["machines"]),
+        "- **Machine:** " + " / ".join(s["machines"]),
+        *(["- **posenc commits:** " + ", ".join(s["commits"])] if s["commits"] else []),
         "",
     ]
     if any(r.get("kind") == "loss" for r in records):
@@ -370,7 +372,7 @@ def ruler_section(
     lines += [
         f"![RULER by length]({img_rel}/extend-ruler.png)",
         "",
-        *ruler_report.table(records),
+        *ruler_report.table(records, environment=False),  # the section's header names the machines and commits
         "| finding | the paper's claim | source | tests | verdict | on |",
         "|---|---|---|---|---|---|",
     ]

@@ -270,21 +270,19 @@ def effective_lengths(records: Sequence[dict[str, Any]]) -> list[tuple[str, floa
 def environments(records: Sequence[dict[str, Any]]) -> list[str]:
     """Each environment of the RULER records once: the machine (what the records share), then the posenc commits
     they were measured at."""
-    from ..runenv import describe
+    from ..runenv import machines_and_commits
 
     envs = [r.get("env") or {} for r in current(records)[0]]
     if not envs:
         return []
-    machine = sorted({describe({k: v for k, v in e.items() if k not in ("git_commit", "git_dirty")}) for e in envs})
-    commits = sorted(
-        {f"{str(e.get('git_commit', '?'))[:10]}{' (modified)' if e.get('git_dirty') else ''}" for e in envs}
-    )
-    return [f"Machine: {'; '.join(machine)}", f"posenc commits: {', '.join(commits)}"]
+    machine, commits = machines_and_commits(envs)
+    return [f"Machine: {' / '.join(machine)}", f"posenc commits: {', '.join(commits) or 'not recorded'}"]
 
 
-def table(records: Sequence[dict[str, Any]]) -> list[str]:
+def table(records: Sequence[dict[str, Any]], *, environment: bool = True) -> list[str]:
     """Markdown: a row per task and scaling, then RULER's mean; a column per length; then the effective length and
-    the notes (the substitution, the tasks not run, the older protocol, the shape, the environment)."""
+    the notes (the substitution, the tasks not run, the older protocol, the shape, the environment; ``environment``
+    off where the page around the table names the machine already)."""
     from .ruler_prose import SUBSTITUTE
 
     cs = cells(records)
@@ -354,7 +352,8 @@ def table(records: Sequence[dict[str, Any]]) -> list[str]:
             + "."
         )
     notes.append(SHAPE_NOTE)
-    notes += [e + "." for e in environments(records)]
+    if environment:
+        notes += [e + "." for e in environments(records)]
     for note in notes:
         lines += [note, ""]
     return lines

@@ -532,12 +532,15 @@ def finetune(
 
 
 def _patch(model: Any, settings: FinetuneSettings, options: dict[str, Any] | None) -> dict[str, Any]:
-    from .runner import apply_scaling
-
-    if options is None:
-        return apply_scaling(model, settings.scaling, settings.factor)
+    """Patch ``model`` with the scaling: :func:`posenc.extend.runner.apply_scaling`'s options for it (LongRoPE:
+    YaRN's per-pair factors as the long set, unsearched), or ``options``; returns every option patched with."""
     import posenc.hf
 
+    from .runner import apply_scaling, scaling_options
+
+    if options is None:
+        apply_scaling(model, settings.scaling, settings.factor)
+        return scaling_options(settings.scaling, model, settings.factor)
     posenc.hf.unpatch(model)
     opts = {"factor": settings.factor, **options}
     posenc.hf.patch(model, settings.scaling, **opts)

@@ -35,7 +35,8 @@ The package, by job (bottom to top; a name with a leading underscore is private 
 * :mod:`~posenc.native.threads`: splitting a call over torch's thread count;
 * the wrappers, one module per kernel family: :mod:`~posenc.native.rope` (:func:`rope_rotate`),
   :mod:`~posenc.native.fire` (:func:`fire_bias`, :func:`fire_bias_grad`), :mod:`~posenc.native.decode`
-  (:func:`rows_dot`, :func:`decode_attention`).
+  (:func:`rows_dot`, :func:`decode_attention`), :mod:`~posenc.native.offset_table` (:func:`offset_table_attention`:
+  the offset-table family's attention fused, forward and backward).
 
 Everything is used as ``posenc.native.<name>``. A name set on the package (``posenc.native.enabled = False``, a
 test's ``monkeypatch.setattr(native, "POPULATE_BYTES", ...)``) is set in the module that defines it too, where the
@@ -48,11 +49,12 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from . import builds, decode, fire, loader, rope, threads
+from . import builds, decode, fire, loader, offset_table, rope, threads
 from .builds import ISA_FLAGS, ISA_NEEDS, cache_dir, flags, isa, supported_isas
 from .decode import DECODE_MAX_HEAD_DIM, decode_attention, rows_dot
 from .fire import fire_bias, fire_bias_grad
 from .loader import available, build, enabled, status
+from .offset_table import offset_table_attention
 from .rope import NT_BYTES, POPULATE_BYTES, rope_rotate
 from .threads import PARALLEL_NUMEL
 
@@ -68,7 +70,7 @@ from .threads import _threads  # noqa: F401
 # ``__module__``, a value by the module whose namespace holds it (a name another module imports is not its home)
 _HOMES: dict[str, ModuleType] = {
     name: home
-    for home in (builds, loader, threads, rope, fire, decode)
+    for home in (builds, loader, threads, rope, fire, decode, offset_table)
     for name, value in vars(home).items()
     if name in globals()
     and not name.startswith("__")
@@ -98,6 +100,7 @@ __all__ = [
     "decode_attention",
     "fire_bias",
     "fire_bias_grad",
+    "offset_table_attention",
     "rope_rotate",
     "rows_dot",
     "status",

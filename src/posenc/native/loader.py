@@ -83,6 +83,11 @@ def _load(lib_path: Path) -> ctypes.CDLL:
         fn.argtypes = [ptr, i64, i64] + [ptr, i64, i64, i64] * 2 + [ptr, i64, i64] + [ptr, i64, i64, ptr, i64]
         fn.argtypes += [ptr, i64, i64, ptr] + [ptr, i64, i64, ptr, i64, ptr]  # the key term; the value table, scratch
         fn.argtypes += [ptr, i64, i64, ptr, real, i64, i64, i64, i64, i64, i64]  # ... H, lk, d, G, n0, n1
+    for t in ("float", "double"):
+        for kind in ("forward", "backward"):
+            fn = getattr(lib, f"posenc_offset_{kind}_{t}")
+            fn.restype = None
+            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(i64), ctypes.c_double]
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
     return lib

@@ -362,3 +362,477 @@ ROWS_DOT(double)
 DECODE(float, expf)
 DECODE(double, exp)
 """
+
+# The offset-table attention of posenc.native.offset_table (forward and backward), written once for a scalar type
+# and generated for float and double below (@S: the C name, @T: the type, @V / @U: an aligned / unaligned vector of
+# @W lanes in GNU C's vector extensions, lowered to whatever vector unit the build's flags allow; @EXP: its exp).
+_OFFSET_TEMPLATE = r"""
+typedef @T ot_v_@S __attribute__((vector_size(32)));
+typedef @T ot_u_@S __attribute__((vector_size(32), aligned(sizeof(@T))));
+#define OT_W_@S @W
+
+static inline ot_v_@S ot_ld_@S(const @T *p) { return *(const ot_u_@S *)p; }
+static inline void ot_st_@S(@T *p, ot_v_@S x) { *(ot_u_@S *)p = x; }
+static inline @T ot_hsum_@S(ot_v_@S v) {
+    @T s = 0;
+    for (int l = 0; l < @W; l++) s += v[l];
+    return s;
+}
+static inline @T ot_dot_@S(const @T *x, const @T *y, int64_t d) {
+    ot_v_@S acc = {0};
+    for (int64_t e = 0; e < d; e += @W) acc += ot_ld_@S(x + e) * ot_ld_@S(y + e);
+    return ot_hsum_@S(acc);
+}
+/* y[e] += g * x[e] */
+static inline void ot_axpy_@S(@T *y, @T g, const @T *x, int64_t d) {
+    if (g == 0) return;
+    for (int64_t e = 0; e < d; e += @W) ot_st_@S(y + e, ot_ld_@S(y + e) + g * ot_ld_@S(x + e));
+}
+
+/* out[r * ldo + c] = sum_e x[r][e] yt[e * ldy + c], r < 4, c < n rounded up to 2W (yt readable that far) */
+static void ot_mm_@S(@T *out, int64_t ldo, const @T *const *x, const @T *yt, int64_t ldy, int64_t n, int64_t d) {
+    const @T *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    for (int64_t c = 0; c < n; c += 2 * @W) {
+        ot_v_@S a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+        const @T *y = yt + c;
+        for (int64_t e = 0; e < d; e++, y += ldy) {
+            const ot_v_@S y0 = ot_ld_@S(y), y1 = ot_ld_@S(y + @W);
+            const @T s0 = x0[e], s1 = x1[e], s2 = x2[e], s3 = x3[e];
+            a00 += s0 * y0; a01 += s0 * y1;
+            a10 += s1 * y0; a11 += s1 * y1;
+            a20 += s2 * y0; a21 += s2 * y1;
+            a30 += s3 * y0; a31 += s3 * y1;
+        }
+        ot_st_@S(out + c, a00); ot_st_@S(out + c + @W, a01);
+        ot_st_@S(out + ldo + c, a10); ot_st_@S(out + ldo + c + @W, a11);
+        ot_st_@S(out + 2 * ldo + c, a20); ot_st_@S(out + 2 * ldo + c + @W, a21);
+        ot_st_@S(out + 3 * ldo + c, a30); ot_st_@S(out + 3 * ldo + c + @W, a31);
+    }
+}
+
+/* out[r][e] += sum_{c < n} p[r * ldp + c] y[c * ldy + e], r < 4 (d a multiple of 2W) */
+static void ot_pv_@S(@T *const *out, const @T *p, int64_t ldp, const @T *y, int64_t ldy, int64_t n, int64_t d) {
+    const @T *p0 = p, *p1 = p + ldp, *p2 = p + 2 * ldp, *p3 = p + 3 * ldp;
+    for (int64_t e = 0; e < d; e += 2 * @W) {
+        ot_v_@S a00 = ot_ld_@S(out[0] + e), a01 = ot_ld_@S(out[0] + e + @W);
+        ot_v_@S a10 = ot_ld_@S(out[1] + e), a11 = ot_ld_@S(out[1] + e + @W);
+        ot_v_@S a20 = ot_ld_@S(out[2] + e), a21 = ot_ld_@S(out[2] + e + @W);
+        ot_v_@S a30 = ot_ld_@S(out[3] + e), a31 = ot_ld_@S(out[3] + e + @W);
+        const @T *yr = y + e;
+        for (int64_t c = 0; c < n; c++, yr += ldy) {
+            const ot_v_@S y0 = ot_ld_@S(yr), y1 = ot_ld_@S(yr + @W);
+            const @T s0 = p0[c], s1 = p1[c], s2 = p2[c], s3 = p3[c];
+            a00 += s0 * y0; a01 += s0 * y1;
+            a10 += s1 * y0; a11 += s1 * y1;
+            a20 += s2 * y0; a21 += s2 * y1;
+            a30 += s3 * y0; a31 += s3 * y1;
+        }
+        ot_st_@S(out[0] + e, a00); ot_st_@S(out[0] + e + @W, a01);
+        ot_st_@S(out[1] + e, a10); ot_st_@S(out[1] + e + @W, a11);
+        ot_st_@S(out[2] + e, a20); ot_st_@S(out[2] + e + @W, a21);
+        ot_st_@S(out[3] + e, a30); ot_st_@S(out[3] + e + @W, a31);
+    }
+}
+
+/* y[c * ldy + e] += sum_{r < 4} p[r * ldp + c] x[r][e], c < n */
+static void ot_rank_@S(@T *y, int64_t ldy, const @T *p, int64_t ldp, const @T *const *x, int64_t n, int64_t d) {
+    const @T *p0 = p, *p1 = p + ldp, *p2 = p + 2 * ldp, *p3 = p + 3 * ldp;
+    for (int64_t e = 0; e < d; e += 2 * @W) {
+        const ot_v_@S x00 = ot_ld_@S(x[0] + e), x01 = ot_ld_@S(x[0] + e + @W);
+        const ot_v_@S x10 = ot_ld_@S(x[1] + e), x11 = ot_ld_@S(x[1] + e + @W);
+        const ot_v_@S x20 = ot_ld_@S(x[2] + e), x21 = ot_ld_@S(x[2] + e + @W);
+        const ot_v_@S x30 = ot_ld_@S(x[3] + e), x31 = ot_ld_@S(x[3] + e + @W);
+        @T *yr = y + e;
+        for (int64_t c = 0; c < n; c++, yr += ldy) {
+            const @T s0 = p0[c], s1 = p1[c], s2 = p2[c], s3 = p3[c];
+            if (s0 == 0 && s1 == 0 && s2 == 0 && s3 == 0) continue;
+            ot_v_@S y0 = ot_ld_@S(yr), y1 = ot_ld_@S(yr + @W);
+            y0 += s0 * x00; y0 += s1 * x10; y0 += s2 * x20; y0 += s3 * x30;
+            y1 += s0 * x01; y1 += s1 * x11; y1 += s2 * x21; y1 += s3 * x31;
+            ot_st_@S(yr, y0); ot_st_@S(yr + @W, y1);
+        }
+    }
+}
+
+/* out[4 j + m] = c_j . u_{j + m} for j < n, m < 4 (rows of stride d) */
+static void ot_band_@S(@T *out, const @T *c, const @T *u, int64_t n, int64_t d) {
+    for (int64_t j = 0; j < n; j++) {
+        const @T *cj = c + j * d, *u0 = u + j * d, *u1 = u0 + d, *u2 = u1 + d, *u3 = u2 + d;
+        ot_v_@S s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int64_t e = 0; e < d; e += @W) {
+            const ot_v_@S cv = ot_ld_@S(cj + e);
+            s0 += cv * ot_ld_@S(u0 + e); s1 += cv * ot_ld_@S(u1 + e);
+            s2 += cv * ot_ld_@S(u2 + e); s3 += cv * ot_ld_@S(u3 + e);
+        }
+        out[4 * j] = ot_hsum_@S(s0); out[4 * j + 1] = ot_hsum_@S(s1);
+        out[4 * j + 2] = ot_hsum_@S(s2); out[4 * j + 3] = ot_hsum_@S(s3);
+    }
+}
+
+/* the backward of ot_band for g[4 j + m]: dc_j += sum_m g u_{j + m}, du_{j + m} += g c_j */
+static void ot_band_grad_@S(const @T *g, const @T *c, const @T *u, @T *dc, @T *du, int64_t n, int64_t d) {
+    for (int64_t j = 0; j < n; j++) {
+        const @T *cj = c + j * d, *uj = u + j * d;
+        @T *dcj = dc + j * d, *duj = du + j * d;
+        const @T g0 = g[4 * j], g1 = g[4 * j + 1], g2 = g[4 * j + 2], g3 = g[4 * j + 3];
+        if (g0 == 0 && g1 == 0 && g2 == 0 && g3 == 0) continue;
+        for (int64_t e = 0; e < d; e += @W) {
+            const ot_v_@S cv = ot_ld_@S(cj + e);
+            ot_v_@S acc = ot_ld_@S(dcj + e);
+            acc += g0 * ot_ld_@S(uj + e); acc += g1 * ot_ld_@S(uj + d + e);
+            acc += g2 * ot_ld_@S(uj + 2 * d + e); acc += g3 * ot_ld_@S(uj + 3 * d + e);
+            ot_st_@S(dcj + e, acc);
+            ot_st_@S(duj + e, ot_ld_@S(duj + e) + g0 * cv);
+            ot_st_@S(duj + d + e, ot_ld_@S(duj + d + e) + g1 * cv);
+            ot_st_@S(duj + 2 * d + e, ot_ld_@S(duj + 2 * d + e) + g2 * cv);
+            ot_st_@S(duj + 3 * d + e, ot_ld_@S(duj + 3 * d + e) + g3 * cv);
+        }
+    }
+}
+
+/* dst[e * ld + j] = src[j * d + e] for j < n */
+static void ot_transpose_@S(@T *dst, int64_t ld, const @T *src, int64_t n, int64_t d) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t j1 = j0 + 16 < n ? j0 + 16 : n;
+        for (int64_t e = 0; e < d; e++)
+            for (int64_t j = j0; j < j1; j++) dst[e * ld + j] = src[j * d + e];
+    }
+}
+
+/* the geometry of a tile of 4 query rows i0 .. i0 + 3: row r at key j has offset t = lo + 3 - r + j, and the keys
+   [0, jl) are at offsets in a table's leading run (t < run_l) for all four rows, [jr, ke) in its trailing run */
+static inline void ot_cols_@S(int64_t lo, int64_t ke, int64_t run_l, int64_t run_r, int64_t *jl, int64_t *jr) {
+    int64_t a = run_l - lo - 3, z = run_r - lo;
+    a = a < 0 ? 0 : a > ke ? ke : a;
+    z = z < a ? a : z > ke ? ke : z;
+    *jl = a;
+    *jr = z;
+}
+
+/* The per-(sequence, head) state of a call; the forward's and the backward's shared arguments (see the Python
+   wrapper posenc.native.offset_table for their meaning). */
+typedef struct {
+    const @T *q, *k, *v, *a, *T, *c, *U, *V;
+    const unsigned char *mask;
+    int64_t H, lq, lk, d, causal, th, uh, vh, tl, tr, ul, ur, vl, vr, ms0, ms1, ms2, ld, ldt;
+    @T scale;
+} ot_args_@S;
+
+static void ot_unpack_@S(ot_args_@S *A, void **P, const int64_t *I, double scale) {
+    A->q = P[0]; A->k = P[1]; A->v = P[2]; A->a = P[3]; A->T = P[4]; A->c = P[5]; A->U = P[6]; A->V = P[7];
+    A->mask = P[8];
+    A->H = I[2]; A->lq = I[3]; A->lk = I[4]; A->d = I[5]; A->causal = I[6]; A->th = I[7]; A->uh = I[8];
+    A->vh = I[9]; A->tl = I[10]; A->tr = I[11]; A->ul = I[12]; A->ur = I[13]; A->vl = I[14]; A->vr = I[15];
+    A->ms0 = I[16]; A->ms1 = I[17]; A->ms2 = I[18]; A->ld = I[19]; A->ldt = I[20];
+    A->scale = (@T)scale;
+}
+
+/* the scaled, masked logits of rows i0 .. i0 + 3 against keys [0, ke) into s[4][ld] (-inf where masked; rows past
+   lq are left as computed: the caller zeroes their probabilities). kT: the keys transposed, TT the query table
+   transposed; kre[2 j]: c_j . U[offset 0], kre[2 j + 1]: c_j . U[offset P - 1]; raw, kc: scratch */
+static void ot_scores_@S(const ot_args_@S *A, int64_t b, int64_t h, const @T *q, const @T *a, const @T *c,
+                         const @T *T, const @T *U, const @T *kT, const @T *TT, const @T *kre, int64_t i0,
+                         int64_t ke, @T *s, @T *raw, @T *kc) {
+    const int64_t lq = A->lq, lk = A->lk, d = A->d, ld = A->ld, P = lq + lk - 1, lo = lq - 1 - (i0 + 3);
+    const @T *xr[4], *ar[4];
+    for (int r = 0; r < 4; r++) {
+        const int64_t i = i0 + r < lq ? i0 + r : lq - 1;
+        xr[r] = q + i * d;
+        ar[r] = a ? a + i * d : 0;
+    }
+    ot_mm_@S(s, ld, xr, kT, ld, ke, d);
+    if (a) {
+        int64_t jl, jr;
+        ot_cols_@S(lo, ke, A->tl, A->tr, &jl, &jr);
+        if (jl > 0 || jr < ke)
+            for (int r = 0; r < 4; r++) {
+                const @T sl = ot_dot_@S(ar[r], T + 4 * d, d), st = ot_dot_@S(ar[r], T + (4 + P - 1) * d, d);
+                @T *sr = s + r * ld;
+                for (int64_t j = 0; j < jl; j++) sr[j] += sl;
+                for (int64_t j = jr; j < ke; j++) sr[j] += st;
+            }
+        if (jr > jl) {
+            ot_mm_@S(raw, ld, ar, TT + 4 + lo + jl, A->ldt, jr - jl + 3, d);
+            for (int r = 0; r < 4; r++) {
+                @T *sr = s + r * ld;
+                const @T *w = raw + r * ld + 3 - r - jl;
+                for (int64_t j = jl; j < jr; j++) sr[j] += w[j];
+            }
+        }
+    }
+    if (c) {
+        int64_t jl, jr;
+        ot_cols_@S(lo, ke, A->ul, A->ur, &jl, &jr);
+        for (int r = 0; r < 4; r++) {
+            @T *sr = s + r * ld;
+            for (int64_t j = 0; j < jl; j++) sr[j] += kre[2 * j];
+            for (int64_t j = jr; j < ke; j++) sr[j] += kre[2 * j + 1];
+        }
+        if (jr > jl) {
+            ot_band_@S(kc, c + jl * d, U + (4 + lo + jl) * d, jr - jl, d);
+            for (int r = 0; r < 4; r++) {
+                @T *sr = s + r * ld;
+                for (int64_t j = jl; j < jr; j++) sr[j] += kc[4 * (j - jl) + 3 - r];
+            }
+        }
+    }
+    for (int r = 0; r < 4 && i0 + r < lq; r++) {
+        const int64_t i = i0 + r;
+        const unsigned char *mr = A->mask ? A->mask + b * A->ms0 + h * A->ms1 + i * A->ms2 : 0;
+        int64_t lim = A->causal ? i + lk - lq + 1 : lk;
+        lim = lim < ke ? lim : ke;
+        @T *sr = s + r * ld;
+        for (int64_t j = 0; j < lim; j++) sr[j] = (mr && !mr[j]) ? -INFINITY : sr[j] * A->scale;
+        for (int64_t j = lim < 0 ? 0 : lim; j < ke; j++) sr[j] = -INFINITY;
+    }
+}
+
+/* skewed copy: pb[r][j - jl + 3 - r] = x[r][j] for j in [jl, jr), zero elsewhere in [0, jr - jl + 3) */
+static void ot_skew_@S(@T *pb, const @T *x, int64_t ld, int64_t jl, int64_t jr) {
+    const int64_t w = jr - jl + 3;
+    for (int r = 0; r < 4; r++) {
+        @T *o = pb + r * ld;
+        const @T *xr = x + r * ld;
+        for (int64_t u = 0; u < w; u++) o[u] = 0;
+        for (int64_t j = jl; j < jr; j++) o[j - jl + 3 - r] = xr[j];
+    }
+}
+
+/* Forward for the rows n = b * H + h in [I[0], I[1]): out [lq, d] and lse [lq] per row. */
+void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
+    ot_args_@S A;
+    ot_unpack_@S(&A, P, I, scale);
+    @T *out0 = P[9], *lse0 = P[10], *ws = P[11];
+    const int64_t lq = A.lq, lk = A.lk, d = A.d, ld = A.ld, ldt = A.ldt, PP = lq + lk - 1;
+    @T *kT = ws, *TT = kT + d * ld, *s = TT + d * ldt, *raw = s + 4 * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld;
+    @T *kre = kc + 4 * ld, *orow = kre + 2 * ld;
+    for (int64_t e = 0; e < d * ld; e++) kT[e] = 0;
+    for (int64_t n = I[0]; n < I[1]; n++) {
+        const int64_t b = n / A.H, h = n % A.H;
+        const @T *q = A.q + n * lq * d, *k = A.k + n * lk * d, *v = A.v + n * lk * d;
+        const @T *a = A.a ? A.a + n * lq * d : 0, *c = A.c ? A.c + n * lk * d : 0;
+        const @T *T = A.T ? A.T + h * A.th : 0, *U = A.U ? A.U + h * A.uh : 0, *V = A.V ? A.V + h * A.vh : 0;
+        @T *out = out0 + n * lq * d, *lse = lse0 + n * lq;
+        ot_transpose_@S(kT, ld, k, lk, d);
+        if (T) ot_transpose_@S(TT, ldt, T, PP + 8, d);
+        if (c && (A.ul > 0 || A.ur < PP))
+            for (int64_t j = 0; j < lk; j++) {
+                kre[2 * j] = ot_dot_@S(c + j * d, U + 4 * d, d);
+                kre[2 * j + 1] = ot_dot_@S(c + j * d, U + (4 + PP - 1) * d, d);
+            }
+        for (int64_t i0 = 0; i0 < lq; i0 += 4) {
+            const int64_t nr = lq - i0 < 4 ? lq - i0 : 4, lo = lq - 1 - (i0 + 3);
+            const int64_t ke = A.causal ? (i0 + nr + lk - lq < lk ? i0 + nr + lk - lq : lk) : lk;
+            ot_scores_@S(&A, b, h, q, a, c, T, U, kT, TT, kre, i0, ke, s, raw, kc);
+            @T *orows[4];
+            for (int r = 0; r < 4; r++) {
+                @T *sr = s + r * ld;
+                orows[r] = orow + r * d;
+                for (int64_t e = 0; e < d; e++) orows[r][e] = 0;
+                if (r >= nr) {
+                    for (int64_t j = 0; j < ke; j++) sr[j] = 0;
+                    continue;
+                }
+                @T m = -INFINITY;
+                for (int64_t j = 0; j < ke; j++) m = sr[j] > m ? sr[j] : m;
+                if (m == -INFINITY) { /* a query that sees no key: no output, no gradient */
+                    for (int64_t j = 0; j < ke; j++) sr[j] = 0;
+                    lse[i0 + r] = -INFINITY;
+                    continue;
+                }
+                @T sum = 0;
+                for (int64_t j = 0; j < ke; j++) {
+                    const @T p = sr[j] == -INFINITY ? 0 : @EXP(sr[j] - m);
+                    sr[j] = p;
+                    sum += p;
+                }
+                const @T inv = 1 / sum;
+                for (int64_t j = 0; j < ke; j++) sr[j] *= inv;
+                lse[i0 + r] = m + @LOG(sum);
+            }
+            ot_pv_@S(orows, s, ld, v, d, ke, d);
+            if (V) {
+                int64_t jl, jr;
+                ot_cols_@S(lo, ke, A.vl, A.vr, &jl, &jr);
+                if (jl > 0 || jr < ke)
+                    for (int r = 0; r < nr; r++) {
+                        const @T *sr = s + r * ld;
+                        @T pl = 0, pt = 0;
+                        for (int64_t j = 0; j < jl; j++) pl += sr[j];
+                        for (int64_t j = jr; j < ke; j++) pt += sr[j];
+                        ot_axpy_@S(orows[r], pl, V + 4 * d, d);
+                        ot_axpy_@S(orows[r], pt, V + (4 + PP - 1) * d, d);
+                    }
+                if (jr > jl) {
+                    ot_skew_@S(pb, s, ld, jl, jr);
+                    ot_pv_@S(orows, pb, ld, V + (4 + lo + jl) * d, d, jr - jl + 3, d);
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                for (int64_t e = 0; e < d; e++) out[(i0 + r) * d + e] = orows[r][e];
+        }
+    }
+}
+
+/* Backward for the rows n in [I[0], I[1]): dq, da written; dk, dv, dc accumulated (zeroed by the caller); the
+   tables' gradients dT, dU, dV accumulated into this part's own (zeroed) buffers, laid out as the tables. */
+void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
+    ot_args_@S A;
+    ot_unpack_@S(&A, P, I, scale);
+    const @T *dout0 = P[9], *lse0 = P[10], *delta0 = P[11];
+    @T *dq0 = P[12], *dk0 = P[13], *dv0 = P[14], *da0 = P[15], *dT0 = P[16], *dc0 = P[17], *dU0 = P[18];
+    @T *dV0 = P[19], *ws = P[20];
+    const int64_t lq = A.lq, lk = A.lk, d = A.d, ld = A.ld, ldt = A.ldt, PP = lq + lk - 1;
+    @T *kT = ws, *TT = kT + d * ld, *vT = TT + d * ldt, *VT = vT + d * ld, *s = VT + d * ldt;
+    @T *dp = s + 4 * ld, *raw = dp + 4 * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld, *kre = kc + 4 * ld;
+    @T *krg = kre + 2 * ld, *orow = krg + 2 * ld, *arow = orow + 4 * d;
+    for (int64_t e = 0; e < d * ld; e++) kT[e] = vT[e] = 0;
+    for (int64_t n = I[0]; n < I[1]; n++) {
+        const int64_t b = n / A.H, h = n % A.H;
+        const @T *q = A.q + n * lq * d, *k = A.k + n * lk * d, *v = A.v + n * lk * d;
+        const @T *a = A.a ? A.a + n * lq * d : 0, *c = A.c ? A.c + n * lk * d : 0;
+        const @T *T = A.T ? A.T + h * A.th : 0, *U = A.U ? A.U + h * A.uh : 0, *V = A.V ? A.V + h * A.vh : 0;
+        @T *dT = dT0 ? dT0 + h * A.th : 0, *dU = dU0 ? dU0 + h * A.uh : 0, *dV = dV0 ? dV0 + h * A.vh : 0;
+        const @T *dout = dout0 + n * lq * d, *lse = lse0 + n * lq, *delta = delta0 + n * lq;
+        @T *dq = dq0 + n * lq * d, *dk = dk0 + n * lk * d, *dv = dv0 + n * lk * d;
+        @T *da = a ? da0 + n * lq * d : 0, *dc = c ? dc0 + n * lk * d : 0;
+        const int key_runs = c && (A.ul > 0 || A.ur < PP);
+        ot_transpose_@S(kT, ld, k, lk, d);
+        ot_transpose_@S(vT, ld, v, lk, d);
+        if (T) ot_transpose_@S(TT, ldt, T, PP + 8, d);
+        if (V) ot_transpose_@S(VT, ldt, V, PP + 8, d);
+        if (key_runs)
+            for (int64_t j = 0; j < lk; j++) {
+                kre[2 * j] = ot_dot_@S(c + j * d, U + 4 * d, d);
+                kre[2 * j + 1] = ot_dot_@S(c + j * d, U + (4 + PP - 1) * d, d);
+                krg[2 * j] = krg[2 * j + 1] = 0;
+            }
+        for (int64_t i0 = 0; i0 < lq; i0 += 4) {
+            const int64_t nr = lq - i0 < 4 ? lq - i0 : 4, lo = lq - 1 - (i0 + 3);
+            const int64_t ke = A.causal ? (i0 + nr + lk - lq < lk ? i0 + nr + lk - lq : lk) : lk;
+            const @T *xr[4], *dor[4], *ar[4];
+            @T *orows[4], *arows[4];
+            for (int r = 0; r < 4; r++) {
+                const int64_t i = i0 + r < lq ? i0 + r : lq - 1;
+                xr[r] = q + i * d;
+                dor[r] = dout + i * d;
+                ar[r] = a ? a + i * d : 0;
+                orows[r] = orow + r * d;
+                arows[r] = arow + r * d;
+                for (int64_t e = 0; e < d; e++) orows[r][e] = arows[r][e] = 0;
+            }
+            ot_scores_@S(&A, b, h, q, a, c, T, U, kT, TT, kre, i0, ke, s, raw, kc);
+            for (int r = 0; r < 4; r++) { /* the probabilities again, from the forward's logsumexp */
+                @T *sr = s + r * ld;
+                const @T l = r < nr ? lse[i0 + r] : -INFINITY;
+                for (int64_t j = 0; j < ke; j++) sr[j] = (l == -INFINITY || sr[j] == -INFINITY) ? 0 : @EXP(sr[j] - l);
+            }
+            /* dp = do . (v_j + V[t]) */
+            ot_mm_@S(dp, ld, dor, vT, ld, ke, d);
+            int64_t vjl = 0, vjr = ke;
+            if (V) {
+                ot_cols_@S(lo, ke, A.vl, A.vr, &vjl, &vjr);
+                if (vjl > 0 || vjr < ke)
+                    for (int r = 0; r < 4; r++) {
+                        const @T dl = ot_dot_@S(dor[r], V + 4 * d, d), dt = ot_dot_@S(dor[r], V + (4 + PP - 1) * d, d);
+                        @T *dr = dp + r * ld;
+                        for (int64_t j = 0; j < vjl; j++) dr[j] += dl;
+                        for (int64_t j = vjr; j < ke; j++) dr[j] += dt;
+                    }
+                if (vjr > vjl) {
+                    ot_mm_@S(raw, ld, dor, VT + 4 + lo + vjl, ldt, vjr - vjl + 3, d);
+                    for (int r = 0; r < 4; r++) {
+                        @T *dr = dp + r * ld;
+                        const @T *w = raw + r * ld + 3 - r - vjl;
+                        for (int64_t j = vjl; j < vjr; j++) dr[j] += w[j];
+                    }
+                }
+            }
+            /* dv_j += p do, dV[t] += p do */
+            ot_rank_@S(dv, d, s, ld, dor, ke, d);
+            if (V) {
+                if (vjl > 0 || vjr < ke)
+                    for (int r = 0; r < nr; r++) {
+                        const @T *sr = s + r * ld;
+                        @T pl = 0, pt = 0;
+                        for (int64_t j = 0; j < vjl; j++) pl += sr[j];
+                        for (int64_t j = vjr; j < ke; j++) pt += sr[j];
+                        ot_axpy_@S(dV + 4 * d, pl, dor[r], d);
+                        ot_axpy_@S(dV + (4 + PP - 1) * d, pt, dor[r], d);
+                    }
+                if (vjr > vjl) {
+                    ot_skew_@S(pb, s, ld, vjl, vjr);
+                    ot_rank_@S(dV + (4 + lo + vjl) * d, d, pb, ld, dor, vjr - vjl + 3, d);
+                }
+            }
+            /* dz = scale * p (dp - delta): the gradient of the unscaled logits (0 where p is) */
+            for (int r = 0; r < 4; r++) {
+                @T *dr = dp + r * ld;
+                const @T *sr = s + r * ld;
+                const @T dl = r < nr ? delta[i0 + r] : 0;
+                for (int64_t j = 0; j < ke; j++) dr[j] = sr[j] == 0 ? 0 : sr[j] * (dr[j] - dl) * A.scale;
+            }
+            ot_pv_@S(orows, dp, ld, k, d, ke, d);
+            ot_rank_@S(dk, d, dp, ld, xr, ke, d);
+            if (a) {
+                int64_t jl, jr;
+                ot_cols_@S(lo, ke, A.tl, A.tr, &jl, &jr);
+                if (jl > 0 || jr < ke)
+                    for (int r = 0; r < nr; r++) {
+                        const @T *dr = dp + r * ld;
+                        @T zl = 0, zt = 0;
+                        for (int64_t j = 0; j < jl; j++) zl += dr[j];
+                        for (int64_t j = jr; j < ke; j++) zt += dr[j];
+                        ot_axpy_@S(arows[r], zl, T + 4 * d, d);
+                        ot_axpy_@S(arows[r], zt, T + (4 + PP - 1) * d, d);
+                        ot_axpy_@S(dT + 4 * d, zl, ar[r], d);
+                        ot_axpy_@S(dT + (4 + PP - 1) * d, zt, ar[r], d);
+                    }
+                if (jr > jl) {
+                    ot_skew_@S(pb, dp, ld, jl, jr);
+                    ot_pv_@S(arows, pb, ld, T + (4 + lo + jl) * d, d, jr - jl + 3, d);
+                    ot_rank_@S(dT + (4 + lo + jl) * d, d, pb, ld, ar, jr - jl + 3, d);
+                }
+            }
+            if (c) {
+                int64_t jl, jr;
+                ot_cols_@S(lo, ke, A.ul, A.ur, &jl, &jr);
+                for (int r = 0; r < 4; r++) {
+                    const @T *dr = dp + r * ld;
+                    for (int64_t j = 0; j < jl; j++) krg[2 * j] += dr[j];
+                    for (int64_t j = jr; j < ke; j++) krg[2 * j + 1] += dr[j];
+                }
+                if (jr > jl) {
+                    for (int64_t j = jl; j < jr; j++)
+                        for (int r = 0; r < 4; r++) kc[4 * (j - jl) + 3 - r] = dp[r * ld + j];
+                    ot_band_grad_@S(kc, c + jl * d, U + (4 + lo + jl) * d, dc + jl * d, dU + (4 + lo + jl) * d,
+                                    jr - jl, d);
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                for (int64_t e = 0; e < d; e++) {
+                    dq[(i0 + r) * d + e] = orows[r][e];
+                    if (a) da[(i0 + r) * d + e] = arows[r][e];
+                }
+        }
+        if (key_runs)
+            for (int64_t j = 0; j < lk; j++) {
+                ot_axpy_@S(dc + j * d, krg[2 * j], U + 4 * d, d);
+                ot_axpy_@S(dc + j * d, krg[2 * j + 1], U + (4 + PP - 1) * d, d);
+                ot_axpy_@S(dU + 4 * d, krg[2 * j], c + j * d, d);
+                ot_axpy_@S(dU + (4 + PP - 1) * d, krg[2 * j + 1], c + j * d, d);
+            }
+    }
+}
+"""
+
+
+def _offset_source(c_type: str, lanes: int, exp: str, log: str) -> str:
+    """The offset-table kernels for one scalar type (the template's placeholders filled in)."""
+    out = _OFFSET_TEMPLATE
+    for key, val in (("@S", c_type), ("@T", c_type), ("@W", str(lanes)), ("@EXP", exp), ("@LOG", log)):
+        out = out.replace(key, val)
+    return out
+
+
+SOURCE += _offset_source("float", 8, "expf", "logf") + _offset_source("double", 4, "exp", "log")

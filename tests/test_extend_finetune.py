@@ -266,3 +266,21 @@ def test_the_cli_runs_the_library_in_its_folder(tmp_path):
     lines = (folder / ft.CURVE).read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
     assert result.settings.mode == "lora" and result.settings.sequences == 2
+
+
+def test_searched_longrope_factors_are_trained_with_and_a_resume_with_others_is_refused(tmp_path):
+    import posenc.hf
+
+    long = [1.0, 1.4, 2.1, 2.6]  # monotone per-pair factors, as longrope_search returns them
+    kw = dict(BASE, scaling="rope-longrope", steps=2, save_every=1)
+    opts = {"short_factor": [1.0] * 4, "long_factor": long}
+    r = ft.finetune(tiny.model(), tiny.tokenizer(), out=tmp_path, scaling_options=opts, **kw)
+    enc = posenc.hf.patched(r.model).encodings[0]
+    assert torch.allclose(enc.long_inv_freq, enc.inv_freq / torch.tensor(long))  # trained with these factors
+    with pytest.raises(ConfigError, match="other rope-longrope options"):
+        ft.finetune(tiny.model(), tiny.tokenizer(), out=tmp_path, scaling_options={**opts, "long_factor": [2.0] * 4},
+                    **kw)
+    # the same options, more steps (constant schedule): the finished run goes on, as one run of 3 steps would
+    more = ft.finetune(tiny.model(), tiny.tokenizer(), out=tmp_path, scaling_options=opts, **{**kw, "steps": 3})
+    once = ft.finetune(tiny.model(), tiny.tokenizer(), scaling_options=opts, **{**kw, "steps": 3})
+    assert more.resumed_from == 2 and [c.get("loss") for c in more.curve] == [c.get("loss") for c in once.curve]

@@ -370,7 +370,10 @@ def load_checkpoint(path: Path, settings: FinetuneSettings) -> dict[str, Any] | 
     if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
         raise ConfigError(f"{path} is not a posenc fine-tuning checkpoint of this version; remove it or resume=False")
     mine, theirs = settings.record(), state["settings"]
-    differ = sorted(k for k in set(mine) | set(theirs) if k != "save_every" and mine.get(k) != theirs.get(k))
+    free = {"save_every", "eval_every"}
+    if settings.schedule == "constant" and int(state.get("step", 0)) <= settings.steps:
+        free.add("steps")  # a constant rate after the warmup: going on to more steps changes no step already run
+    differ = sorted(k for k in set(mine) | set(theirs) if k not in free and mine.get(k) != theirs.get(k))
     if differ:
         said = ", ".join(f"{k}: stored {theirs.get(k)!r}, asked {mine.get(k)!r}" for k in differ)
         raise ConfigError(
@@ -506,7 +509,8 @@ def finetune(
             before training, every ``eval_every`` steps and at the end (``evaluate=False``: never).
         out: the folder of the curve and the checkpoints (``None``: keep nothing on disk, no resume).
         save_every: steps between checkpoints (and the last step's).
-        resume: continue from ``out``'s checkpoint when one is there (of the same settings, else refused).
+        resume: continue from ``out``'s checkpoint when one is there (of the same settings, else refused; with the
+            constant schedule ``steps`` may grow, to go on training a finished run).
         max_new_steps: stop after this many steps in this call (the next call resumes), e.g. to fit a time box.
         seed: the order of the training windows and the LoRA initialisation.
         progress: called with each step's record (the curve line) after the step; a line to stderr unless ``quiet``.
@@ -576,6 +580,12 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
     start, curve, eval_before = 0, [], None
     state = load_checkpoint(ckpt_path, settings) if (ckpt_path is not None and resume) else None
     if state is not None:
+        stored = state["extra"].get("scaling_options")
+        if stored is not None and stored != _jsonable(options):
+            raise ConfigError(
+                f"{ckpt_path} was fine-tuned with other {settings.scaling} options ({stored}, now "
+                f"{_jsonable(options)}); give another out folder or resume=False"
+            )
         named = _trainable(trainer)
         if set(named) != set(state["trainable"]):
             raise ConfigError(f"{ckpt_path} holds parameters of another model; give another out folder")

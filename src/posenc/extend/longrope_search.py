@@ -6,8 +6,9 @@ leaves the first ``n̂`` positions of a sequence un-interpolated (plain RoPE the
 evolutionary search whose fitness is the perplexity at the target length on held-out text:
 
 * **search space** -- ``λ_i`` on a grid of step ``0.01`` from 1 to ``1.25 s`` (``s`` the extension ratio) and ``n̂``
-  in ``{0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256}`` (the paper's Table 2, as read from the paper; the
-  grid step is also microsoft/LongRoPE's ``list_step``);
+  in ``{0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256}`` (the grid step is microsoft/LongRoPE's
+  ``list_step``; the range and the ``n̂`` set are the paper's Table 2 as we remember it, not checked against its
+  text here: both are arguments, ``top`` and ``n_hat_choices``);
 * **constraint** -- ``λ_i <= λ_{i+1}``: the factors never fall from the high-frequency pairs to the low-frequency
   ones (the paper's monotonically non-decreasing constraint, kept by every mutation and crossover here and checked
   on every candidate);
@@ -20,11 +21,12 @@ evolutionary search whose fitness is the perplexity at the target length on held
   constraint redrawn up to ``crossover_tries`` times, then a mutation of the first parent instead); a candidate
   already evaluated is not evaluated again.
 
-The defaults are microsoft/LongRoPE's ``evolution/default_hyper_params/dim_mono_llama.json``: population 64, 40
-iterations, 16 mutations, 16 crossovers, 32 parents, 20 crossover tries, step 0.01, and the 0.3 probability of its
-mutation and crossover code. (The paper's own text, which could not be consulted while this was written, states
-population 64, 40 iterations and mutation probability 0.3 as we recall it; the 32 parents are the code's, where a
-reading of the paper may give 16.)
+The defaults are microsoft/LongRoPE's ``evolution/default_hyper_params/dim_mono_llama.json`` (read for this
+module): population 64, 40 iterations (``max_time_budget``), 16 mutations, 16 crossovers, 32 parents, 20 crossover
+tries, step 0.01; the 0.3 is the probability in that repository's mutation and crossover code. The paper's own text
+could not be consulted offline while this was written, so its numbers are not checked here; the brief this was
+written for gives population 64, 40 iterations, 16 parents and mutation probability 0.3 for the paper, which differs
+from the code in the parents only (``parents=16`` is one argument away).
 
 What transformers' ``rope_type: "longrope"`` can say is the factors (``long_factor`` past the trained length,
 ``short_factor`` within it) and the attention factor ``sqrt(1 + ln s / ln L)``; it has no field for ``n̂``. So

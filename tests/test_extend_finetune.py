@@ -284,3 +284,23 @@ def test_searched_longrope_factors_are_trained_with_and_a_resume_with_others_is_
     more = ft.finetune(tiny.model(), tiny.tokenizer(), out=tmp_path, scaling_options=opts, **{**kw, "steps": 3})
     once = ft.finetune(tiny.model(), tiny.tokenizer(), scaling_options=opts, **{**kw, "steps": 3})
     assert more.resumed_from == 2 and [c.get("loss") for c in more.curve] == [c.get("loss") for c in once.curve]
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_losses(mode):
+    kw = dict(BASE, scaling="rope-yarn", steps=3, mode=mode, lora_rank=2, evaluate=False)
+    plain = ft.finetune(tiny.model(), tiny.tokenizer(), **kw)
+    saved = ft.finetune(tiny.model(), tiny.tokenizer(), gradient_checkpointing=True, **kw)
+    assert [c["loss"] for c in saved.curve] == pytest.approx([c["loss"] for c in plain.curve], abs=1e-6)
+    assert not saved.model.is_gradient_checkpointing
+
+
+def test_importing_the_cli_helpers_imports_no_torch():
+    import subprocess
+    import sys
+
+    probe = ("import sys, argparse\nfrom posenc.extend.finetune import add_finetune_arguments, check_finetune_args\n"
+             "a = add_finetune_arguments(argparse.ArgumentParser()).parse_args(['--finetune', '3'])\n"
+             "check_finetune_args(a)\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "NO-TORCH", done.stdout + done.stderr

@@ -480,6 +480,7 @@ def finetune(
     resume: bool = True,
     max_new_steps: int | None = None,
     merge: bool = True,
+    gradient_checkpointing: bool = False,
     seed: int = 0,
     progress: Callable[[dict[str, Any]], None] | None = None,
     quiet: bool = False,
@@ -512,6 +513,9 @@ def finetune(
         resume: continue from ``out``'s checkpoint when one is there (of the same settings, else refused; with the
             constant schedule ``steps`` may grow, to go on training a finished run).
         max_new_steps: stop after this many steps in this call (the next call resumes), e.g. to fit a time box.
+        gradient_checkpointing: recompute each layer's activations in the backward pass (transformers'
+            ``gradient_checkpointing_enable``, non-reentrant): the memory of long sequences for about a third more
+            time; the losses are the same.
         seed: the order of the training windows and the LoRA initialisation.
         progress: called with each step's record (the curve line) after the step; a line to stderr unless ``quiet``.
 
@@ -532,7 +536,7 @@ def finetune(
         positive_int("max_new_steps", max_new_steps)
     return _finetune(model, tokenizer, settings, evaluate=evaluate, out=out, resume=resume,
                      max_new_steps=max_new_steps, merge=merge, progress=progress, quiet=quiet,
-                     scaling_options=scaling_options)
+                     scaling_options=scaling_options, checkpointing=bool(gradient_checkpointing))
 
 
 def _patch(model: Any, settings: FinetuneSettings, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -553,7 +557,7 @@ def _patch(model: Any, settings: FinetuneSettings, options: dict[str, Any] | Non
 
 def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluate: bool, out: Any, resume: bool,
               max_new_steps: int | None, merge: bool, progress: Any, quiet: bool,
-              scaling_options: Any) -> FinetuneResult:
+              scaling_options: Any, checkpointing: bool = False) -> FinetuneResult:
     import torch
 
     from .runner import trained_length
@@ -569,6 +573,8 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
     curve_path = folder / CURVE if folder is not None else None
 
     torch.manual_seed(settings.seed)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = _with_lora(model, settings) if settings.mode == "lora" else model
     if settings.mode == "full":
         for p in trainer.parameters():
@@ -673,10 +679,18 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
     if settings.mode == "lora" and merge and finished:
         # an unfinished LoRA run stays wrapped (its checkpoint holds the adapters; a new process resumes them)
         trainer = trainer.merge_and_unload()
+    if checkpointing:
+        _unwrap_model(trainer).gradient_checkpointing_disable()
     trainer.eval()
     return FinetuneResult(model=trainer, curve=curve, settings=settings, eval_before=eval_before,
                           eval_after=eval_after if finished else None, resumed_from=start, out=folder,
                           seconds_per_step=seconds, extra={"scaling_options": _jsonable(options)})
+
+
+def _unwrap_model(model: Any) -> Any:
+    """The transformers model inside a ``peft`` wrapper (or the model itself)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
 
 
 def _jsonable(value: Any) -> Any:

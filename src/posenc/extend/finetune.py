@@ -43,7 +43,6 @@ import argparse
 import json
 import math
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +53,20 @@ from typing import Any
 from ..errors import ConfigError
 from ..settings import number, positive_int, whole
 from .config import DOCUMENTS, SCALINGS
+from .finetune_state import (
+    CHECKPOINT,
+    CURVE,
+    all_reduce,
+    append_curve,
+    barrier,
+    load_checkpoint,
+    read_curve,
+    save_checkpoint,
+    set_rng_state,
+    trainable,
+    write_curve,
+)
+from .finetune_state import world as _world
 
 __all__ = [
     "CHECKPOINT",
@@ -69,8 +82,6 @@ __all__ = [
     "settings_from_args",
 ]
 
-CHECKPOINT = "finetune-state.pt"
-CURVE = "finetune-curve.jsonl"
 MODES = ("full", "lora")
 #: the rate after the warmup: ``constant`` (PI and YaRN), or decaying to 0 at the last step
 SCHEDULES = ("constant", "linear", "cosine")
@@ -80,7 +91,6 @@ SHAKESPEARE = "shakespeare"
 PAPER_BATCH = 64
 #: the modules that LoRA adapts by default (Llama-style attention projections)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-_STATE_VERSION = 1
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -288,128 +298,6 @@ def lr_factor(step: int, settings: FinetuneSettings) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * done))
 
 
-# ---------------------------------------------------------------------------------------------- distributed
-def _world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_reduce(tensor: Any) -> Any:
-    import torch.distributed as dist
-
-    if _world()[1] > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if _world()[1] > 1:
-        dist.barrier()
-
-
-# ---------------------------------------------------------------------------------------------- checkpoints
-def _trainable(model: Any) -> dict[str, Any]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def _rng_state() -> dict[str, Any]:
-    import torch
-
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(path: Path, step: int, model: Any, optimizer: Any, scheduler: Any, settings: FinetuneSettings,
-                    extra: dict[str, Any]) -> None:
-    """Write the run's state after ``step`` steps to ``path``: whole to a temporary file, then renamed over it."""
-    import torch
-
-    state = {
-        "version": _STATE_VERSION,
-        "step": step,
-        "settings": settings.record(),
-        "trainable": {n: p.detach().clone() for n, p in _trainable(model).items()},
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": _rng_state(),
-        "extra": extra,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, settings: FinetuneSettings) -> dict[str, Any] | None:
-    """The state stored at ``path`` (``None`` where there is none). A checkpoint of other settings is refused, by
-    the fields that differ, rather than continued as if it were this run's."""
-    import torch
-
-    if not path.is_file():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a damaged file: said, not read as a run
-        raise ConfigError(f"{path} is not a readable fine-tuning checkpoint ({e}); remove it or resume=False") from e
-    if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-        raise ConfigError(f"{path} is not a posenc fine-tuning checkpoint of this version; remove it or resume=False")
-    mine, theirs = settings.record(), state["settings"]
-    free = {"save_every", "eval_every"}
-    if settings.schedule == "constant" and int(state.get("step", 0)) <= settings.steps:
-        free.add("steps")  # a constant rate after the warmup: going on to more steps changes no step already run
-    differ = sorted(k for k in set(mine) | set(theirs) if k not in free and mine.get(k) != theirs.get(k))
-    if differ:
-        said = ", ".join(f"{k}: stored {theirs.get(k)!r}, asked {mine.get(k)!r}" for k in differ)
-        raise ConfigError(
-            f"{path} holds a fine-tuning run of other settings ({said}); give another out folder or resume=False"
-        )
-    return state
-
-
-def _read_curve(path: Path, upto: int) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError:
-            continue  # a line cut by an interrupted write: its step is run again
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= upto:
-            out.append(rec)
-    return out
-
-
-def _write_curve(path: Path, curve: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in curve), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _append_curve(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # ---------------------------------------------------------------------------------------------- the run
 def _fmt(seconds: float) -> str:
     seconds = max(seconds, 0.0)
@@ -579,12 +467,12 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
     if settings.mode == "full":
         for p in trainer.parameters():
             p.requires_grad_(True)
-    params = list(_trainable(trainer).values())
+    params = list(trainable(trainer).values())
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, settings))
 
     start, curve, eval_before = 0, [], None
-    state = load_checkpoint(ckpt_path, settings) if (ckpt_path is not None and resume) else None
+    state = load_checkpoint(ckpt_path, settings.record()) if (ckpt_path is not None and resume) else None
     if state is not None:
         stored = state["extra"].get("scaling_options")
         if stored is not None and stored != _jsonable(options):
@@ -592,7 +480,7 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
                 f"{ckpt_path} was fine-tuned with other {settings.scaling} options ({stored}, now "
                 f"{_jsonable(options)}); give another out folder or resume=False"
             )
-        named = _trainable(trainer)
+        named = trainable(trainer)
         if set(named) != set(state["trainable"]):
             raise ConfigError(f"{ckpt_path} holds parameters of another model; give another out folder")
         with torch.no_grad():
@@ -600,12 +488,12 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
                 p.copy_(state["trainable"][n].to(p.device, p.dtype))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         start = int(state["step"])
         eval_before = state["extra"].get("eval_before")
-        curve = _read_curve(curve_path, start) if curve_path is not None else []
+        curve = read_curve(curve_path, start) if curve_path is not None else []
     if rank == 0 and curve_path is not None:
-        _write_curve(curve_path, curve)
+        write_curve(curve_path, curve)
 
     def say(line: str) -> None:
         if not quiet and rank == 0:
@@ -616,7 +504,7 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
         rec0 = {"step": 0, "eval_loss": round(eval_before, 6)}
         curve.append(rec0)
         if rank == 0 and curve_path is not None:
-            _append_curve(curve_path, rec0)
+            append_curve(curve_path, rec0)
     if start:
         say(f"posenc finetune: resuming {folder} at step {start}/{settings.steps}")
     else:
@@ -644,8 +532,8 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                _all_reduce(p.grad)
-            _all_reduce(total)
+                all_reduce(p.grad)
+            all_reduce(total)
         if settings.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         lr_now = optimizer.param_groups[0]["lr"]
@@ -660,12 +548,12 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
             rec["eval_loss"] = round(held_out_loss(trainer, held), 6)
         curve.append(rec)
         if rank == 0 and curve_path is not None:
-            _append_curve(curve_path, rec)
+            append_curve(curve_path, rec)
         if ckpt_path is not None and ((step + 1) % settings.save_every == 0 or step + 1 == end):
             if rank == 0:
-                save_checkpoint(ckpt_path, step + 1, trainer, optimizer, scheduler, settings,
+                save_checkpoint(ckpt_path, step + 1, trainer, optimizer, scheduler, settings.record(),
                                 {"eval_before": eval_before, "scaling_options": _jsonable(options)})
-            _barrier()
+            barrier()
         left = (settings.steps - step - 1) * spent / ran
         extra = f", held-out loss {rec['eval_loss']:.4f}" if "eval_loss" in rec else ""
         say(f"  step {step + 1}/{settings.steps}: loss {rec['loss']:.4f}, lr {lr_now:.2e}, {dt:.2f} s/step "

@@ -34,6 +34,12 @@ What transformers' ``rope_type: "longrope"`` can say is the factors (``long_fact
 and a searched ``n̂ > 0`` is reported but would be lost there: ``n_hat_choices=(0,)`` (``exportable=True``, the
 default) searches the factors alone, as what is exported then is what was searched. ``short_factor`` is 1 for every
 pair (the model as trained within ``L``; LongRoPE's §3.3 searches it again at the short length, not done here).
+
+>>> found = search(model, tokenizer, factor=4, population=16, iterations=8)              # doctest: +SKIP
+>>> posenc.hf.patch(model, "rope-longrope", **found.patch_options())                     # doctest: +SKIP
+>>> posenc.hf.export(model, "smol-longrope", tokenizer=tokenizer)                        # doctest: +SKIP
+>>> finetune(model, tokenizer, scaling="rope-longrope", factor=4,                        # doctest: +SKIP
+...          scaling_options=found.patch_options())   # LongRoPE: fine-tune from the searched factors
 """
 
 from __future__ import annotations
@@ -304,8 +310,8 @@ def search(
     trained length) on held-out text.
 
     Args:
-        model: a transformers causal LM with a Llama-style rotary embedding module, unpatched (any posenc patch is
-            removed first); it is left as it was.
+        model: a transformers causal LM with a Llama-style rotary embedding module; any posenc patch is removed
+            first, and the model is left unpatched, its weights and rotary module as they were.
         tokenizer, document, n_samples: the held-out text: the first ``n_samples`` windows of ``length`` tokens of
             document ``document`` (:data:`posenc.extend.config.DOCUMENTS`); or ``samples``, a ``[n, length]`` tensor
             of token ids. The paper scores PG-19 / Proof-pile samples at the target length.

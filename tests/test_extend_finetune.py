@@ -107,6 +107,9 @@ def test_the_first_loss_is_the_models_own_loss_on_its_windows_and_training_lower
     assert result.eval_before == pytest.approx(before, abs=1e-5)
     assert steps[0]["lr"] == pytest.approx(1e-3 / 2) and steps[1]["lr"] == pytest.approx(1e-3)  # 2 warmup steps
     assert result.eval_after < result.eval_before - 0.05  # the held-out play's loss falls
+    ident = result.model.posenc_identity  # another model now, said in its identity (extend's store keeps them apart)
+    assert ident["finetuned"]["steps"] == 8 and ident["finetuned"]["scaling"] == "rope-yarn"
+    assert ident["name"].endswith("fine-tuned")
     err = capsys.readouterr().err
     assert "step 8/8: loss" in err and "left" in err and "held-out loss" in err
 

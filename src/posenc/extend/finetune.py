@@ -569,6 +569,13 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
         trainer = trainer.merge_and_unload()
     if checkpointing:
         _unwrap_model(trainer).gradient_checkpointing_disable()
+    if finished:  # another model now: a store of the pretrained model's cells refuses its records (runner.Store)
+        from ..pretrained import identity
+
+        base = _unwrap_model(trainer)
+        was = identity(base)
+        base.posenc_identity = {**was, "name": f"{was.get('name', 'model')} fine-tuned",
+                                "finetuned": {**settings.record(), "scaling_options": _jsonable(options)}}
     trainer.eval()
     return FinetuneResult(model=trainer, curve=curve, settings=settings, eval_before=eval_before,
                           eval_after=eval_after if finished else None, resumed_from=start, out=folder,

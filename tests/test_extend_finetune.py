@@ -199,7 +199,8 @@ def _rank(rank: int, world: int, port: int, path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        r = ft.finetune(tiny.model(), tiny.tokenizer(), scaling="rope-yarn", steps=3, evaluate=False,
+        # rank 1 starts from other weights: the run broadcasts rank 0's, as DistributedDataParallel does
+        r = ft.finetune(tiny.model(seed=rank), tiny.tokenizer(), scaling="rope-yarn", steps=3, evaluate=False,
                         **{**BASE, "tokens_per_step": 6 * LENGTH, "micro_batch": 2})
         if rank == 0:
             torch.save({"losses": [c["loss"] for c in r.curve], "weights": _weights(r.model)}, path)

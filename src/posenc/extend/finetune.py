@@ -30,7 +30,9 @@ A run with ``out`` writes, as it goes:
 
 With ``torch.distributed`` initialised (gloo on CPU, NCCL on GPUs), every rank runs this same function: the
 sequences of a step are dealt out across the ranks, the gradients summed, so that a step equals one process's step
-with the same global batch; rank 0 alone writes the curve and the checkpoints.
+with the same global batch; the trained parameters start from rank 0's (broadcast, as DistributedDataParallel
+does; with LoRA the frozen weights must be the same on every rank, as a pretrained model loaded on each is); rank 0
+alone writes the curve and the checkpoints.
 
 ``mode="lora"`` trains low-rank adapters (``peft``; the attention projections by default) instead of every weight,
 and merges them into the model at the end, so that the fine-tuned model is a plain patched transformers model again:
@@ -59,6 +61,7 @@ from .finetune_state import (
     all_reduce,
     append_curve,
     barrier,
+    broadcast,
     load_checkpoint,
     read_curve,
     save_checkpoint,
@@ -494,6 +497,10 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
         curve = read_curve(curve_path, start) if curve_path is not None else []
     if rank == 0 and curve_path is not None:
         write_curve(curve_path, curve)
+    if world > 1:  # every rank starts from rank 0's weights (as DistributedDataParallel does)
+        with torch.no_grad():
+            for p in params:
+                broadcast(p.data)
 
     def say(line: str) -> None:
         if not quiet and rank == 0:

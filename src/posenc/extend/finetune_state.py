@@ -36,6 +36,15 @@ def all_reduce(tensor: Any) -> Any:
     return tensor
 
 
+def broadcast(tensor: Any) -> Any:
+    """Rank 0's ``tensor`` on every rank, in place (nothing on one process); returns it."""
+    import torch.distributed as dist
+
+    if world()[1] > 1:
+        dist.broadcast(tensor, src=0)
+    return tensor
+
+
 def barrier() -> None:
     """Wait for every rank (nothing on one process)."""
     import torch.distributed as dist

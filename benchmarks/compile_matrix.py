@@ -116,6 +116,7 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     ap.add_argument("--encodings", nargs="+", default=None, help="default: every encoding in posenc's attention")
     ap.add_argument("--out", default="benchmarks/results/compile-matrix.json")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the markdown table from the JSON")
     args = ap.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -129,7 +130,8 @@ def main() -> None:
     result = json.loads(out.read_text()) if out.is_file() else {"cells": {}}
     result.update(
         what="torch.compile(model.forward) + generate() against eager, per family, encoding and cache",
-        command="nice -n 10 .venv/bin/python benchmarks/compile_matrix.py " + " ".join(sys.argv[1:]),
+        command=result.get("command") if args.report_only and result.get("command") else
+        "nice -n 10 .venv/bin/python benchmarks/compile_matrix.py " + " ".join(sys.argv[1:]),
         env={
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -145,25 +147,32 @@ def main() -> None:
     pairs += [(f, c) for f in args.families for c in CACHES if (f, c) not in pairs]
     todo = [(f, n, c) for f, c in pairs for n in names if f"{f}|{n}|{c}" not in cells]
     t0 = time.perf_counter()
-    for i, (family, name, cache) in enumerate(todo):
+    for i, (family, name, cache) in enumerate([] if args.report_only else todo):
         cells[f"{family}|{name}|{cache}"] = r = one(family, name, cache)
         print(
             f"[{i + 1}/{len(todo)} {time.perf_counter() - t0:.0f} s] {family} {name} {cache}: {r['status']}"
             + (f" ({r['graph_breaks']} graph breaks)" if "graph_breaks" in r else f" {r.get('why', '')}"),
             flush=True,
         )
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write(out, result, names, args.families)
+    write(out, result, names, args.families)
+    print(result["summary"])
+
+
+def write(out: Path, result: dict, names: list[str], families: list[str]) -> None:
+    """The JSON and the markdown table beside it, as far as the run got (a run cut short says how far)."""
+    import transformers
+
+    cells = result["cells"]
+    planned = len(names) * len(families) * len(CACHES)
     counts = Counter(r["status"] for r in cells.values())
-    result["summary"] = dict(counts)
+    result["summary"] = {**dict(counts), "cases run": len(cells), "cases planned": planned}
     out.write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(
-        f"# Compile matrix\n\n{result['what']}; {result['legend']}.\n\n`{result['command']}` "
-        f"(torch {torch.__version__}, transformers {transformers.__version__}). Summary: {dict(counts)}.\n\n"
-        + table(cells)
-        + "\n"
+        f"# Compile matrix\n\n{result['what']}; {result['legend']}; an empty cell: not run yet.\n\n"
+        f"`{result['command']}` (torch {torch.__version__}, transformers {transformers.__version__}). "
+        f"{len(cells)} of {planned} cases run: {dict(counts)}.\n\n" + table(cells) + "\n"
     )
-    print(dict(counts))
-
 
 if __name__ == "__main__":
     main()

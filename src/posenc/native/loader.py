@@ -88,6 +88,8 @@ def _load(lib_path: Path) -> ctypes.CDLL:
             fn = getattr(lib, f"posenc_offset_{kind}_{t}")
             fn.restype = None
             fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(i64), ctypes.c_double]
+        lanes = getattr(lib, f"posenc_offset_lanes_{t}")
+        lanes.restype, lanes.argtypes = ctypes.c_int, []
     lib.posenc_populate.restype = ctypes.c_int
     lib.posenc_populate.argtypes = [ptr, i64]
     return lib

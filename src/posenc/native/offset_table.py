@@ -60,9 +60,25 @@ PAD = 4
 MIN_RUN = 8
 
 
+_LANES: dict[torch.dtype, int] = {}
+
+
 def _lanes(dtype: torch.dtype) -> int:
-    """The elements of one of the kernel's vectors (32 bytes)."""
-    return 8 if dtype == torch.float32 else 4
+    """The elements of one of the kernel's vectors in the loaded build (32 bytes, or 64 with AVX-512)."""
+    if dtype not in _LANES:
+        lib = loader._lib()
+        assert lib is not None
+        _LANES[dtype] = int(getattr(lib, f"posenc_offset_lanes_{_CTYPE[dtype]}")())
+    return _LANES[dtype]
+
+
+@torch.compiler.assume_constant_result
+def _ready(dtype: torch.dtype) -> int:
+    """The lanes of the kernel's vectors for ``dtype``, or 0 where the kernel is off (switched off, no build, another
+    dtype). A constant while ``torch.compile`` traces (the loader's ctypes calls are not traced)."""
+    if not (ENABLED and loader.enabled) or dtype not in _CTYPE or loader._lib() is None:
+        return 0
+    return _lanes(dtype)
 
 
 def _round(n: int, m: int) -> int:
@@ -146,7 +162,7 @@ def _forward(q, k, v, a, T, c, U, V, allowed, runs, scale, causal) -> tuple[Tens
     lse = torch.empty(b, h, lq, dtype=q.dtype)
     mask = _mask(allowed)
     parts = _split(b * h, b * h * lq * lk * d)
-    ws = torch.zeros(len(parts), d * ld + d * ldt + 24 * ld + 4 * d, dtype=q.dtype)
+    ws = torch.zeros(len(parts), 2 * d * ld + 2 * d * ldt + 24 * ld + 4 * d, dtype=q.dtype)
     jobs = []
     for i, (n0, n1) in enumerate(parts):
         ptrs = [_ptr(x) for x in (q, k, v, a, T, c, U, V, mask, out, lse)] + [ws[i].data_ptr()]
@@ -167,7 +183,7 @@ def _backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, caus
     dc = torch.zeros_like(c) if c is not None else None
     # each part its own table gradients (the parts run at once), summed after
     dtabs = [None if t is None else torch.zeros(len(parts), *t.shape, dtype=t.dtype) for t in (T, U, V)]
-    ws = torch.zeros(len(parts), 2 * d * ld + 2 * d * ldt + 32 * ld + 8 * d, dtype=q.dtype)
+    ws = torch.zeros(len(parts), 4 * d * ld + 4 * d * ldt + 32 * ld + 8 * d, dtype=q.dtype)
     jobs = []
     for i, (n0, n1) in enumerate(parts):
         ptrs = [_ptr(x) for x in (q, k, v, a, T, c, U, V, mask, dout, lse, delta, dq, dk, dv, da)]
@@ -267,13 +283,12 @@ def offset_table_attention(
     Gradients flow to every tensor but ``allowed`` and the indices. Returns ``None`` where the kernel does not
     apply (see the module's notes): the caller keeps its PyTorch path.
     """
-    if not (ENABLED and loader.enabled) or loader._lib() is None:
+    if q.dim() != 4 or q.device.type != "cpu":
         return None
-    if q.dim() != 4 or q.device.type != "cpu" or q.dtype not in _CTYPE:
-        return None
+    lanes = _ready(q.dtype)
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    if d == 0 or d % (2 * _lanes(q.dtype)) or lq == 0 or lk == 0 or (causal and lk < lq):
+    if not lanes or d == 0 or d % (2 * lanes) or lq == 0 or lk == 0 or (causal and lk < lq):
         return None
     if k.shape != (b, h, lk, d) or v.shape != k.shape:
         return None

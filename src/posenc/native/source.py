@@ -14,7 +14,7 @@ SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <sys/mman.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
 
@@ -364,128 +364,222 @@ DECODE(double, exp)
 """
 
 # The offset-table attention of posenc.native.offset_table (forward and backward), written once for a scalar type
-# and generated for float and double below (@S: the C name, @T: the type, @V / @U: an aligned / unaligned vector of
-# @W lanes in GNU C's vector extensions, lowered to whatever vector unit the build's flags allow; @EXP: its exp).
+# and generated for float and double below (@S: the C name, @T: the type; ot_v_@S / ot_u_@S: an aligned / unaligned
+# vector of OT_W_@S lanes in GNU C's vector extensions, 32 bytes, or 64 in a build with AVX-512, lowered to whatever
+# vector unit the build's flags allow; fused multiply-adds where the build has them).
 _OFFSET_TEMPLATE = r"""
-typedef @T ot_v_@S __attribute__((vector_size(32)));
-typedef @T ot_u_@S __attribute__((vector_size(32), aligned(sizeof(@T))));
-#define OT_W_@S @W
+#ifndef OT_BYTES
+#if defined(__AVX512F__)
+#define OT_BYTES 64 /* the vector width of the offset-table kernels: 512 bits where the build has them */
+#else
+#define OT_BYTES 32
+#endif
+#endif
+typedef @T ot_v_@S __attribute__((vector_size(OT_BYTES)));
+typedef @T ot_u_@S __attribute__((vector_size(OT_BYTES), aligned(sizeof(@T))));
+#define OT_W_@S ((int)(OT_BYTES / sizeof(@T)))
+/* the lanes of a vector: the head dimension must be a multiple of twice this (posenc.native.offset_table) */
+int posenc_offset_lanes_@S(void) { return OT_W_@S; }
+
+/* y + a * x: one fused multiply-add where the build has them (avx2, avx512), a multiply and an add elsewhere */
+static inline ot_v_@S ot_fma_@S(ot_v_@S y, ot_v_@S a, ot_v_@S x) {
+#if defined(__AVX512F__)
+    return (ot_v_@S)@FMA512(a, x, y);
+#elif defined(__FMA__)
+    return (ot_v_@S)@FMA(a, x, y);
+#else
+    return y + a * x;
+#endif
+}
+static inline ot_v_@S ot_bc_@S(@T s) {
+    ot_v_@S z = {0};
+    return z + s;
+}
+typedef @I ot_i_@S __attribute__((vector_size(OT_BYTES)));
+static inline ot_v_@S ot_max_@S(ot_v_@S a, ot_v_@S b) {
+    const ot_i_@S g = a > b;
+    return (ot_v_@S)(((ot_i_@S)a & g) | ((ot_i_@S)b & ~g));
+}
 
 static inline ot_v_@S ot_ld_@S(const @T *p) { return *(const ot_u_@S *)p; }
 static inline void ot_st_@S(@T *p, ot_v_@S x) { *(ot_u_@S *)p = x; }
 static inline @T ot_hsum_@S(ot_v_@S v) {
     @T s = 0;
-    for (int l = 0; l < @W; l++) s += v[l];
+    for (int l = 0; l < OT_W_@S; l++) s += v[l];
     return s;
 }
 static inline @T ot_dot_@S(const @T *x, const @T *y, int64_t d) {
     ot_v_@S acc = {0};
-    for (int64_t e = 0; e < d; e += @W) acc += ot_ld_@S(x + e) * ot_ld_@S(y + e);
+    for (int64_t e = 0; e < d; e += OT_W_@S) acc = ot_fma_@S(acc, ot_ld_@S(x + e), ot_ld_@S(y + e));
     return ot_hsum_@S(acc);
 }
 /* y[e] += g * x[e] */
 static inline void ot_axpy_@S(@T *y, @T g, const @T *x, int64_t d) {
     if (g == 0) return;
-    for (int64_t e = 0; e < d; e += @W) ot_st_@S(y + e, ot_ld_@S(y + e) + g * ot_ld_@S(x + e));
+    for (int64_t e = 0; e < d; e += OT_W_@S) ot_st_@S(y + e, ot_ld_@S(y + e) + g * ot_ld_@S(x + e));
+}
+
+@VEXP
+/* row r of a block: its ke logits (-inf where masked) -> probabilities, in place; returns the logsumexp (-inf for a
+   row that sees no key: its probabilities are then 0). The row is readable and writable up to ke rounded up to W. */
+static @T ot_softmax_@S(@T *sr, int64_t ke) {
+    const int64_t kv = (ke + OT_W_@S - 1) / OT_W_@S * OT_W_@S;
+    for (int64_t j = ke; j < kv; j++) sr[j] = -INFINITY;
+    ot_v_@S mv = ot_bc_@S(-INFINITY);
+    for (int64_t j = 0; j < kv; j += OT_W_@S) mv = ot_max_@S(mv, ot_ld_@S(sr + j));
+    @T m = -INFINITY;
+    for (int l = 0; l < OT_W_@S; l++) m = mv[l] > m ? mv[l] : m;
+    if (m == -INFINITY) {
+        for (int64_t j = 0; j < kv; j++) sr[j] = 0;
+        return -INFINITY;
+    }
+    ot_v_@S sv = {0};
+    const ot_v_@S mb = ot_bc_@S(m);
+    for (int64_t j = 0; j < kv; j += OT_W_@S) {
+        const ot_v_@S p = ot_vexp_@S(ot_ld_@S(sr + j) - mb);
+        ot_st_@S(sr + j, p);
+        sv += p;
+    }
+    const @T sum = ot_hsum_@S(sv), inv = 1 / sum;
+    for (int64_t j = 0; j < kv; j++) sr[j] *= inv;
+    return m + @LOG(sum);
+}
+/* the probabilities again from the logsumexp l (0 where masked, and for a row with l = -inf) */
+static void ot_probs_@S(@T *sr, int64_t ke, @T l) {
+    const int64_t kv = (ke + OT_W_@S - 1) / OT_W_@S * OT_W_@S;
+    if (l == -INFINITY) {
+        for (int64_t j = 0; j < kv; j++) sr[j] = 0;
+        return;
+    }
+    for (int64_t j = ke; j < kv; j++) sr[j] = -INFINITY;
+    const ot_v_@S lb = ot_bc_@S(l);
+    for (int64_t j = 0; j < kv; j += OT_W_@S) ot_st_@S(sr + j, ot_vexp_@S(ot_ld_@S(sr + j) - lb));
 }
 
 /* out[r * ldo + c] = sum_e x[r][e] yt[e * ldy + c], r < 4, c < n rounded up to 2W (yt readable that far) */
 static void ot_mm_@S(@T *out, int64_t ldo, const @T *const *x, const @T *yt, int64_t ldy, int64_t n, int64_t d) {
     const @T *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-    for (int64_t c = 0; c < n; c += 2 * @W) {
+    for (int64_t c = 0; c < n; c += 2 * OT_W_@S) {
         ot_v_@S a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
         const @T *y = yt + c;
         for (int64_t e = 0; e < d; e++, y += ldy) {
-            const ot_v_@S y0 = ot_ld_@S(y), y1 = ot_ld_@S(y + @W);
-            const @T s0 = x0[e], s1 = x1[e], s2 = x2[e], s3 = x3[e];
-            a00 += s0 * y0; a01 += s0 * y1;
-            a10 += s1 * y0; a11 += s1 * y1;
-            a20 += s2 * y0; a21 += s2 * y1;
-            a30 += s3 * y0; a31 += s3 * y1;
+            const ot_v_@S y0 = ot_ld_@S(y), y1 = ot_ld_@S(y + OT_W_@S);
+            const ot_v_@S s0 = ot_bc_@S(x0[e]), s1 = ot_bc_@S(x1[e]), s2 = ot_bc_@S(x2[e]), s3 = ot_bc_@S(x3[e]);
+            a00 = ot_fma_@S(a00, s0, y0); a01 = ot_fma_@S(a01, s0, y1);
+            a10 = ot_fma_@S(a10, s1, y0); a11 = ot_fma_@S(a11, s1, y1);
+            a20 = ot_fma_@S(a20, s2, y0); a21 = ot_fma_@S(a21, s2, y1);
+            a30 = ot_fma_@S(a30, s3, y0); a31 = ot_fma_@S(a31, s3, y1);
         }
-        ot_st_@S(out + c, a00); ot_st_@S(out + c + @W, a01);
-        ot_st_@S(out + ldo + c, a10); ot_st_@S(out + ldo + c + @W, a11);
-        ot_st_@S(out + 2 * ldo + c, a20); ot_st_@S(out + 2 * ldo + c + @W, a21);
-        ot_st_@S(out + 3 * ldo + c, a30); ot_st_@S(out + 3 * ldo + c + @W, a31);
+        ot_st_@S(out + c, a00); ot_st_@S(out + c + OT_W_@S, a01);
+        ot_st_@S(out + ldo + c, a10); ot_st_@S(out + ldo + c + OT_W_@S, a11);
+        ot_st_@S(out + 2 * ldo + c, a20); ot_st_@S(out + 2 * ldo + c + OT_W_@S, a21);
+        ot_st_@S(out + 3 * ldo + c, a30); ot_st_@S(out + 3 * ldo + c + OT_W_@S, a31);
     }
 }
 
 /* out[r][e] += sum_{c < n} p[r * ldp + c] y[c * ldy + e], r < 4 (d a multiple of 2W) */
 static void ot_pv_@S(@T *const *out, const @T *p, int64_t ldp, const @T *y, int64_t ldy, int64_t n, int64_t d) {
     const @T *p0 = p, *p1 = p + ldp, *p2 = p + 2 * ldp, *p3 = p + 3 * ldp;
-    for (int64_t e = 0; e < d; e += 2 * @W) {
-        ot_v_@S a00 = ot_ld_@S(out[0] + e), a01 = ot_ld_@S(out[0] + e + @W);
-        ot_v_@S a10 = ot_ld_@S(out[1] + e), a11 = ot_ld_@S(out[1] + e + @W);
-        ot_v_@S a20 = ot_ld_@S(out[2] + e), a21 = ot_ld_@S(out[2] + e + @W);
-        ot_v_@S a30 = ot_ld_@S(out[3] + e), a31 = ot_ld_@S(out[3] + e + @W);
+    for (int64_t e = 0; e < d; e += 2 * OT_W_@S) {
+        ot_v_@S a00 = ot_ld_@S(out[0] + e), a01 = ot_ld_@S(out[0] + e + OT_W_@S);
+        ot_v_@S a10 = ot_ld_@S(out[1] + e), a11 = ot_ld_@S(out[1] + e + OT_W_@S);
+        ot_v_@S a20 = ot_ld_@S(out[2] + e), a21 = ot_ld_@S(out[2] + e + OT_W_@S);
+        ot_v_@S a30 = ot_ld_@S(out[3] + e), a31 = ot_ld_@S(out[3] + e + OT_W_@S);
         const @T *yr = y + e;
         for (int64_t c = 0; c < n; c++, yr += ldy) {
-            const ot_v_@S y0 = ot_ld_@S(yr), y1 = ot_ld_@S(yr + @W);
-            const @T s0 = p0[c], s1 = p1[c], s2 = p2[c], s3 = p3[c];
-            a00 += s0 * y0; a01 += s0 * y1;
-            a10 += s1 * y0; a11 += s1 * y1;
-            a20 += s2 * y0; a21 += s2 * y1;
-            a30 += s3 * y0; a31 += s3 * y1;
+            const ot_v_@S y0 = ot_ld_@S(yr), y1 = ot_ld_@S(yr + OT_W_@S);
+            const ot_v_@S s0 = ot_bc_@S(p0[c]), s1 = ot_bc_@S(p1[c]), s2 = ot_bc_@S(p2[c]), s3 = ot_bc_@S(p3[c]);
+            a00 = ot_fma_@S(a00, s0, y0); a01 = ot_fma_@S(a01, s0, y1);
+            a10 = ot_fma_@S(a10, s1, y0); a11 = ot_fma_@S(a11, s1, y1);
+            a20 = ot_fma_@S(a20, s2, y0); a21 = ot_fma_@S(a21, s2, y1);
+            a30 = ot_fma_@S(a30, s3, y0); a31 = ot_fma_@S(a31, s3, y1);
         }
-        ot_st_@S(out[0] + e, a00); ot_st_@S(out[0] + e + @W, a01);
-        ot_st_@S(out[1] + e, a10); ot_st_@S(out[1] + e + @W, a11);
-        ot_st_@S(out[2] + e, a20); ot_st_@S(out[2] + e + @W, a21);
-        ot_st_@S(out[3] + e, a30); ot_st_@S(out[3] + e + @W, a31);
+        ot_st_@S(out[0] + e, a00); ot_st_@S(out[0] + e + OT_W_@S, a01);
+        ot_st_@S(out[1] + e, a10); ot_st_@S(out[1] + e + OT_W_@S, a11);
+        ot_st_@S(out[2] + e, a20); ot_st_@S(out[2] + e + OT_W_@S, a21);
+        ot_st_@S(out[3] + e, a30); ot_st_@S(out[3] + e + OT_W_@S, a31);
     }
 }
 
 /* y[c * ldy + e] += sum_{r < 4} p[r * ldp + c] x[r][e], c < n */
 static void ot_rank_@S(@T *y, int64_t ldy, const @T *p, int64_t ldp, const @T *const *x, int64_t n, int64_t d) {
     const @T *p0 = p, *p1 = p + ldp, *p2 = p + 2 * ldp, *p3 = p + 3 * ldp;
-    for (int64_t e = 0; e < d; e += 2 * @W) {
-        const ot_v_@S x00 = ot_ld_@S(x[0] + e), x01 = ot_ld_@S(x[0] + e + @W);
-        const ot_v_@S x10 = ot_ld_@S(x[1] + e), x11 = ot_ld_@S(x[1] + e + @W);
-        const ot_v_@S x20 = ot_ld_@S(x[2] + e), x21 = ot_ld_@S(x[2] + e + @W);
-        const ot_v_@S x30 = ot_ld_@S(x[3] + e), x31 = ot_ld_@S(x[3] + e + @W);
+    for (int64_t e = 0; e < d; e += 2 * OT_W_@S) {
+        const ot_v_@S x00 = ot_ld_@S(x[0] + e), x01 = ot_ld_@S(x[0] + e + OT_W_@S);
+        const ot_v_@S x10 = ot_ld_@S(x[1] + e), x11 = ot_ld_@S(x[1] + e + OT_W_@S);
+        const ot_v_@S x20 = ot_ld_@S(x[2] + e), x21 = ot_ld_@S(x[2] + e + OT_W_@S);
+        const ot_v_@S x30 = ot_ld_@S(x[3] + e), x31 = ot_ld_@S(x[3] + e + OT_W_@S);
         @T *yr = y + e;
         for (int64_t c = 0; c < n; c++, yr += ldy) {
             const @T s0 = p0[c], s1 = p1[c], s2 = p2[c], s3 = p3[c];
             if (s0 == 0 && s1 == 0 && s2 == 0 && s3 == 0) continue;
-            ot_v_@S y0 = ot_ld_@S(yr), y1 = ot_ld_@S(yr + @W);
-            y0 += s0 * x00; y0 += s1 * x10; y0 += s2 * x20; y0 += s3 * x30;
-            y1 += s0 * x01; y1 += s1 * x11; y1 += s2 * x21; y1 += s3 * x31;
-            ot_st_@S(yr, y0); ot_st_@S(yr + @W, y1);
+            ot_v_@S y0 = ot_ld_@S(yr), y1 = ot_ld_@S(yr + OT_W_@S);
+            const ot_v_@S b0 = ot_bc_@S(s0), b1 = ot_bc_@S(s1), b2 = ot_bc_@S(s2), b3 = ot_bc_@S(s3);
+            y0 = ot_fma_@S(ot_fma_@S(ot_fma_@S(ot_fma_@S(y0, b0, x00), b1, x10), b2, x20), b3, x30);
+            y1 = ot_fma_@S(ot_fma_@S(ot_fma_@S(ot_fma_@S(y1, b0, x01), b1, x11), b2, x21), b3, x31);
+            ot_st_@S(yr, y0); ot_st_@S(yr + OT_W_@S, y1);
         }
     }
 }
 
-/* out[4 j + m] = c_j . u_{j + m} for j < n, m < 4 (rows of stride d) */
-static void ot_band_@S(@T *out, const @T *c, const @T *u, int64_t n, int64_t d) {
-    for (int64_t j = 0; j < n; j++) {
-        const @T *cj = c + j * d, *u0 = u + j * d, *u1 = u0 + d, *u2 = u1 + d, *u3 = u2 + d;
-        ot_v_@S s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-        for (int64_t e = 0; e < d; e += @W) {
-            const ot_v_@S cv = ot_ld_@S(cj + e);
-            s0 += cv * ot_ld_@S(u0 + e); s1 += cv * ot_ld_@S(u1 + e);
-            s2 += cv * ot_ld_@S(u2 + e); s3 += cv * ot_ld_@S(u3 + e);
+/* out[r * ldo + j] = sum_e ct[e * ldc + j] ut[e * ldu + 3 - r + j] for r < 4, j < n rounded up to 2W: the key term
+   c_j . U[t] of four query rows, the keys and the table both transposed (row r reads the table one offset further
+   left than row r - 1) */
+static void ot_kband_@S(@T *out, int64_t ldo, const @T *ct, int64_t ldc, const @T *ut, int64_t ldu, int64_t n,
+                        int64_t d) {
+    for (int64_t j = 0; j < n; j += 2 * OT_W_@S) {
+        ot_v_@S a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+        for (int64_t e = 0; e < d; e++) {
+            const @T *cr = ct + e * ldc + j, *ur = ut + e * ldu + j;
+            const ot_v_@S c0 = ot_ld_@S(cr), c1 = ot_ld_@S(cr + OT_W_@S);
+            a00 = ot_fma_@S(a00, c0, ot_ld_@S(ur + 3)); a01 = ot_fma_@S(a01, c1, ot_ld_@S(ur + 3 + OT_W_@S));
+            a10 = ot_fma_@S(a10, c0, ot_ld_@S(ur + 2)); a11 = ot_fma_@S(a11, c1, ot_ld_@S(ur + 2 + OT_W_@S));
+            a20 = ot_fma_@S(a20, c0, ot_ld_@S(ur + 1)); a21 = ot_fma_@S(a21, c1, ot_ld_@S(ur + 1 + OT_W_@S));
+            a30 = ot_fma_@S(a30, c0, ot_ld_@S(ur)); a31 = ot_fma_@S(a31, c1, ot_ld_@S(ur + OT_W_@S));
         }
-        out[4 * j] = ot_hsum_@S(s0); out[4 * j + 1] = ot_hsum_@S(s1);
-        out[4 * j + 2] = ot_hsum_@S(s2); out[4 * j + 3] = ot_hsum_@S(s3);
+        ot_st_@S(out + j, a00); ot_st_@S(out + j + OT_W_@S, a01);
+        ot_st_@S(out + ldo + j, a10); ot_st_@S(out + ldo + j + OT_W_@S, a11);
+        ot_st_@S(out + 2 * ldo + j, a20); ot_st_@S(out + 2 * ldo + j + OT_W_@S, a21);
+        ot_st_@S(out + 3 * ldo + j, a30); ot_st_@S(out + 3 * ldo + j + OT_W_@S, a31);
     }
 }
 
-/* the backward of ot_band for g[4 j + m]: dc_j += sum_m g u_{j + m}, du_{j + m} += g c_j */
-static void ot_band_grad_@S(const @T *g, const @T *c, const @T *u, @T *dc, @T *du, int64_t n, int64_t d) {
+/* the backward of ot_kband in the rows' own layout (stride d, whole aligned vectors): for g_r[j] = g[r * ldg + j],
+   j < n, dc_j += sum_r g_r[j] u_{j + 3 - r} and du_w += sum_r g_r[w - 3 + r] c_{w - 3 + r} (u, du: rows [0, n + 3)).
+   Each row of du is written once per call (the four query rows' terms summed first) */
+static void ot_kband_grad_@S(const @T *g, int64_t ldg, const @T *c, const @T *u, @T *dc, @T *du, int64_t n,
+                             int64_t d) {
     for (int64_t j = 0; j < n; j++) {
-        const @T *cj = c + j * d, *uj = u + j * d;
-        @T *dcj = dc + j * d, *duj = du + j * d;
-        const @T g0 = g[4 * j], g1 = g[4 * j + 1], g2 = g[4 * j + 2], g3 = g[4 * j + 3];
+        const @T g0 = g[j], g1 = g[ldg + j], g2 = g[2 * ldg + j], g3 = g[3 * ldg + j];
         if (g0 == 0 && g1 == 0 && g2 == 0 && g3 == 0) continue;
-        for (int64_t e = 0; e < d; e += @W) {
-            const ot_v_@S cv = ot_ld_@S(cj + e);
+        const ot_v_@S b0 = ot_bc_@S(g0), b1 = ot_bc_@S(g1), b2 = ot_bc_@S(g2), b3 = ot_bc_@S(g3);
+        const @T *u3 = u + j * d;
+        @T *dcj = dc + j * d;
+        for (int64_t e = 0; e < d; e += OT_W_@S) {
             ot_v_@S acc = ot_ld_@S(dcj + e);
-            acc += g0 * ot_ld_@S(uj + e); acc += g1 * ot_ld_@S(uj + d + e);
-            acc += g2 * ot_ld_@S(uj + 2 * d + e); acc += g3 * ot_ld_@S(uj + 3 * d + e);
+            acc = ot_fma_@S(acc, b0, ot_ld_@S(u3 + 3 * d + e));
+            acc = ot_fma_@S(acc, b1, ot_ld_@S(u3 + 2 * d + e));
+            acc = ot_fma_@S(acc, b2, ot_ld_@S(u3 + d + e));
+            acc = ot_fma_@S(acc, b3, ot_ld_@S(u3 + e));
             ot_st_@S(dcj + e, acc);
-            ot_st_@S(duj + e, ot_ld_@S(duj + e) + g0 * cv);
-            ot_st_@S(duj + d + e, ot_ld_@S(duj + d + e) + g1 * cv);
-            ot_st_@S(duj + 2 * d + e, ot_ld_@S(duj + 2 * d + e) + g2 * cv);
-            ot_st_@S(duj + 3 * d + e, ot_ld_@S(duj + 3 * d + e) + g3 * cv);
+        }
+    }
+    for (int64_t w = 0; w < n + 3; w++) {
+        ot_v_@S bs[4];
+        const @T *cs[4];
+        int m = 0;
+        for (int r = 0; r < 4; r++) {
+            const int64_t j = w - 3 + r;
+            if (j < 0 || j >= n || g[r * ldg + j] == 0) continue;
+            bs[m] = ot_bc_@S(g[r * ldg + j]);
+            cs[m++] = c + j * d;
+        }
+        if (!m) continue;
+        @T *dw = du + w * d;
+        for (int64_t e = 0; e < d; e += OT_W_@S) {
+            ot_v_@S acc = ot_ld_@S(dw + e);
+            for (int t = 0; t < m; t++) acc = ot_fma_@S(acc, bs[t], ot_ld_@S(cs[t] + e));
+            ot_st_@S(dw + e, acc);
         }
     }
 }
@@ -529,10 +623,11 @@ static void ot_unpack_@S(ot_args_@S *A, void **P, const int64_t *I, double scale
 
 /* the scaled, masked logits of rows i0 .. i0 + 3 against keys [0, ke) into s[4][ld] (-inf where masked; rows past
    lq are left as computed: the caller zeroes their probabilities). kT: the keys transposed, TT the query table
-   transposed; kre[2 j]: c_j . U[offset 0], kre[2 j + 1]: c_j . U[offset P - 1]; raw, kc: scratch */
+   transposed, cT, UT the key term's operand and table transposed; kre[2 j]: c_j . U[offset 0], kre[2 j + 1]:
+   c_j . U[offset P - 1]; raw, kc: scratch */
 static void ot_scores_@S(const ot_args_@S *A, int64_t b, int64_t h, const @T *q, const @T *a, const @T *c,
-                         const @T *T, const @T *U, const @T *kT, const @T *TT, const @T *kre, int64_t i0,
-                         int64_t ke, @T *s, @T *raw, @T *kc) {
+                         const @T *T, const @T *kT, const @T *TT, const @T *cT, const @T *UT, const @T *kre,
+                         int64_t i0, int64_t ke, @T *s, @T *raw, @T *kc) {
     const int64_t lq = A->lq, lk = A->lk, d = A->d, ld = A->ld, P = lq + lk - 1, lo = lq - 1 - (i0 + 3);
     const @T *xr[4], *ar[4];
     for (int r = 0; r < 4; r++) {
@@ -569,10 +664,11 @@ static void ot_scores_@S(const ot_args_@S *A, int64_t b, int64_t h, const @T *q,
             for (int64_t j = jr; j < ke; j++) sr[j] += kre[2 * j + 1];
         }
         if (jr > jl) {
-            ot_band_@S(kc, c + jl * d, U + (4 + lo + jl) * d, jr - jl, d);
+            ot_kband_@S(kc, ld, cT + jl, ld, UT + 4 + lo + jl, A->ldt, jr - jl, d);
             for (int r = 0; r < 4; r++) {
                 @T *sr = s + r * ld;
-                for (int64_t j = jl; j < jr; j++) sr[j] += kc[4 * (j - jl) + 3 - r];
+                const @T *w = kc + r * ld - jl;
+                for (int64_t j = jl; j < jr; j++) sr[j] += w[j];
             }
         }
     }
@@ -582,7 +678,11 @@ static void ot_scores_@S(const ot_args_@S *A, int64_t b, int64_t h, const @T *q,
         int64_t lim = A->causal ? i + lk - lq + 1 : lk;
         lim = lim < ke ? lim : ke;
         @T *sr = s + r * ld;
-        for (int64_t j = 0; j < lim; j++) sr[j] = (mr && !mr[j]) ? -INFINITY : sr[j] * A->scale;
+        const @T sc = A->scale;
+        for (int64_t j = 0; j < lim; j++) sr[j] *= sc;
+        if (mr)
+            for (int64_t j = 0; j < lim; j++)
+                if (!mr[j]) sr[j] = -INFINITY;
         for (int64_t j = lim < 0 ? 0 : lim; j < ke; j++) sr[j] = -INFINITY;
     }
 }
@@ -604,9 +704,8 @@ void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
     ot_unpack_@S(&A, P, I, scale);
     @T *out0 = P[9], *lse0 = P[10], *ws = P[11];
     const int64_t lq = A.lq, lk = A.lk, d = A.d, ld = A.ld, ldt = A.ldt, PP = lq + lk - 1;
-    @T *kT = ws, *TT = kT + d * ld, *s = TT + d * ldt, *raw = s + 4 * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld;
-    @T *kre = kc + 4 * ld, *orow = kre + 2 * ld;
-    for (int64_t e = 0; e < d * ld; e++) kT[e] = 0;
+    @T *kT = ws, *cT = kT + d * ld, *TT = cT + d * ld, *UT = TT + d * ldt, *s = UT + d * ldt, *raw = s + 4 * ld;
+    @T *pb = raw + 4 * ld, *kc = pb + 4 * ld, *kre = kc + 4 * ld, *orow = kre + 2 * ld;
     for (int64_t n = I[0]; n < I[1]; n++) {
         const int64_t b = n / A.H, h = n % A.H;
         const @T *q = A.q + n * lq * d, *k = A.k + n * lk * d, *v = A.v + n * lk * d;
@@ -615,6 +714,10 @@ void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
         @T *out = out0 + n * lq * d, *lse = lse0 + n * lq;
         ot_transpose_@S(kT, ld, k, lk, d);
         if (T) ot_transpose_@S(TT, ldt, T, PP + 8, d);
+        if (c) {
+            ot_transpose_@S(cT, ld, c, lk, d);
+            ot_transpose_@S(UT, ldt, U, PP + 8, d);
+        }
         if (c && (A.ul > 0 || A.ur < PP))
             for (int64_t j = 0; j < lk; j++) {
                 kre[2 * j] = ot_dot_@S(c + j * d, U + 4 * d, d);
@@ -623,7 +726,7 @@ void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
         for (int64_t i0 = 0; i0 < lq; i0 += 4) {
             const int64_t nr = lq - i0 < 4 ? lq - i0 : 4, lo = lq - 1 - (i0 + 3);
             const int64_t ke = A.causal ? (i0 + nr + lk - lq < lk ? i0 + nr + lk - lq : lk) : lk;
-            ot_scores_@S(&A, b, h, q, a, c, T, U, kT, TT, kre, i0, ke, s, raw, kc);
+            ot_scores_@S(&A, b, h, q, a, c, T, kT, TT, cT, UT, kre, i0, ke, s, raw, kc);
             @T *orows[4];
             for (int r = 0; r < 4; r++) {
                 @T *sr = s + r * ld;
@@ -633,22 +736,7 @@ void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
                     for (int64_t j = 0; j < ke; j++) sr[j] = 0;
                     continue;
                 }
-                @T m = -INFINITY;
-                for (int64_t j = 0; j < ke; j++) m = sr[j] > m ? sr[j] : m;
-                if (m == -INFINITY) { /* a query that sees no key: no output, no gradient */
-                    for (int64_t j = 0; j < ke; j++) sr[j] = 0;
-                    lse[i0 + r] = -INFINITY;
-                    continue;
-                }
-                @T sum = 0;
-                for (int64_t j = 0; j < ke; j++) {
-                    const @T p = sr[j] == -INFINITY ? 0 : @EXP(sr[j] - m);
-                    sr[j] = p;
-                    sum += p;
-                }
-                const @T inv = 1 / sum;
-                for (int64_t j = 0; j < ke; j++) sr[j] *= inv;
-                lse[i0 + r] = m + @LOG(sum);
+                lse[i0 + r] = ot_softmax_@S(sr, ke); /* -inf: a query that sees no key (no output, no gradient) */
             }
             ot_pv_@S(orows, s, ld, v, d, ke, d);
             if (V) {
@@ -683,10 +771,10 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
     @T *dq0 = P[12], *dk0 = P[13], *dv0 = P[14], *da0 = P[15], *dT0 = P[16], *dc0 = P[17], *dU0 = P[18];
     @T *dV0 = P[19], *ws = P[20];
     const int64_t lq = A.lq, lk = A.lk, d = A.d, ld = A.ld, ldt = A.ldt, PP = lq + lk - 1;
-    @T *kT = ws, *TT = kT + d * ld, *vT = TT + d * ldt, *VT = vT + d * ld, *s = VT + d * ldt;
+    @T *kT = ws, *vT = kT + d * ld, *cT = vT + d * ld, *TT = cT + d * ld, *VT = TT + d * ldt, *UT = VT + d * ldt;
+    @T *s = UT + d * ldt;
     @T *dp = s + 4 * ld, *raw = dp + 4 * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld, *kre = kc + 4 * ld;
     @T *krg = kre + 2 * ld, *orow = krg + 2 * ld, *arow = orow + 4 * d;
-    for (int64_t e = 0; e < d * ld; e++) kT[e] = vT[e] = 0;
     for (int64_t n = I[0]; n < I[1]; n++) {
         const int64_t b = n / A.H, h = n % A.H;
         const @T *q = A.q + n * lq * d, *k = A.k + n * lk * d, *v = A.v + n * lk * d;
@@ -701,6 +789,10 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
         ot_transpose_@S(vT, ld, v, lk, d);
         if (T) ot_transpose_@S(TT, ldt, T, PP + 8, d);
         if (V) ot_transpose_@S(VT, ldt, V, PP + 8, d);
+        if (c) {
+            ot_transpose_@S(cT, ld, c, lk, d);
+            ot_transpose_@S(UT, ldt, U, PP + 8, d);
+        }
         if (key_runs)
             for (int64_t j = 0; j < lk; j++) {
                 kre[2 * j] = ot_dot_@S(c + j * d, U + 4 * d, d);
@@ -721,12 +813,9 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
                 arows[r] = arow + r * d;
                 for (int64_t e = 0; e < d; e++) orows[r][e] = arows[r][e] = 0;
             }
-            ot_scores_@S(&A, b, h, q, a, c, T, U, kT, TT, kre, i0, ke, s, raw, kc);
-            for (int r = 0; r < 4; r++) { /* the probabilities again, from the forward's logsumexp */
-                @T *sr = s + r * ld;
-                const @T l = r < nr ? lse[i0 + r] : -INFINITY;
-                for (int64_t j = 0; j < ke; j++) sr[j] = (l == -INFINITY || sr[j] == -INFINITY) ? 0 : @EXP(sr[j] - l);
-            }
+            ot_scores_@S(&A, b, h, q, a, c, T, kT, TT, cT, UT, kre, i0, ke, s, raw, kc);
+            for (int r = 0; r < 4; r++) /* the probabilities again, from the forward's logsumexp */
+                ot_probs_@S(s + r * ld, ke, r < nr ? lse[i0 + r] : -INFINITY);
             /* dp = do . (v_j + V[t]) */
             ot_mm_@S(dp, ld, dor, vT, ld, ke, d);
             int64_t vjl = 0, vjr = ke;
@@ -802,12 +891,9 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
                     for (int64_t j = 0; j < jl; j++) krg[2 * j] += dr[j];
                     for (int64_t j = jr; j < ke; j++) krg[2 * j + 1] += dr[j];
                 }
-                if (jr > jl) {
-                    for (int64_t j = jl; j < jr; j++)
-                        for (int r = 0; r < 4; r++) kc[4 * (j - jl) + 3 - r] = dp[r * ld + j];
-                    ot_band_grad_@S(kc, c + jl * d, U + (4 + lo + jl) * d, dc + jl * d, dU + (4 + lo + jl) * d,
-                                    jr - jl, d);
-                }
+                if (jr > jl)
+                    ot_kband_grad_@S(dp + jl, ld, c + jl * d, U + (4 + lo + jl) * d, dc + jl * d,
+                                     dU + (4 + lo + jl) * d, jr - jl, d);
             }
             for (int r = 0; r < nr; r++)
                 for (int64_t e = 0; e < d; e++) {
@@ -827,12 +913,50 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
 """
 
 
-def _offset_source(c_type: str, lanes: int, exp: str, log: str) -> str:
+_VEXP_FLOAT = r"""
+/* exp of a vector of floats: x = n ln 2 + r (|r| <= ln 2 / 2), exp(r) by the polynomial of Cephes'
+   expf (relative error about 1e-7), times 2^n built in the exponent bits; 0 below -87.33 (-inf included).
+   Its arguments here are never above 0 (a logit minus its row's maximum or logsumexp). */
+static inline ot_v_float ot_vexp_float(ot_v_float x) {
+    const ot_i_float under = x < ot_bc_float(-87.33654f);
+    x = (ot_v_float)((ot_i_float)x & ~under);
+    const ot_v_float magic = ot_bc_float(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
+    const ot_v_float t = x * ot_bc_float(1.44269504088896341f) + magic;
+    const ot_v_float n = t - magic;
+    const ot_i_float ni = (ot_i_float)t - (ot_i_float)magic;
+    ot_v_float r = x - n * ot_bc_float(0.693359375f);
+    r = r - n * ot_bc_float(-2.12194440e-4f);
+    ot_v_float p = ot_bc_float(1.9875691500E-4f);
+    p = p * r + ot_bc_float(1.3981999507E-3f);
+    p = p * r + ot_bc_float(8.3334519073E-3f);
+    p = p * r + ot_bc_float(4.1665795894E-2f);
+    p = p * r + ot_bc_float(1.6666665459E-1f);
+    p = p * r + ot_bc_float(5.0000001201E-1f);
+    p = p * (r * r) + r + ot_bc_float(1.0f);
+    const ot_v_float scale = (ot_v_float)((ni + 127) << 23);
+    return (ot_v_float)((ot_i_float)(p * scale) & ~under);
+}"""
+_VEXP_DOUBLE = r"""
+/* exp of a vector of doubles: libm's exp per lane (float64 is the reference precision, not the fast path) */
+static inline ot_v_double ot_vexp_double(ot_v_double x) {
+    ot_v_double r;
+    for (int l = 0; l < OT_W_double; l++) r[l] = exp(x[l]);
+    return r;
+}"""
+
+
+def _offset_source(c_type: str, log: str) -> str:
     """The offset-table kernels for one scalar type (the template's placeholders filled in)."""
     out = _OFFSET_TEMPLATE
-    for key, val in (("@S", c_type), ("@T", c_type), ("@W", str(lanes)), ("@EXP", exp), ("@LOG", log)):
+    fma = "_mm256_fmadd_ps" if c_type == "float" else "_mm256_fmadd_pd"
+    vexp = _VEXP_FLOAT if c_type == "float" else _VEXP_DOUBLE
+    out = out.replace("@VEXP", vexp)
+    fma512 = "_mm512_fmadd_ps" if c_type == "float" else "_mm512_fmadd_pd"
+    pairs = (("@S", c_type), ("@T", c_type), ("@LOG", log), ("@FMA512", fma512), ("@FMA", fma))
+    pairs += (("@I", "int32_t" if c_type == "float" else "int64_t"),)
+    for key, val in pairs:
         out = out.replace(key, val)
     return out
 
 
-SOURCE += _offset_source("float", 8, "expf", "logf") + _offset_source("double", 4, "exp", "log")
+SOURCE += _offset_source("float", "logf") + _offset_source("double", "log")

@@ -308,3 +308,31 @@ def test_importing_the_cli_helpers_imports_no_torch():
              "check_finetune_args(a)\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "NO-TORCH", done.stdout + done.stderr
+
+
+def test_posenc_extend_finetune_trains_resumes_and_exports(tmp_path, monkeypatch, capsys):
+    """``posenc extend --finetune 2 ... --export rope-yarn``: the command line end to end on the tiny Llama; a second
+    call resumes (trains nothing again); the export loads in stock transformers with the tuned model's logits; a
+    scaling to export other than the tuned one is refused before the model loads."""
+    import posenc.pretrained
+    from posenc.cli import main
+
+    model, tok = tiny.model(), tiny.tokenizer()
+    monkeypatch.setattr(posenc.pretrained, "load_pretrained", lambda *a, **k: (model, tok))
+    argv = ["extend", "--finetune", "2", "--finetune-length", "128", "--finetune-tokens-per-step", "256",
+            "--finetune-factor", "2", "--finetune-text", "hamlet", "--out", str(tmp_path), "--export", "rope-yarn"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "fine-tuned 2 steps (rope-yarn x2, full): held-out loss" in printed and "exported" in printed
+    folder = tmp_path / "export-rope-yarn-finetuned"
+    import transformers
+
+    stock = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(1, len(tok), (1, 100), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(stock(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+    curve = (tmp_path / "finetune-rope-yarn-x2-full" / ft.CURVE).read_text()
+    assert main(argv[:-2]) == 0 and (tmp_path / "finetune-rope-yarn-x2-full" / ft.CURVE).read_text() == curve
+    assert main([*argv[:-1], "rope-linear"]) == 2
+    assert "the fine-tuned model is patched with rope-yarn" in capsys.readouterr().err
+    assert main([*argv, "--quick"]) == 2 and "--quick describe the training-free cells" in capsys.readouterr().err

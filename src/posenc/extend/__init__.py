@@ -8,7 +8,11 @@
   tokenised at once, the unit count by binary search), asked from one prefill per haystack;
 * :mod:`.ruler_prose` -- the essay haystack's substitute (Shakespeare's Gutenberg plays for Paul Graham's essays);
 * :mod:`.ruler_report` -- RULER by length: the per-task table (the haystack as the unit), RULER's mean, effective
-  length, heatmaps by task and by depth, verdicts at the family level, the floor.
+  length, heatmaps by task and by depth, verdicts at the family level, the floor;
+* :mod:`.ruler_data` -- a model on the data NVIDIA/RULER's own prepare.py writes, scored as its evaluate.py does;
+* :mod:`.finetune` -- fine-tuning a stretched model at the extended length (PI's and YaRN's settings; full or LoRA;
+  checkpoints that resume; torch.distributed), ``posenc extend --finetune``;
+* :mod:`.longrope_search` -- LongRoPE's evolutionary search of per-pair rescale factors (Ding et al. 2024).
 
 The names below load their module on first use, so that ``posenc --help`` does not import torch.
 """
@@ -31,6 +35,10 @@ _WHERE = {
     "plan": "runner",
     "RULER_TASKS": "config",
     "run": "runner",
+    "finetune": "finetune",
+    "FinetuneSettings": "finetune",
+    "search": "longrope_search",
+    "score_ruler_data": "ruler_data",
 }
 __all__ = sorted(_WHERE)
 

@@ -63,6 +63,7 @@ examples:
   posenc extend --quick
   posenc extend --tasks ruler --quick
   posenc extend --ruler-data RULER/data --ruler-scalings as-trained rope-yarn --haystacks 25
+  posenc extend --finetune 400 --finetune-scaling rope-yarn --finetune-factor 2 --export rope-yarn
   posenc extend --scalings as-trained rope-yarn rope-linear --loss-extension 2 --no-passkey
   posenc extend --report-only --out posenc-results/extend
 """
@@ -135,6 +136,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--export-dir", metavar="DIR", help="where --export writes (default: <--out>/export-<SCALING>)")
     p.add_argument("--export-factor", type=float, metavar="S",
                    help="the exported scaling's factor (default: --loss-extension, else 2)")
+    from .finetune import add_finetune_arguments
+
+    add_finetune_arguments(p)
     p.set_defaults(func=run)
     return p
 
@@ -400,7 +404,55 @@ def _print_verdict(v: Any) -> None:
     print(f"      on: {v.evidence}")
 
 
+def run_finetuning(args: argparse.Namespace, settings: Any) -> int:
+    """``posenc extend --finetune STEPS``: patch, fine-tune at the extended length (resuming from its checkpoints),
+    print the held-out loss before and after, and export the tuned model where ``--export`` asks (its own scaling
+    and factor). The training-free cells are not run on the tuned weights here: that run needs its own ``--out``."""
+    from .finetune import run_finetune
+
+    if args.ruler_data is not None or args.report_only:
+        raise ConfigError("--finetune trains the model; --ruler-data / --report-only score stored or given data: "
+                          "run them apart")
+    cells_flags = [flag for flag, value in _run_only_flags(args) if value not in (None, False, [])
+                   and flag not in ("--threads",)] + [f"--{n}" for n in ("quick", "full") if getattr(args, n)]
+    if cells_flags:
+        raise ConfigError(f"--finetune trains and exports; {', '.join(cells_flags)} describe the training-free cells, "
+                          "which it does not run on the tuned weights: leave them out (run the cells apart, with "
+                          "their own --out)")
+    if args.export is not None and args.export != settings.scaling:
+        raise ConfigError(f"--export {args.export}: the fine-tuned model is patched with {settings.scaling} "
+                          f"(--finetune-scaling); export that scaling, or fine-tune with --finetune-scaling "
+                          f"{args.export}")
+    if args.export_factor is not None:
+        raise ConfigError(f"--export-factor: the fine-tuned model keeps its factor ({settings.factor:g}, "
+                          "--finetune-factor); leave --export-factor out")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(positive_int("--threads", args.threads))
+    args.out = args.out or "posenc-results/extend-finetune"
+    from ..pretrained import load_pretrained
+
+    t0 = time.perf_counter()
+    model, tokenizer = load_pretrained(args.model)
+    tuned = run_finetune(args, model, tokenizer)
+    print(f"fine-tuned {tuned.settings.steps} steps ({tuned.settings.scaling} x{tuned.settings.factor:g}, "
+          f"{tuned.settings.mode}): held-out loss {tuned.eval_before:.4f} -> {tuned.eval_after:.4f}; the curve: "
+          f"{tuned.out / 'finetune-curve.jsonl'} ({time.perf_counter() - t0:.0f} s)")
+    if args.export:
+        import posenc.hf
+
+        folder = Path(args.export_dir or Path(args.out) / f"export-{args.export}-finetuned")
+        print(f"exported the fine-tuned model to {posenc.hf.export(tuned.model, folder, tokenizer=tokenizer)}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    from .finetune import check_finetune_args
+
+    finetuning = check_finetune_args(args)  # bad --finetune* flags are named here, before any model loads
+    if finetuning is not None:
+        return run_finetuning(args, finetuning)
     if args.ruler_data is not None:
         return run_ruler_data(args)
     cfg = config_from(args)

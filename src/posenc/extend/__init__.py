@@ -35,7 +35,6 @@ _WHERE = {
     "plan": "runner",
     "RULER_TASKS": "config",
     "run": "runner",
-    "finetune": "finetune",
     "FinetuneSettings": "finetune",
     "search": "longrope_search",
     "score_ruler_data": "ruler_data",

@@ -3,8 +3,9 @@ the native fused kernel (:mod:`posenc.native.offset_table`).
 
 Every model is posenc's 2-layer LanguageModel of ``bench_models.py`` (``model_cases.posenc_model``: d 512, 8 heads,
 batch 2, causal) and is built once. Each encoding is measured twice in the same process: with the native kernel
-(``native``) and with it switched off (``blocked``: :func:`posenc.fused.relative_attention`'s PyTorch blocks, the
-path before it), by flipping :data:`posenc.native.offset_table.ENABLED` around its steps. The rounds interleave one
+(``native``, key terms included: :data:`posenc.native.offset_table.KEY_TERMS`) and with it switched off (``blocked``:
+:func:`posenc.fused.relative_attention`'s PyTorch blocks, the path before it), by flipping
+:data:`posenc.native.offset_table.ENABLED` around its steps. The rounds interleave one
 training step (forward, cross-entropy, backward) of every (encoding, variant), the order reversed every other round,
 so a slow spell of the shared machine hits them all; the time ratio of each to ``none`` is the median of the
 per-round ratios. At one thread the times are the process's CPU seconds. After the timed rounds, one profiled step of
@@ -65,8 +66,8 @@ def measure(encodings: list[str], L: int, rounds: int, threads: int, vocab: int,
 
     def step(case: tuple[str, str]) -> float:
         e, variant = case
-        if switch is not None:
-            switch.ENABLED = variant == "native"
+        if switch is not None:  # native: every form the kernel takes, key terms included (off by default)
+            switch.ENABLED = switch.KEY_TERMS = variant == "native"
         model = models[e]
         t0 = clock()
         F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten()).backward()
@@ -86,7 +87,7 @@ def measure(encodings: list[str], L: int, rounds: int, threads: int, vocab: int,
         print(f"L={L} round {r + 1}/{rounds}: " + " ".join(f"{name(c)} {times[name(c)][-1]:.2f}" for c in cases))
     peaks = {name(c): harness.profiled_peak(lambda c=c: step(c)) / 2**20 for c in cases}
     if switch is not None:
-        switch.ENABLED = True
+        switch.ENABLED, switch.KEY_TERMS = True, False  # the defaults
     clock_name = "cpu" if threads == 1 else "wall"
     return {"L": L, "threads": threads, "clock": clock_name, "load": load, "seconds": times, "peak_MB": peaks}
 

@@ -24,6 +24,7 @@ D = 32  # a multiple of every build's 2 vectors (16 floats or 8 doubles with AVX
 @pytest.fixture(autouse=True)
 def _on(monkeypatch):
     monkeypatch.setattr(ot, "ENABLED", True)
+    monkeypatch.setattr(ot, "KEY_TERMS", True)  # the key terms too (off by default: slower than the blocked path)
 
 
 def _count(monkeypatch) -> list[int]:
@@ -292,6 +293,35 @@ def test_compile_keeps_the_kernel_and_equals_eager(name, monkeypatch):
     assert len(calls) >= 2  # eager and compiled both ran the kernel
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+
+
+def test_key_terms_keep_the_blocked_path_by_default(monkeypatch):
+    """By default (KEY_TERMS off) a form with a key term is left to the PyTorch blocks; one without takes the kernel."""
+    monkeypatch.setattr(ot, "KEY_TERMS", False)
+    calls = _count(monkeypatch)
+    q = torch.randn(1, 2, 9, D, dtype=torch.float64)
+    t = torch.randn(17, 1, D, dtype=torch.float64)
+    relative_attention(RelativeForm(q=q, k=q, query_terms=[(q, t)], key_terms=[(q, t)]), q, 0.5)
+    assert not calls
+    relative_attention(RelativeForm(q=q, k=q, query_terms=[(q, t)]), q, 0.5)
+    assert calls
+
+
+def test_threads_split_the_rows(monkeypatch):
+    """Split over two threads (each part its own scratch and table gradients, summed): the same as one."""
+    monkeypatch.setattr(native.threads, "PARALLEL_NUMEL", 0)
+    case = ("clipped", "buckets", "clipped", True, "pad", 2, 3, 15, 15, 2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _run_both(case, torch.float64, seed=3)[1]
+        torch.set_num_threads(2)
+        two = _run_both(case, torch.float64, seed=3)[1]
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(two[0], one[0], rtol=1e-12, atol=1e-12)
+    for a, b in zip(two[1], one[1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_keeps_only_the_logsumexp(monkeypatch):

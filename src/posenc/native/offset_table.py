@@ -31,8 +31,9 @@ attention before any kernel runs (:func:`~posenc.attention.core.quarantine_nonfi
 The products are register-blocked loops in GNU C's vector extensions (8 floats or 4 doubles a vector), compiled as
 :mod:`posenc.native` compiles every kernel (portable flags, no ``-march=native``); the sums run in one fixed order,
 so every build gives the same bits. Where the kernel does not apply -- no compiled kernels, not CPU, not
-float32/float64, a head dimension that is not a multiple of 16 (float32) or 8 (float64), a bias, dropout, XLNet's
-segment term, more than one query or key term -- :func:`offset_table_attention` returns ``None`` and
+float32/float64, a head dimension that is not a multiple of two vectors (16 floats or 8 doubles; 32 / 16 in an
+AVX-512 build), a bias, dropout, XLNet's segment term, more than one query or key term, and by default a key term
+(:data:`KEY_TERMS`) -- :func:`offset_table_attention` returns ``None`` and
 :func:`posenc.fused.relative_attention` keeps its PyTorch row blocks (the reference this kernel is tested against).
 While ``torch.compile`` traces, the kernel is the custom op ``posenc::offset_table_attention`` (and its
 ``_backward``), which the compiled graph keeps whole. Imports torch and :mod:`posenc.native.loader` /
@@ -52,7 +53,11 @@ from .loader import _CTYPE
 from .threads import _run, _split
 
 # set to False to keep posenc.fused.relative_attention on its PyTorch blocks (the benchmark compares the two)
-ENABLED = False  # off by default until it beats the blocked path (benchmarks/bench_offset_table.py)
+ENABLED = True
+# a form with a key term (BERT's relative_key_query, DeBERTa's p2c) takes the kernel only where this is True: its
+# key term (four dot products per key and row block, the table read at a shift per row) made the training step slower
+# than the blocked path's tile products in benchmarks/results/offset-table-t1.md, so it stays there by default
+KEY_TERMS = False
 # rows of zeros before and after each table: the row blocks read up to 3 offsets beyond the ends (a block's last rows
 # past Lq), and the vector loops whole vectors
 PAD = 4
@@ -295,6 +300,8 @@ def offset_table_attention(
     p = lq + lk - 1
     tensors: list[Tensor | None] = [None] * 5  # a, T, c, U, V
     runs = [0, p] * 3
+    if key_term is not None and not KEY_TERMS:
+        return None
     for slot, term, length in ((0, query_term, lq), (1, key_term, lk)):
         if term is None:
             continue
@@ -336,4 +343,4 @@ def _table_fits(table: Tensor, index: Tensor | None, p: int, h: int, d: int) -> 
     return index.shape == (p,) and index.dtype == torch.long and index.device == table.device
 
 
-__all__ = ["offset_table_attention", "ENABLED", "MIN_RUN"]
+__all__ = ["offset_table_attention", "ENABLED", "KEY_TERMS", "MIN_RUN"]

@@ -14,7 +14,7 @@ SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <sys/mman.h>
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -391,9 +391,15 @@ static inline ot_v_@S ot_fma_@S(ot_v_@S y, ot_v_@S a, ot_v_@S x) {
     return y + a * x;
 #endif
 }
-static inline ot_v_@S ot_bc_@S(@T s) {
+static inline ot_v_@S ot_bc_@S(@T s) { /* a broadcast (generic: 0 + s, which costs an add: 0 + -0 is +0) */
+#if defined(__AVX512F__)
+    return (ot_v_@S)@ONE512(s);
+#elif defined(__AVX__)
+    return (ot_v_@S)@ONE256(s);
+#else
     ot_v_@S z = {0};
     return z + s;
+#endif
 }
 typedef @I ot_i_@S __attribute__((vector_size(OT_BYTES)));
 static inline ot_v_@S ot_max_@S(ot_v_@S a, ot_v_@S b) {
@@ -952,7 +958,9 @@ def _offset_source(c_type: str, log: str) -> str:
     vexp = _VEXP_FLOAT if c_type == "float" else _VEXP_DOUBLE
     out = out.replace("@VEXP", vexp)
     fma512 = "_mm512_fmadd_ps" if c_type == "float" else "_mm512_fmadd_pd"
-    pairs = (("@S", c_type), ("@T", c_type), ("@LOG", log), ("@FMA512", fma512), ("@FMA", fma))
+    sfx = "ps" if c_type == "float" else "pd"
+    pairs = (("@ONE512", f"_mm512_set1_{sfx}"), ("@ONE256", f"_mm256_set1_{sfx}"))
+    pairs += (("@S", c_type), ("@T", c_type), ("@LOG", log), ("@FMA512", fma512), ("@FMA", fma))
     pairs += (("@I", "int32_t" if c_type == "float" else "int64_t"),)
     for key, val in pairs:
         out = out.replace(key, val)

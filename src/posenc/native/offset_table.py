@@ -52,8 +52,11 @@ from . import loader
 from .loader import _CTYPE
 from .threads import _run, _split
 
-# set to False to keep posenc.fused.relative_attention on its PyTorch blocks (the benchmark compares the two)
-ENABLED = True
+# True: posenc.fused.relative_attention takes the kernel where it applies (the benchmark compares the two). Off by
+# default: at L = 2048 its four-row blocks stream the keys and tables from beyond the L2 cache once per block, and the
+# training step was slower than the blocked path's (benchmarks/results/offset-table-t1.md); at L = 1024 it was faster
+# for Shaw, NEZHA, TENER and Transformer-XL, and its memory was lower everywhere
+ENABLED = False
 # a form with a key term (BERT's relative_key_query, DeBERTa's p2c) takes the kernel only where this is True: its
 # key term (four dot products per key and row block, the table read at a shift per row) made the training step slower
 # than the blocked path's tile products in benchmarks/results/offset-table-t1.md, so it stays there by default
@@ -323,9 +326,8 @@ def offset_table_attention(
         return None
     if allowed is not None and (allowed.shape[0] not in (1, b) or allowed.shape[1] not in (1, h)):
         return None
-    mask = None
-    if allowed is not None:  # [B|1, H|1, Lq|1, Lk] -> broadcast strides of [B, H, Lq, Lk] (no copy of the pairs)
-        mask = allowed.to(torch.bool).contiguous().expand(b, h, lq, lk)
+    # [B|1, H|1, Lq|1, Lk] as it is: the kernel steps a dimension of size 1 by 0 (no [B, H, Lq, Lk] copy)
+    mask = allowed.to(torch.bool).contiguous() if allowed is not None else None
     a, c = tensors[0], tensors[2]
     T = _padded(query_term[1], query_term[2]) if query_term is not None else None
     U = _padded(key_term[1], key_term[2]) if key_term is not None else None

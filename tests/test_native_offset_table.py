@@ -65,6 +65,9 @@ CASES = [
     (None, None, None, False, None, 1, 1, 5, 5, 1),
     ("clipped", None, "clipped", True, "pad", 1, 2, 64, 64, 4),
     ("buckets", "buckets", None, True, "rows", 1, 2, 45, 45, 2),
+    # longer than a key chunk (256) and a row block (32): the chunks and blocks meet
+    ("clipped", "buckets", "clipped", True, "pad", 1, 1, 290, 300, 5),
+    ("expanded", "expanded", "expanded", False, "rows", 1, 1, 270, 270, 3),
 ]
 
 

@@ -66,6 +66,8 @@ KEY_TERMS = False
 PAD = 4
 # a table's leading or trailing run of one row at least this long is added per query (or key), not per pair
 MIN_RUN = 8
+# query rows of the kernel's row block (OT_ROWS in the C source: its logits are the only [rows, Lk] buffer)
+ROWS = 32
 
 
 _LANES: dict[torch.dtype, int] = {}
@@ -170,7 +172,7 @@ def _forward(q, k, v, a, T, c, U, V, allowed, runs, scale, causal) -> tuple[Tens
     lse = torch.empty(b, h, lq, dtype=q.dtype)
     mask = _mask(allowed)
     parts = _split(b * h, b * h * lq * lk * d)
-    ws = torch.zeros(len(parts), 2 * d * ld + 2 * d * ldt + 24 * ld + 4 * d, dtype=q.dtype)
+    ws = torch.zeros(len(parts), 2 * d * ld + 2 * d * ldt + (ROWS + 16) * ld + ROWS * d, dtype=q.dtype)
     jobs = []
     for i, (n0, n1) in enumerate(parts):
         ptrs = [_ptr(x) for x in (q, k, v, a, T, c, U, V, mask, out, lse)] + [ws[i].data_ptr()]
@@ -191,7 +193,7 @@ def _backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, caus
     dc = torch.zeros_like(c) if c is not None else None
     # each part its own table gradients (the parts run at once), summed after
     dtabs = [None if t is None else torch.zeros(len(parts), *t.shape, dtype=t.dtype) for t in (T, U, V)]
-    ws = torch.zeros(len(parts), 4 * d * ld + 4 * d * ldt + 32 * ld + 8 * d, dtype=q.dtype)
+    ws = torch.zeros(len(parts), 3 * d * ld + 3 * d * ldt + (2 * ROWS + 16) * ld + 2 * ROWS * d, dtype=q.dtype)
     jobs = []
     for i, (n0, n1) in enumerate(parts):
         ptrs = [_ptr(x) for x in (q, k, v, a, T, c, U, V, mask, dout, lse, delta, dq, dk, dv, da)]

@@ -627,69 +627,83 @@ static void ot_unpack_@S(ot_args_@S *A, void **P, const int64_t *I, double scale
     A->scale = (@T)scale;
 }
 
-/* the scaled, masked logits of rows i0 .. i0 + 3 against keys [0, ke) into s[4][ld] (-inf where masked; rows past
+/* the keys [j0, j1) of a row tile's logits split by a table's runs (ot_cols over [0, j1)): [j0, ml) in its leading
+   run, [ml, mr) between, [mr, j1) in its trailing run */
+static inline void ot_split_@S(int64_t lo, int64_t j0, int64_t j1, int64_t run_l, int64_t run_r, int64_t *ml,
+                               int64_t *mr) {
+    int64_t jl, jr;
+    ot_cols_@S(lo, j1, run_l, run_r, &jl, &jr);
+    *ml = jl < j0 ? j0 : jl;
+    *mr = jr < j0 ? j0 : jr;
+}
+
+/* the four row pointers of the tile i0 .. i0 + 3 of x [lq, d] (rows past lq read row lq - 1: their results are
+   dropped) */
+static inline void ot_rows_@S(const @T *x, int64_t i0, int64_t lq, int64_t d, const @T **out) {
+    for (int r = 0; r < 4; r++) out[r] = x ? x + (i0 + r < lq ? i0 + r : lq - 1) * d : 0;
+}
+
+/* the scaled, masked logits of rows i0 .. i0 + 3 against keys [j0, j1) into s[4][ld] (-inf where masked; rows past
    lq are left as computed: the caller zeroes their probabilities). kT: the keys transposed, TT the query table
    transposed, cT, UT the key term's operand and table transposed; kre[2 j]: c_j . U[offset 0], kre[2 j + 1]:
    c_j . U[offset P - 1]; raw, kc: scratch */
 static void ot_scores_@S(const ot_args_@S *A, int64_t b, int64_t h, const @T *q, const @T *a, const @T *c,
                          const @T *T, const @T *kT, const @T *TT, const @T *cT, const @T *UT, const @T *kre,
-                         int64_t i0, int64_t ke, @T *s, @T *raw, @T *kc) {
+                         int64_t i0, int64_t j0, int64_t j1, @T *s, @T *raw, @T *kc) {
     const int64_t lq = A->lq, lk = A->lk, d = A->d, ld = A->ld, P = lq + lk - 1, lo = lq - 1 - (i0 + 3);
     const @T *xr[4], *ar[4];
-    for (int r = 0; r < 4; r++) {
-        const int64_t i = i0 + r < lq ? i0 + r : lq - 1;
-        xr[r] = q + i * d;
-        ar[r] = a ? a + i * d : 0;
-    }
-    ot_mm_@S(s, ld, xr, kT, ld, ke, d);
+    ot_rows_@S(q, i0, lq, d, xr);
+    ot_rows_@S(a, i0, lq, d, ar);
+    ot_mm_@S(s + j0, ld, xr, kT + j0, ld, j1 - j0, d);
     if (a) {
-        int64_t jl, jr;
-        ot_cols_@S(lo, ke, A->tl, A->tr, &jl, &jr);
-        if (jl > 0 || jr < ke)
+        int64_t ml, mr;
+        ot_split_@S(lo, j0, j1, A->tl, A->tr, &ml, &mr);
+        if (ml > j0 || mr < j1)
             for (int r = 0; r < 4; r++) {
                 const @T sl = ot_dot_@S(ar[r], T + 4 * d, d), st = ot_dot_@S(ar[r], T + (4 + P - 1) * d, d);
                 @T *sr = s + r * ld;
-                for (int64_t j = 0; j < jl; j++) sr[j] += sl;
-                for (int64_t j = jr; j < ke; j++) sr[j] += st;
+                for (int64_t j = j0; j < ml; j++) sr[j] += sl;
+                for (int64_t j = mr; j < j1; j++) sr[j] += st;
             }
-        if (jr > jl) {
-            ot_mm_@S(raw, ld, ar, TT + 4 + lo + jl, A->ldt, jr - jl + 3, d);
+        if (mr > ml) {
+            ot_mm_@S(raw, ld, ar, TT + 4 + lo + ml, A->ldt, mr - ml + 3, d);
             for (int r = 0; r < 4; r++) {
                 @T *sr = s + r * ld;
-                const @T *w = raw + r * ld + 3 - r - jl;
-                for (int64_t j = jl; j < jr; j++) sr[j] += w[j];
+                const @T *w = raw + r * ld + 3 - r - ml;
+                for (int64_t j = ml; j < mr; j++) sr[j] += w[j];
             }
         }
     }
     if (c) {
-        int64_t jl, jr;
-        ot_cols_@S(lo, ke, A->ul, A->ur, &jl, &jr);
+        int64_t ml, mr;
+        ot_split_@S(lo, j0, j1, A->ul, A->ur, &ml, &mr);
         for (int r = 0; r < 4; r++) {
             @T *sr = s + r * ld;
-            for (int64_t j = 0; j < jl; j++) sr[j] += kre[2 * j];
-            for (int64_t j = jr; j < ke; j++) sr[j] += kre[2 * j + 1];
+            for (int64_t j = j0; j < ml; j++) sr[j] += kre[2 * j];
+            for (int64_t j = mr; j < j1; j++) sr[j] += kre[2 * j + 1];
         }
-        if (jr > jl) {
-            ot_kband_@S(kc, ld, cT + jl, ld, UT + 4 + lo + jl, A->ldt, jr - jl, d);
+        if (mr > ml) {
+            ot_kband_@S(kc, ld, cT + ml, ld, UT + 4 + lo + ml, A->ldt, mr - ml, d);
             for (int r = 0; r < 4; r++) {
                 @T *sr = s + r * ld;
-                const @T *w = kc + r * ld - jl;
-                for (int64_t j = jl; j < jr; j++) sr[j] += w[j];
+                const @T *w = kc + r * ld - ml;
+                for (int64_t j = ml; j < mr; j++) sr[j] += w[j];
             }
         }
     }
     for (int r = 0; r < 4 && i0 + r < lq; r++) {
         const int64_t i = i0 + r;
-        const unsigned char *mr = A->mask ? A->mask + b * A->ms0 + h * A->ms1 + i * A->ms2 : 0;
+        const unsigned char *mk = A->mask ? A->mask + b * A->ms0 + h * A->ms1 + i * A->ms2 : 0;
         int64_t lim = A->causal ? i + lk - lq + 1 : lk;
-        lim = lim < ke ? lim : ke;
+        lim = lim < j1 ? lim : j1;
+        lim = lim < j0 ? j0 : lim;
         @T *sr = s + r * ld;
         const @T sc = A->scale;
-        for (int64_t j = 0; j < lim; j++) sr[j] *= sc;
-        if (mr)
-            for (int64_t j = 0; j < lim; j++)
-                if (!mr[j]) sr[j] = -INFINITY;
-        for (int64_t j = lim < 0 ? 0 : lim; j < ke; j++) sr[j] = -INFINITY;
+        for (int64_t j = j0; j < lim; j++) sr[j] *= sc;
+        if (mk)
+            for (int64_t j = j0; j < lim; j++)
+                if (!mk[j]) sr[j] = -INFINITY;
+        for (int64_t j = lim; j < j1; j++) sr[j] = -INFINITY;
     }
 }
 
@@ -704,14 +718,39 @@ static void ot_skew_@S(@T *pb, const @T *x, int64_t ld, int64_t jl, int64_t jr) 
     }
 }
 
+/* A block of OT_ROWS query rows (tiles of 4) is taken against the keys in chunks of OT_KEYS: a chunk's keys,
+   values and table rows stay in the L2 cache while every tile of the block uses them */
+#ifndef OT_ROWS
+#define OT_ROWS 32
+#define OT_KEYS 256
+#endif
+
+/* the keys tile i0 may see: [0, ke) */
+static inline int64_t ot_kend_@S(const ot_args_@S *A, int64_t i0) {
+    const int64_t nr = A->lq - i0 < 4 ? A->lq - i0 : 4, ke = i0 + nr + A->lk - A->lq;
+    return A->causal && ke < A->lk ? ke : A->lk;
+}
+
+/* the block's logits, tile by tile and chunk by chunk: s + t * 4 * ld holds tile t's rows */
+static void ot_block_scores_@S(const ot_args_@S *A, int64_t b, int64_t h, const @T *q, const @T *a, const @T *c,
+                               const @T *T, const @T *kT, const @T *TT, const @T *cT, const @T *UT,
+                               const @T *kre, int64_t I0, int64_t nt, @T *s, @T *raw, @T *kc) {
+    const int64_t kmax = ot_kend_@S(A, I0 + 4 * (nt - 1));
+    for (int64_t k0 = 0; k0 < kmax; k0 += OT_KEYS)
+        for (int64_t t = 0; t < nt; t++) {
+            const int64_t i0 = I0 + 4 * t, ke = ot_kend_@S(A, i0), k1 = k0 + OT_KEYS < ke ? k0 + OT_KEYS : ke;
+            if (k1 > k0) ot_scores_@S(A, b, h, q, a, c, T, kT, TT, cT, UT, kre, i0, k0, k1, s + t * 4 * A->ld, raw, kc);
+        }
+}
+
 /* Forward for the rows n = b * H + h in [I[0], I[1]): out [lq, d] and lse [lq] per row. */
 void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
     ot_args_@S A;
     ot_unpack_@S(&A, P, I, scale);
     @T *out0 = P[9], *lse0 = P[10], *ws = P[11];
     const int64_t lq = A.lq, lk = A.lk, d = A.d, ld = A.ld, ldt = A.ldt, PP = lq + lk - 1;
-    @T *kT = ws, *cT = kT + d * ld, *TT = cT + d * ld, *UT = TT + d * ldt, *s = UT + d * ldt, *raw = s + 4 * ld;
-    @T *pb = raw + 4 * ld, *kc = pb + 4 * ld, *kre = kc + 4 * ld, *orow = kre + 2 * ld;
+    @T *kT = ws, *cT = kT + d * ld, *TT = cT + d * ld, *UT = TT + d * ldt, *s = UT + d * ldt;
+    @T *raw = s + OT_ROWS * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld, *kre = kc + 4 * ld, *orow = kre + 2 * ld;
     for (int64_t n = I[0]; n < I[1]; n++) {
         const int64_t b = n / A.H, h = n % A.H;
         const @T *q = A.q + n * lq * d, *k = A.k + n * lk * d, *v = A.v + n * lk * d;
@@ -729,41 +768,58 @@ void posenc_offset_forward_@S(void **P, const int64_t *I, double scale) {
                 kre[2 * j] = ot_dot_@S(c + j * d, U + 4 * d, d);
                 kre[2 * j + 1] = ot_dot_@S(c + j * d, U + (4 + PP - 1) * d, d);
             }
-        for (int64_t i0 = 0; i0 < lq; i0 += 4) {
-            const int64_t nr = lq - i0 < 4 ? lq - i0 : 4, lo = lq - 1 - (i0 + 3);
-            const int64_t ke = A.causal ? (i0 + nr + lk - lq < lk ? i0 + nr + lk - lq : lk) : lk;
-            ot_scores_@S(&A, b, h, q, a, c, T, kT, TT, cT, UT, kre, i0, ke, s, raw, kc);
-            @T *orows[4];
-            for (int r = 0; r < 4; r++) {
-                @T *sr = s + r * ld;
-                orows[r] = orow + r * d;
-                for (int64_t e = 0; e < d; e++) orows[r][e] = 0;
-                if (r >= nr) {
-                    for (int64_t j = 0; j < ke; j++) sr[j] = 0;
-                    continue;
-                }
-                lse[i0 + r] = ot_softmax_@S(sr, ke); /* -inf: a query that sees no key (no output, no gradient) */
-            }
-            ot_pv_@S(orows, s, ld, v, d, ke, d);
-            if (V) {
-                int64_t jl, jr;
-                ot_cols_@S(lo, ke, A.vl, A.vr, &jl, &jr);
-                if (jl > 0 || jr < ke)
-                    for (int r = 0; r < nr; r++) {
-                        const @T *sr = s + r * ld;
-                        @T pl = 0, pt = 0;
-                        for (int64_t j = 0; j < jl; j++) pl += sr[j];
-                        for (int64_t j = jr; j < ke; j++) pt += sr[j];
-                        ot_axpy_@S(orows[r], pl, V + 4 * d, d);
-                        ot_axpy_@S(orows[r], pt, V + (4 + PP - 1) * d, d);
+        for (int64_t I0 = 0; I0 < lq; I0 += OT_ROWS) {
+            const int64_t nt = ((lq - I0 < OT_ROWS ? lq - I0 : OT_ROWS) + 3) / 4;
+            ot_block_scores_@S(&A, b, h, q, a, c, T, kT, TT, cT, UT, kre, I0, nt, s, raw, kc);
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t i0 = I0 + 4 * t, nr = lq - i0 < 4 ? lq - i0 : 4, ke = ot_kend_@S(&A, i0);
+                for (int r = 0; r < 4; r++) {
+                    @T *sr = s + (4 * t + r) * ld;
+                    for (int64_t e = 0; e < d; e++) orow[(4 * t + r) * d + e] = 0;
+                    if (r >= nr) {
+                        for (int64_t j = 0; j < ke; j++) sr[j] = 0;
+                        continue;
                     }
-                if (jr > jl) {
-                    ot_skew_@S(pb, s, ld, jl, jr);
-                    ot_pv_@S(orows, pb, ld, V + (4 + lo + jl) * d, d, jr - jl + 3, d);
+                    lse[i0 + r] = ot_softmax_@S(sr, ke); /* -inf: a query that sees no key (no output, no gradient) */
                 }
             }
-            for (int r = 0; r < nr; r++)
-                for (int64_t e = 0; e < d; e++) out[(i0 + r) * d + e] = orows[r][e];
+            const int64_t kmax = ot_kend_@S(&A, I0 + 4 * (nt - 1));
+            for (int64_t k0 = 0; k0 < kmax; k0 += OT_KEYS)
+                for (int64_t t = 0; t < nt; t++) {
+                    const int64_t i0 = I0 + 4 * t, ke = ot_kend_@S(&A, i0), k1 = k0 + OT_KEYS < ke ? k0 + OT_KEYS : ke;
+                    if (k1 <= k0) continue;
+                    const @T *st = s + 4 * t * ld;
+                    @T *orows[4];
+                    for (int r = 0; r < 4; r++) orows[r] = orow + (4 * t + r) * d;
+                    ot_pv_@S(orows, st + k0, ld, v + k0 * d, d, k1 - k0, d);
+                    if (V) {
+                        int64_t ml, mr;
+                        const int64_t lo = lq - 1 - (i0 + 3);
+                        ot_split_@S(lo, k0, k1, A.vl, A.vr, &ml, &mr);
+                        if (mr > ml) {
+                            ot_skew_@S(pb, st, ld, ml, mr);
+                            ot_pv_@S(orows, pb, ld, V + (4 + lo + ml) * d, d, mr - ml + 3, d);
+                        }
+                    }
+                }
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t i0 = I0 + 4 * t, nr = lq - i0 < 4 ? lq - i0 : 4, ke = ot_kend_@S(&A, i0);
+                if (V) { /* the value table's runs: one row each, weighed by the run's probabilities */
+                    int64_t jl, jr;
+                    ot_cols_@S(lq - 1 - (i0 + 3), ke, A.vl, A.vr, &jl, &jr);
+                    if (jl > 0 || jr < ke)
+                        for (int r = 0; r < nr; r++) {
+                            const @T *sr = s + (4 * t + r) * ld;
+                            @T pl = 0, pt = 0;
+                            for (int64_t j = 0; j < jl; j++) pl += sr[j];
+                            for (int64_t j = jr; j < ke; j++) pt += sr[j];
+                            ot_axpy_@S(orow + (4 * t + r) * d, pl, V + 4 * d, d);
+                            ot_axpy_@S(orow + (4 * t + r) * d, pt, V + (4 + PP - 1) * d, d);
+                        }
+                }
+                for (int r = 0; r < nr; r++)
+                    for (int64_t e = 0; e < d; e++) out[(i0 + r) * d + e] = orow[(4 * t + r) * d + e];
+            }
         }
     }
 }
@@ -778,9 +834,8 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
     @T *dV0 = P[19], *ws = P[20];
     const int64_t lq = A.lq, lk = A.lk, d = A.d, ld = A.ld, ldt = A.ldt, PP = lq + lk - 1;
     @T *kT = ws, *vT = kT + d * ld, *cT = vT + d * ld, *TT = cT + d * ld, *VT = TT + d * ldt, *UT = VT + d * ldt;
-    @T *s = UT + d * ldt;
-    @T *dp = s + 4 * ld, *raw = dp + 4 * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld, *kre = kc + 4 * ld;
-    @T *krg = kre + 2 * ld, *orow = krg + 2 * ld, *arow = orow + 4 * d;
+    @T *s = UT + d * ldt, *dp = s + OT_ROWS * ld, *raw = dp + OT_ROWS * ld, *pb = raw + 4 * ld, *kc = pb + 4 * ld;
+    @T *kre = kc + 4 * ld, *krg = kre + 2 * ld, *orow = krg + 2 * ld, *arow = orow + OT_ROWS * d;
     for (int64_t n = I[0]; n < I[1]; n++) {
         const int64_t b = n / A.H, h = n % A.H;
         const @T *q = A.q + n * lq * d, *k = A.k + n * lk * d, *v = A.v + n * lk * d;
@@ -805,107 +860,148 @@ void posenc_offset_backward_@S(void **P, const int64_t *I, double scale) {
                 kre[2 * j + 1] = ot_dot_@S(c + j * d, U + (4 + PP - 1) * d, d);
                 krg[2 * j] = krg[2 * j + 1] = 0;
             }
-        for (int64_t i0 = 0; i0 < lq; i0 += 4) {
-            const int64_t nr = lq - i0 < 4 ? lq - i0 : 4, lo = lq - 1 - (i0 + 3);
-            const int64_t ke = A.causal ? (i0 + nr + lk - lq < lk ? i0 + nr + lk - lq : lk) : lk;
-            const @T *xr[4], *dor[4], *ar[4];
-            @T *orows[4], *arows[4];
-            for (int r = 0; r < 4; r++) {
-                const int64_t i = i0 + r < lq ? i0 + r : lq - 1;
-                xr[r] = q + i * d;
-                dor[r] = dout + i * d;
-                ar[r] = a ? a + i * d : 0;
-                orows[r] = orow + r * d;
-                arows[r] = arow + r * d;
-                for (int64_t e = 0; e < d; e++) orows[r][e] = arows[r][e] = 0;
-            }
-            ot_scores_@S(&A, b, h, q, a, c, T, kT, TT, cT, UT, kre, i0, ke, s, raw, kc);
-            for (int r = 0; r < 4; r++) /* the probabilities again, from the forward's logsumexp */
-                ot_probs_@S(s + r * ld, ke, r < nr ? lse[i0 + r] : -INFINITY);
-            /* dp = do . (v_j + V[t]) */
-            ot_mm_@S(dp, ld, dor, vT, ld, ke, d);
-            int64_t vjl = 0, vjr = ke;
-            if (V) {
-                ot_cols_@S(lo, ke, A.vl, A.vr, &vjl, &vjr);
-                if (vjl > 0 || vjr < ke)
-                    for (int r = 0; r < 4; r++) {
-                        const @T dl = ot_dot_@S(dor[r], V + 4 * d, d), dt = ot_dot_@S(dor[r], V + (4 + PP - 1) * d, d);
-                        @T *dr = dp + r * ld;
-                        for (int64_t j = 0; j < vjl; j++) dr[j] += dl;
-                        for (int64_t j = vjr; j < ke; j++) dr[j] += dt;
-                    }
-                if (vjr > vjl) {
-                    ot_mm_@S(raw, ld, dor, VT + 4 + lo + vjl, ldt, vjr - vjl + 3, d);
-                    for (int r = 0; r < 4; r++) {
-                        @T *dr = dp + r * ld;
-                        const @T *w = raw + r * ld + 3 - r - vjl;
-                        for (int64_t j = vjl; j < vjr; j++) dr[j] += w[j];
-                    }
-                }
-            }
-            /* dv_j += p do, dV[t] += p do */
-            ot_rank_@S(dv, d, s, ld, dor, ke, d);
-            if (V) {
-                if (vjl > 0 || vjr < ke)
-                    for (int r = 0; r < nr; r++) {
-                        const @T *sr = s + r * ld;
-                        @T pl = 0, pt = 0;
-                        for (int64_t j = 0; j < vjl; j++) pl += sr[j];
-                        for (int64_t j = vjr; j < ke; j++) pt += sr[j];
-                        ot_axpy_@S(dV + 4 * d, pl, dor[r], d);
-                        ot_axpy_@S(dV + (4 + PP - 1) * d, pt, dor[r], d);
-                    }
-                if (vjr > vjl) {
-                    ot_skew_@S(pb, s, ld, vjl, vjr);
-                    ot_rank_@S(dV + (4 + lo + vjl) * d, d, pb, ld, dor, vjr - vjl + 3, d);
-                }
-            }
-            /* dz = scale * p (dp - delta): the gradient of the unscaled logits (0 where p is) */
-            for (int r = 0; r < 4; r++) {
-                @T *dr = dp + r * ld;
-                const @T *sr = s + r * ld;
-                const @T dl = r < nr ? delta[i0 + r] : 0;
-                for (int64_t j = 0; j < ke; j++) dr[j] = sr[j] == 0 ? 0 : sr[j] * (dr[j] - dl) * A.scale;
-            }
-            ot_pv_@S(orows, dp, ld, k, d, ke, d);
-            ot_rank_@S(dk, d, dp, ld, xr, ke, d);
-            if (a) {
-                int64_t jl, jr;
-                ot_cols_@S(lo, ke, A.tl, A.tr, &jl, &jr);
-                if (jl > 0 || jr < ke)
-                    for (int r = 0; r < nr; r++) {
-                        const @T *dr = dp + r * ld;
-                        @T zl = 0, zt = 0;
-                        for (int64_t j = 0; j < jl; j++) zl += dr[j];
-                        for (int64_t j = jr; j < ke; j++) zt += dr[j];
-                        ot_axpy_@S(arows[r], zl, T + 4 * d, d);
-                        ot_axpy_@S(arows[r], zt, T + (4 + PP - 1) * d, d);
-                        ot_axpy_@S(dT + 4 * d, zl, ar[r], d);
-                        ot_axpy_@S(dT + (4 + PP - 1) * d, zt, ar[r], d);
-                    }
-                if (jr > jl) {
-                    ot_skew_@S(pb, dp, ld, jl, jr);
-                    ot_pv_@S(arows, pb, ld, T + (4 + lo + jl) * d, d, jr - jl + 3, d);
-                    ot_rank_@S(dT + (4 + lo + jl) * d, d, pb, ld, ar, jr - jl + 3, d);
-                }
-            }
-            if (c) {
-                int64_t jl, jr;
-                ot_cols_@S(lo, ke, A.ul, A.ur, &jl, &jr);
+        for (int64_t I0 = 0; I0 < lq; I0 += OT_ROWS) {
+            const int64_t nt = ((lq - I0 < OT_ROWS ? lq - I0 : OT_ROWS) + 3) / 4;
+            const int64_t kmax = ot_kend_@S(&A, I0 + 4 * (nt - 1));
+            ot_block_scores_@S(&A, b, h, q, a, c, T, kT, TT, cT, UT, kre, I0, nt, s, raw, kc);
+            for (int64_t t = 0; t < nt; t++) { /* the probabilities again, from the forward's logsumexp */
+                const int64_t i0 = I0 + 4 * t, nr = lq - i0 < 4 ? lq - i0 : 4, ke = ot_kend_@S(&A, i0);
                 for (int r = 0; r < 4; r++) {
-                    const @T *dr = dp + r * ld;
-                    for (int64_t j = 0; j < jl; j++) krg[2 * j] += dr[j];
-                    for (int64_t j = jr; j < ke; j++) krg[2 * j + 1] += dr[j];
+                    ot_probs_@S(s + (4 * t + r) * ld, ke, r < nr ? lse[i0 + r] : -INFINITY);
+                    for (int64_t e = 0; e < d; e++) orow[(4 * t + r) * d + e] = arow[(4 * t + r) * d + e] = 0;
                 }
-                if (jr > jl)
-                    ot_kband_grad_@S(dp + jl, ld, c + jl * d, U + (4 + lo + jl) * d, dc + jl * d,
-                                     dU + (4 + lo + jl) * d, jr - jl, d);
             }
-            for (int r = 0; r < nr; r++)
-                for (int64_t e = 0; e < d; e++) {
-                    dq[(i0 + r) * d + e] = orows[r][e];
-                    if (a) da[(i0 + r) * d + e] = arows[r][e];
+            /* dp = do . (v_j + V[t]), chunk by chunk */
+            for (int64_t k0 = 0; k0 < kmax; k0 += OT_KEYS)
+                for (int64_t t = 0; t < nt; t++) {
+                    const int64_t i0 = I0 + 4 * t, ke = ot_kend_@S(&A, i0), k1 = k0 + OT_KEYS < ke ? k0 + OT_KEYS : ke;
+                    if (k1 <= k0) continue;
+                    const int64_t lo = lq - 1 - (i0 + 3);
+                    const @T *dor[4];
+                    ot_rows_@S(dout, i0, lq, d, dor);
+                    @T *dpt = dp + 4 * t * ld;
+                    ot_mm_@S(dpt + k0, ld, dor, vT + k0, ld, k1 - k0, d);
+                    if (V) {
+                        int64_t ml, mr;
+                        ot_split_@S(lo, k0, k1, A.vl, A.vr, &ml, &mr);
+                        if (ml > k0 || mr < k1)
+                            for (int r = 0; r < 4; r++) {
+                                const @T dl = ot_dot_@S(dor[r], V + 4 * d, d);
+                                const @T dt = ot_dot_@S(dor[r], V + (4 + PP - 1) * d, d);
+                                @T *dr = dpt + r * ld;
+                                for (int64_t j = k0; j < ml; j++) dr[j] += dl;
+                                for (int64_t j = mr; j < k1; j++) dr[j] += dt;
+                            }
+                        if (mr > ml) {
+                            ot_mm_@S(raw, ld, dor, VT + 4 + lo + ml, ldt, mr - ml + 3, d);
+                            for (int r = 0; r < 4; r++) {
+                                @T *dr = dpt + r * ld;
+                                const @T *w = raw + r * ld + 3 - r - ml;
+                                for (int64_t j = ml; j < mr; j++) dr[j] += w[j];
+                            }
+                        }
+                    }
                 }
+            /* dz = scale * p (dp - delta) in place of dp: the gradient of the unscaled logits (0 where p is) */
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t i0 = I0 + 4 * t, nr = lq - i0 < 4 ? lq - i0 : 4, ke = ot_kend_@S(&A, i0);
+                for (int r = 0; r < 4; r++) {
+                    @T *dr = dp + (4 * t + r) * ld;
+                    const @T *sr = s + (4 * t + r) * ld;
+                    const @T dl = r < nr ? delta[i0 + r] : 0;
+                    for (int64_t j = 0; j < ke; j++) dr[j] = sr[j] == 0 ? 0 : sr[j] * (dr[j] - dl) * A.scale;
+                }
+            }
+            /* the products, chunk by chunk: dv, dV, dq, dk, da, dT, dc, dU */
+            for (int64_t k0 = 0; k0 < kmax; k0 += OT_KEYS)
+                for (int64_t t = 0; t < nt; t++) {
+                    const int64_t i0 = I0 + 4 * t, ke = ot_kend_@S(&A, i0), k1 = k0 + OT_KEYS < ke ? k0 + OT_KEYS : ke;
+                    if (k1 <= k0) continue;
+                    const int64_t lo = lq - 1 - (i0 + 3), n = k1 - k0;
+                    const @T *xr[4], *dor[4], *ar[4];
+                    ot_rows_@S(q, i0, lq, d, xr);
+                    ot_rows_@S(dout, i0, lq, d, dor);
+                    ot_rows_@S(a, i0, lq, d, ar);
+                    @T *orows[4], *arows[4];
+                    for (int r = 0; r < 4; r++) {
+                        orows[r] = orow + (4 * t + r) * d;
+                        arows[r] = arow + (4 * t + r) * d;
+                    }
+                    const @T *st = s + 4 * t * ld, *zt = dp + 4 * t * ld;
+                    int64_t ml, mr;
+                    ot_rank_@S(dv + k0 * d, d, st + k0, ld, dor, n, d);
+                    if (V) {
+                        ot_split_@S(lo, k0, k1, A.vl, A.vr, &ml, &mr);
+                        if (mr > ml) {
+                            ot_skew_@S(pb, st, ld, ml, mr);
+                            ot_rank_@S(dV + (4 + lo + ml) * d, d, pb, ld, dor, mr - ml + 3, d);
+                        }
+                    }
+                    ot_pv_@S(orows, zt + k0, ld, k + k0 * d, d, n, d);
+                    ot_rank_@S(dk + k0 * d, d, zt + k0, ld, xr, n, d);
+                    if (a) {
+                        ot_split_@S(lo, k0, k1, A.tl, A.tr, &ml, &mr);
+                        if (mr > ml) {
+                            ot_skew_@S(pb, zt, ld, ml, mr);
+                            ot_pv_@S(arows, pb, ld, T + (4 + lo + ml) * d, d, mr - ml + 3, d);
+                            ot_rank_@S(dT + (4 + lo + ml) * d, d, pb, ld, ar, mr - ml + 3, d);
+                        }
+                    }
+                    if (c) {
+                        ot_split_@S(lo, k0, k1, A.ul, A.ur, &ml, &mr);
+                        if (mr > ml)
+                            ot_kband_grad_@S(zt + ml, ld, c + ml * d, U + (4 + lo + ml) * d, dc + ml * d,
+                                             dU + (4 + lo + ml) * d, mr - ml, d);
+                    }
+                }
+            /* the tables' runs (one row each, over whole rows) and the rows' gradients */
+            for (int64_t t = 0; t < nt; t++) {
+                const int64_t i0 = I0 + 4 * t, nr = lq - i0 < 4 ? lq - i0 : 4, ke = ot_kend_@S(&A, i0);
+                const int64_t lo = lq - 1 - (i0 + 3);
+                const @T *dor[4], *ar[4];
+                ot_rows_@S(dout, i0, lq, d, dor);
+                ot_rows_@S(a, i0, lq, d, ar);
+                int64_t jl, jr;
+                if (V) {
+                    ot_cols_@S(lo, ke, A.vl, A.vr, &jl, &jr);
+                    if (jl > 0 || jr < ke)
+                        for (int r = 0; r < nr; r++) {
+                            const @T *sr = s + (4 * t + r) * ld;
+                            @T pl = 0, pt = 0;
+                            for (int64_t j = 0; j < jl; j++) pl += sr[j];
+                            for (int64_t j = jr; j < ke; j++) pt += sr[j];
+                            ot_axpy_@S(dV + 4 * d, pl, dor[r], d);
+                            ot_axpy_@S(dV + (4 + PP - 1) * d, pt, dor[r], d);
+                        }
+                }
+                if (a) {
+                    ot_cols_@S(lo, ke, A.tl, A.tr, &jl, &jr);
+                    if (jl > 0 || jr < ke)
+                        for (int r = 0; r < nr; r++) {
+                            const @T *dr = dp + (4 * t + r) * ld;
+                            @T zl = 0, zt = 0;
+                            for (int64_t j = 0; j < jl; j++) zl += dr[j];
+                            for (int64_t j = jr; j < ke; j++) zt += dr[j];
+                            ot_axpy_@S(arow + (4 * t + r) * d, zl, T + 4 * d, d);
+                            ot_axpy_@S(arow + (4 * t + r) * d, zt, T + (4 + PP - 1) * d, d);
+                            ot_axpy_@S(dT + 4 * d, zl, ar[r], d);
+                            ot_axpy_@S(dT + (4 + PP - 1) * d, zt, ar[r], d);
+                        }
+                }
+                if (c) {
+                    ot_cols_@S(lo, ke, A.ul, A.ur, &jl, &jr);
+                    for (int r = 0; r < 4; r++) {
+                        const @T *dr = dp + (4 * t + r) * ld;
+                        for (int64_t j = 0; j < jl; j++) krg[2 * j] += dr[j];
+                        for (int64_t j = jr; j < ke; j++) krg[2 * j + 1] += dr[j];
+                    }
+                }
+                for (int r = 0; r < nr; r++)
+                    for (int64_t e = 0; e < d; e++) {
+                        dq[(i0 + r) * d + e] = orow[(4 * t + r) * d + e];
+                        if (a) da[(i0 + r) * d + e] = arow[(4 * t + r) * d + e];
+                    }
+            }
         }
         if (key_runs)
             for (int64_t j = 0; j < lk; j++) {

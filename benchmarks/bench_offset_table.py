@@ -66,7 +66,7 @@ def measure(encodings: list[str], L: int, rounds: int, threads: int, vocab: int,
 
     def step(case: tuple[str, str]) -> float:
         e, variant = case
-        if switch is not None:  # native: every form the kernel takes, key terms included (off by default)
+        if switch is not None:  # native: every form the kernel takes, key terms included
             switch.ENABLED = switch.KEY_TERMS = variant == "native"
         model = models[e]
         t0 = clock()
@@ -87,7 +87,7 @@ def measure(encodings: list[str], L: int, rounds: int, threads: int, vocab: int,
         print(f"L={L} round {r + 1}/{rounds}: " + " ".join(f"{name(c)} {times[name(c)][-1]:.2f}" for c in cases))
     peaks = {name(c): harness.profiled_peak(lambda c=c: step(c)) / 2**20 for c in cases}
     if switch is not None:
-        switch.ENABLED, switch.KEY_TERMS = True, False  # the defaults
+        switch.ENABLED, switch.KEY_TERMS = True, True  # the defaults
     clock_name = "cpu" if threads == 1 else "wall"
     return {"L": L, "threads": threads, "clock": clock_name, "load": load, "seconds": times, "peak_MB": peaks}
 

@@ -24,7 +24,7 @@ D = 32  # a multiple of every build's 2 vectors (16 floats or 8 doubles with AVX
 @pytest.fixture(autouse=True)
 def _on(monkeypatch):
     monkeypatch.setattr(ot, "ENABLED", True)
-    monkeypatch.setattr(ot, "KEY_TERMS", True)  # the key terms too (both off by default: slower than the blocked path)
+    monkeypatch.setattr(ot, "KEY_TERMS", True)
 
 
 def _count(monkeypatch) -> list[int]:
@@ -299,7 +299,7 @@ def test_compile_keeps_the_kernel_and_equals_eager(name, monkeypatch):
 
 
 def test_key_terms_keep_the_blocked_path_without_key_terms(monkeypatch):
-    """With KEY_TERMS off (its default) a form with a key term is left to the PyTorch blocks; one without is not."""
+    """With KEY_TERMS off a form with a key term is left to the PyTorch blocks; one without is not."""
     monkeypatch.setattr(ot, "KEY_TERMS", False)
     calls = _count(monkeypatch)
     q = torch.randn(1, 2, 9, D, dtype=torch.float64)

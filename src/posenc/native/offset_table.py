@@ -32,8 +32,8 @@ The products are register-blocked loops in GNU C's vector extensions (8 floats o
 :mod:`posenc.native` compiles every kernel (portable flags, no ``-march=native``); the sums run in one fixed order,
 so every build gives the same bits. Where the kernel does not apply -- no compiled kernels, not CPU, not
 float32/float64, a head dimension that is not a multiple of two vectors (16 floats or 8 doubles; 32 / 16 in an
-AVX-512 build), a bias, dropout, XLNet's segment term, more than one query or key term, and by default a key term
-(:data:`KEY_TERMS`) -- :func:`offset_table_attention` returns ``None`` and
+AVX-512 build), a bias, dropout, XLNet's segment term, more than one query or key term, a key term where
+:data:`KEY_TERMS` is off, or :data:`ENABLED` off -- :func:`offset_table_attention` returns ``None`` and
 :func:`posenc.fused.relative_attention` keeps its PyTorch row blocks (the reference this kernel is tested against).
 While ``torch.compile`` traces, the kernel is the custom op ``posenc::offset_table_attention`` (and its
 ``_backward``), which the compiled graph keeps whole. Imports torch and :mod:`posenc.native.loader` /
@@ -52,15 +52,11 @@ from . import loader
 from .loader import _CTYPE
 from .threads import _run, _split
 
-# True: posenc.fused.relative_attention takes the kernel where it applies (the benchmark compares the two). Off by
-# default: at L = 2048 its four-row blocks stream the keys and tables from beyond the L2 cache once per block, and the
-# training step was slower than the blocked path's (benchmarks/results/offset-table-t1.md); at L = 1024 it was faster
-# for Shaw, NEZHA, TENER and Transformer-XL, and its memory was lower everywhere
-ENABLED = False
-# a form with a key term (BERT's relative_key_query, DeBERTa's p2c) takes the kernel only where this is True: its
-# key term (four dot products per key and row block, the table read at a shift per row) made the training step slower
-# than the blocked path's tile products in benchmarks/results/offset-table-t1.md, so it stays there by default
-KEY_TERMS = False
+# True: posenc.fused.relative_attention takes the kernel where it applies; False keeps its PyTorch blocks (the
+# benchmark, benchmarks/bench_offset_table.py, compares the two in one run)
+ENABLED = True
+# a form with a key term (BERT's relative_key_query, DeBERTa's p2c) takes the kernel only where this is True too
+KEY_TERMS = True
 # rows of zeros before and after each table: the row blocks read up to 3 offsets beyond the ends (a block's last rows
 # past Lq), and the vector loops whole vectors
 PAD = 4

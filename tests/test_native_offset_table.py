@@ -1,5 +1,6 @@
 """The native fused attention of the offset-table family (:mod:`posenc.native.offset_table`, issue 49) against the
-PyTorch row blocks of :func:`posenc.fused.relative_attention` (the path it replaces, itself tested against the
+PyTorch row blocks of :func:`posenc.fused.relative_attention` (the path it takes the place of in the attention's
+blocked kernel, itself tested against the
 formula in tests/test_fused.py): outputs and the gradients of q, k, v, the operands and every table, in float64 to
 1e-10 and float32 to 1e-5, for random shapes, clip distances and masks; a hidden key, NaN and inf included, reaches
 no output through the attention; torch.compile keeps the kernel as one op and equals eager.
@@ -12,7 +13,8 @@ import torch
 
 import posenc
 from posenc import fused, native
-from posenc.fused import RelativeForm, Rows, relative_attention
+from posenc.fused import RelativeForm, Rows
+from posenc.fused import relative_attention as _blocked
 from posenc.native import offset_table as ot
 from posenc.registry import accepted_arguments
 
@@ -25,6 +27,12 @@ D = 32  # a multiple of every build's 2 vectors (16 floats or 8 doubles with AVX
 def _on(monkeypatch):
     monkeypatch.setattr(ot, "ENABLED", True)
     monkeypatch.setattr(ot, "KEY_TERMS", True)
+
+
+def relative_attention(form, v, scale, allowed=None, **kw):
+    """What the attention's blocked kernel runs: the native pass where it applies, else the PyTorch blocks."""
+    fast = ot.form_attention(form, v, scale, allowed, **kw)
+    return fast if fast is not None else _blocked(form, v, scale, allowed, **kw)
 
 
 def _count(monkeypatch) -> list[int]:

@@ -46,8 +46,6 @@ from typing import NamedTuple, Union
 import torch
 from torch import Tensor
 
-from .native import offset_table as _native
-
 # bytes of one head's [b, Lk] block of scores (about an L2 cache) and at most BLOCK_ROWS rows: set the block height
 # (the heads of a block go together, [H, b, Lk]; 128 rows keep the products and the key tiles large enough)
 BLOCK_BYTES = 2 * 2**20
@@ -677,38 +675,6 @@ def _split(table: Table) -> tuple[Tensor, Tensor | None]:
     return (table.table, table.index) if isinstance(table, Rows) else (table, None)
 
 
-def _native_attention(
-    form: RelativeForm,
-    v: Tensor,
-    scale: float,
-    allowed: Tensor | None,
-    bias: Tensor | None,
-    dropout: float,
-    causal: bool,
-) -> Tensor | None:
-    """The form in one fused pass of the native kernel (:func:`posenc.native.offset_table.offset_table_attention`):
-    at most one query term and one key term, a value table or none, no bias, no dropout, no segment term; ``None``
-    where it does not apply (the row blocks below then compute it)."""
-    if bias is not None or dropout or form.segment is not None:
-        return None
-    if len(form.query_terms) > 1 or len(form.key_terms) > 1:
-        return None
-    qt = [(a, *_split(t)) for a, t in form.query_terms]
-    kt = [(c, *_split(u)) for c, u in form.key_terms]
-    vt = _split(form.value_table) if form.value_table is not None else None
-    return _native.offset_table_attention(
-        form.q,
-        form.k,
-        v,
-        scale,
-        query_term=qt[0] if qt else None,
-        key_term=kt[0] if kt else None,
-        value_table=vt,
-        allowed=allowed,
-        causal=causal,
-    )
-
-
 def relative_attention(
     form: RelativeForm,
     v: Tensor,
@@ -772,9 +738,6 @@ def relative_attention(
     if bias is not None:
         bias = bias.to(q.dtype)
     nq = len(form.query_terms)
-    fast = _native_attention(form, v, scale, allowed, bias, dropout, causal)
-    if fast is not None:
-        return fast
     if torch.compiler.is_compiling():  # one custom op, which the compiled graph keeps as it is
         seed_t = torch.randint(0, 1 << 62, (1,)) if dropout else torch.zeros(1, dtype=torch.long)
         args = (q, k, v, allowed, same, e, bias, vt, vt_idx, ops, tabs, idxs, seed_t)

@@ -1,7 +1,8 @@
 """The kernels of an encoding's offset-table form (:meth:`~posenc.base.PositionalEncoding.relative_form`):
-``blocked`` (:func:`posenc.fused.relative_attention`, one block of query rows at a time, no ``[B, H, Lq, Lk]``
-tensor) and ``decode`` (:func:`posenc.native.decode_attention`: one query, one pass over the keys, the values and
-the offset tables), with :func:`decodable`, what the decode kernel computes.
+``blocked`` (:func:`posenc.native.form_attention`, the native fused pass, where it applies, else
+:func:`posenc.fused.relative_attention`, one block of query rows at a time, no ``[B, H, Lq, Lk]`` tensor) and
+``decode`` (:func:`posenc.native.decode_attention`: one query, one pass over the keys, the values and the offset
+tables), with :func:`decodable`, what the decode kernel computes.
 
 Imports :mod:`posenc.native` and :mod:`posenc.fused` (kernels) and this package's call and plan records.
 """
@@ -21,11 +22,13 @@ from .kernels import Plan
 
 def blocked(call: _Call, plan: Plan, form: RelativeForm | None, add: Tensor | None, scale: float) -> Tensor:
     """The ``blocked`` kernel: the form's terms (or, without a form, ``add``: the encoding's terms after the
-    temperature, for dropout on CPU), row block by row block."""
+    temperature, for dropout on CPU), row block by row block: the native fused pass
+    (:func:`posenc.native.form_attention`) where it applies, else :func:`posenc.fused.relative_attention`."""
     form = form if form is not None else RelativeForm(q=call.q, k=call.k)
-    return relative_attention(
-        form, call.v, scale, beyond_causal(call), bias=add, dropout=plan.dropout, causal=call.causal
-    )
+    allowed = beyond_causal(call)
+    kw = dict(bias=add, dropout=plan.dropout, causal=call.causal)
+    fast = native.form_attention(form, call.v, scale, allowed, **kw)
+    return fast if fast is not None else relative_attention(form, call.v, scale, allowed, **kw)
 
 
 def decode(call: _Call, plan: Plan, form: RelativeForm, scale: float) -> Tensor:

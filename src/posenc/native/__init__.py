@@ -54,7 +54,7 @@ from .builds import ISA_FLAGS, ISA_NEEDS, cache_dir, flags, isa, supported_isas
 from .decode import DECODE_MAX_HEAD_DIM, decode_attention, rows_dot
 from .fire import fire_bias, fire_bias_grad
 from .loader import available, build, enabled, status
-from .offset_table import offset_table_attention
+from .offset_table import form_attention, offset_table_attention
 from .rope import NT_BYTES, POPULATE_BYTES, rope_rotate
 from .threads import PARALLEL_NUMEL
 
@@ -100,6 +100,7 @@ __all__ = [
     "decode_attention",
     "fire_bias",
     "fire_bias_grad",
+    "form_attention",
     "offset_table_attention",
     "rope_rotate",
     "rows_dot",

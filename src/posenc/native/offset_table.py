@@ -33,8 +33,9 @@ The products are register-blocked loops in GNU C's vector extensions (8 floats o
 so every build gives the same bits. Where the kernel does not apply -- no compiled kernels, not CPU, not
 float32/float64, a head dimension that is not a multiple of two vectors (16 floats or 8 doubles; 32 / 16 in an
 AVX-512 build), a bias, dropout, XLNet's segment term, more than one query or key term, a key term where
-:data:`KEY_TERMS` is off, or :data:`ENABLED` off -- :func:`offset_table_attention` returns ``None`` and
-:func:`posenc.fused.relative_attention` keeps its PyTorch row blocks (the reference this kernel is tested against).
+:data:`KEY_TERMS` is off, or :data:`ENABLED` off -- :func:`offset_table_attention` returns ``None`` and the
+attention's ``blocked`` kernel (:func:`posenc.attention.blocked.blocked`, which asks :func:`form_attention` first)
+keeps :func:`posenc.fused.relative_attention`'s PyTorch row blocks (the reference this kernel is tested against).
 While ``torch.compile`` traces, the kernel is the custom op ``posenc::offset_table_attention`` (and its
 ``_backward``), which the compiled graph keeps whole. Imports torch and :mod:`posenc.native.loader` /
 :mod:`posenc.native.threads`.
@@ -43,6 +44,7 @@ While ``torch.compile`` traces, the kernel is the custom op ``posenc::offset_tab
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,8 +54,8 @@ from . import loader
 from .loader import _CTYPE
 from .threads import _run, _split
 
-# True: posenc.fused.relative_attention takes the kernel where it applies; False keeps its PyTorch blocks (the
-# benchmark, benchmarks/bench_offset_table.py, compares the two in one run)
+# True: the attention's blocked kernel takes this one where it applies; False keeps posenc.fused.relative_attention's
+# PyTorch blocks (the benchmark, benchmarks/bench_offset_table.py, compares the two in one run)
 ENABLED = True
 # a form with a key term (BERT's relative_key_query, DeBERTa's p2c) takes the kernel only where this is True too
 KEY_TERMS = True
@@ -335,6 +337,44 @@ def offset_table_attention(
     return out
 
 
+def form_attention(
+    form: Any,
+    v: Tensor,
+    scale: float,
+    allowed: Tensor | None = None,
+    *,
+    bias: Tensor | None = None,
+    dropout: float = 0.0,
+    causal: bool = False,
+) -> Tensor | None:
+    """:func:`offset_table_attention` of a :class:`posenc.fused.RelativeForm` (read by its fields: this package imports
+    nothing of posenc's kernels), the arguments of :func:`posenc.fused.relative_attention`: at most one query term and
+    one key term, a value table or none, no bias, no dropout, no segment term; ``None`` where it does not apply (the
+    caller then takes ``relative_attention``, its PyTorch row blocks)."""
+    if bias is not None or dropout or form.segment is not None:
+        return None
+    if len(form.query_terms) > 1 or len(form.key_terms) > 1:
+        return None
+
+    def split(table: Any) -> tuple[Tensor, Tensor | None]:  # a Rows (table, index) or a table per offset
+        return (table[0], table[1]) if isinstance(table, tuple) else (table, None)
+
+    qt = [(a, *split(t)) for a, t in form.query_terms]
+    kt = [(c, *split(u)) for c, u in form.key_terms]
+    vt = split(form.value_table) if form.value_table is not None else None
+    return offset_table_attention(
+        form.q,
+        form.k,
+        v,
+        scale,
+        query_term=qt[0] if qt else None,
+        key_term=kt[0] if kt else None,
+        value_table=vt,
+        allowed=allowed,
+        causal=causal,
+    )
+
+
 def _table_fits(table: Tensor, index: Tensor | None, p: int, h: int, d: int) -> bool:
     if table.dim() != 3 or table.shape[1] not in (1, h) or table.shape[2] != d:
         return False
@@ -343,4 +383,4 @@ def _table_fits(table: Tensor, index: Tensor | None, p: int, h: int, d: int) -> 
     return index.shape == (p,) and index.dtype == torch.long and index.device == table.device
 
 
-__all__ = ["offset_table_attention", "ENABLED", "KEY_TERMS", "MIN_RUN"]
+__all__ = ["form_attention", "offset_table_attention", "ENABLED", "KEY_TERMS", "MIN_RUN"]

@@ -80,6 +80,8 @@ CASES = [
     ("llama", "mrope", "static"),
     ("gemma3", "alibi", "sliding_window"),
     ("llama4", "fire", "dynamic"),
+    # an offset bias on Llama 4's chunked layers: id() of a position tensor made in the graph crashed dynamo there
+    ("llama4", "t5", "dynamic"),
 ]
 #: graph breaks measured per compiled generate (backend "eager", 3 new tokens): where one is listed it is asserted
 GRAPH_BREAKS = {
@@ -88,6 +90,9 @@ GRAPH_BREAKS = {
     ("llama", "static"): 5,
     ("gemma3", "sliding_window"): 6,
     ("llama4", "dynamic"): 2,
+    # T5's table on Llama 4: 2 and 17 more of the pre-hook's kind ("mapping proxy affected by dictionary mutation"),
+    # measured, not yet explained (the compile matrix has the other offset biases there)
+    ("llama4", "t5", "dynamic"): 19,
 }
 
 
@@ -106,8 +111,9 @@ def test_compiled_generate_gives_the_eager_tokens(family: str, name: str, cache:
     assert torch.equal(got, want)
     breaks = dict(torch._dynamo.utils.counters["graph_break"])
     print(family, name, cache, "graph breaks:", sum(breaks.values()), [r.split(chr(10))[0] for r in breaks])
-    if (family, cache) in GRAPH_BREAKS:
-        assert sum(breaks.values()) == GRAPH_BREAKS[family, cache], breaks
+    expected = GRAPH_BREAKS.get((family, name, cache), GRAPH_BREAKS.get((family, cache)))
+    if expected is not None:
+        assert sum(breaks.values()) == expected, breaks
 
 
 @pytest.mark.parametrize("name", ["mrope", "mrope-interleaved", "fire", "xpos"])

@@ -162,6 +162,8 @@ class AttentionContext:
 
     def relative(self) -> Tensor:
         """``j - i`` for every query i and key j: ``[B, Lq, Lk]`` (cached per forward)."""
+        if torch.compiler.is_compiling():  # no id() of a traced tensor (dynamo's NameError on Llama 4); the graph
+            return self.k_pos[:, None, :] - self.q_pos[:, :, None]  # computes it once where it is the same
         key = ("relative", id(self.q_pos), id(self.k_pos))
         rel = self.cache.get(key)
         if rel is None:
@@ -631,8 +633,29 @@ def mark_arange(cache: dict[Any, Any], positions: Tensor) -> Tensor:
     The model and the attention mark the positions they make themselves, so the check costs nothing there, and
     ``torch.compile`` (which cannot branch on tensor values) still takes the skew / Toeplitz forms.
     """
-    cache[(_ARANGE, id(positions))] = (positions, True)
+    if cache is not None:
+        # while torch.compile traces, id() of a tensor made inside the graph is not known (dynamo raised
+        # NameError: name 'device' is not defined on Llama 4's chunked layers): a list, searched by identity (a
+        # list, not the dict's items, which dynamo cannot iterate while the dict changes without a graph break)
+        if torch.compiler.is_compiling():
+            cache.setdefault(_ARANGE, []).append((positions, True))
+        else:
+            cache[(_ARANGE, id(positions))] = (positions, True)
     return positions
+
+
+def _marked(positions: Tensor, cache: dict[Any, Any] | None) -> bool | None:
+    """What ``cache`` knows of ``positions`` (:func:`mark_arange`, :func:`is_arange_rows`), else ``None``; while
+    ``torch.compile`` traces, found by identity over the cache's entries (no ``id()`` of a traced tensor)."""
+    if cache is None:
+        return None
+    if torch.compiler.is_compiling():
+        for got in cache.get(_ARANGE, ()):
+            if got[0] is positions:
+                return got[1]
+        return None
+    got = cache.get((_ARANGE, id(positions)))
+    return got[1] if got is not None and got[0] is positions else None
 
 
 def is_arange_rows(positions: Tensor, cache: dict[Any, Any] | None = None) -> bool:
@@ -641,10 +664,9 @@ def is_arange_rows(positions: Tensor, cache: dict[Any, Any] | None = None) -> bo
     Marked tensors (:func:`mark_arange`) are known; others are checked by value once per forward (one pass over
     ``B·L`` integers), except while ``torch.compile`` traces, where an unmarked tensor counts as arbitrary.
     """
-    key = (_ARANGE, id(positions))
-    got = cache.get(key) if cache is not None else None
-    if got is not None and got[0] is positions:
-        return got[1]
+    known = _marked(positions, cache)
+    if known is not None:
+        return known
     if positions.is_floating_point() or positions.is_complex() or positions.dim() != 2 or positions.shape[-1] == 0:
         ok = False
     elif torch.compiler.is_compiling():
@@ -652,7 +674,7 @@ def is_arange_rows(positions: Tensor, cache: dict[Any, Any] | None = None) -> bo
     else:
         ok = positions.shape[-1] == 1 or bool((positions[:, 1:] - positions[:, :-1] == 1).all())
     if cache is not None:
-        cache[key] = (positions, ok)
+        cache[(_ARANGE, id(positions))] = (positions, ok)
     return ok
 
 

@@ -374,9 +374,9 @@ def run_ruler_data(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model, tokenizer = load_pretrained(args.model)
     trained = trained_length(model)
-    longest = max(int(r.get("length", 0) or 0) for p in found.values() for r in read_jsonl(p)[: args.haystacks])
-    factor = max(1.0, longest / trained)
-    total = sum(min(len(read_jsonl(p)), args.haystacks or 10**9) for p in found.values())
+    asked = [read_jsonl(p)[: args.haystacks] for p in found.values()]  # each file read once here
+    factor = max(1.0, max(int(r.get("length", 0) or 0) for rows in asked for r in rows) / trained)
+    total = sum(len(rows) for rows in asked)
     rows = []
     for scaling in args.ruler_scalings or (AS_TRAINED,):
         opts = apply_scaling(model, scaling, factor)

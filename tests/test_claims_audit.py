@@ -129,11 +129,12 @@ def test_not_tested_is_counted_apart_from_not_reproduced_and_the_page_shows_clai
     assert "| **not tested** | the task cannot see distance |" in table[2]
     assert "| Other 2001, §3 | **posenc's question** | **not tested** |" in table[3]
     block = readme_block([data])
-    # the README's block is short: the finding, marked where it is posenc's question, and the verdict (the claim and
-    # its source are on the page)
+    # the README's block is short: a row per claim as published that the runs decided, the rest counted (the claim,
+    # its source and every verdict are on the page)
     assert "| suite | finding (claim and source: the results page) | verdict |" in block
-    assert "|  | c *(posenc's question)* | **not tested** |" in block
-    assert "|  | b | **not tested** |" in block
+    assert "[audit](docs/results.md#audit)" in block and " | a | **not reproduced** |" in block
+    assert "|  | *and 1 not tested, 1 posenc's question: on the page* |  |" in block
+    assert "| b |" not in block and "| c" not in block
 
 
 def test_the_verdicts_keep_their_order_with_not_tested_last():

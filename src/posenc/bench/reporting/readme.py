@@ -1,4 +1,4 @@
-"""The README's block of verdicts: one row per finding of the paper suites, drawn from the results page's data.
+"""The README's block of verdicts: the paper suites' decided claims, drawn from the results page's data.
 
 ``posenc results --readme README.md`` writes it between :data:`README_START` and :data:`README_END` (and
 ``--check`` compares it), from the same :class:`~.suite_data.SuiteData` as the page, so that the README cannot
@@ -16,12 +16,18 @@ from .format import anchor, md_escape, md_table
 from .suite_data import SuiteData
 
 
+#: the verdicts a README row is given for: a claim as published that the runs decided (the others are counted)
+CONCLUSIVE = ("reproduced", "partly", "not reproduced")
+_ORDER = (*CONCLUSIVE, "inconclusive", "not tested", "posenc's question")
+
+
 def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", extra: list[str] | None = None) -> str:
-    """The README's summary of the paper suites: one row per finding (suite, with its seeds where fewer than
-    planned; finding, marked "(posenc's question)" where posenc tests a variant of its own, not the claim as
-    published; verdict; the claim's source is on the page),
-    then the suites without a verdict yet, then ``extra`` (the real model's RULER paragraph). Built from the same
-    data as the page, so that it cannot disagree with it."""
+    """The README's summary of the paper suites: one row per finding that tests a paper's claim as published and
+    has a conclusive verdict (:data:`CONCLUSIVE`: suite, with its seeds where fewer than planned; finding;
+    verdict), then one row per suite counting the rest (the inconclusive and not-tested claims, and posenc's own
+    questions, which the results page lists with their claims and sources), then the suites without a verdict
+    yet, then ``extra`` (the real model's RULER paragraph). Built from the same data as the page, so that it
+    cannot disagree with it; the README stays short as the suites grow."""
     body = []
     waiting = []
     for d in datas:
@@ -37,13 +43,23 @@ def readme_block(datas: list[SuiteData], page_link: str = "docs/results.md", ext
         stale = set(map(id, d.stale_findings()))
         # the seeds are said where they are fewer than the suite's (the text above the block says how many it has)
         first = link + (f" ({ran} seeds)" if seeds < planned else "")
-        for i, f in enumerate(d.suite.findings):
+        rows, rest = [], {}
+        for f in d.suite.findings:
+            if not f.as_published:
+                rest["posenc's question"] = rest.get("posenc's question", 0) + 1
+                continue
+            if f.verdict not in CONCLUSIVE:
+                rest[f.verdict] = rest.get(f.verdict, 0) + 1
+                continue
             verdict = f"**{f.verdict}**" + (" (written before the latest runs)" if id(f) in stale else "")
-            said = f.as_published or f.finding.lower().startswith("posenc's question")
             # the finding without its closing parenthesis (the paper's numbers, an aside): those are on the page
             short = re.sub(r"\s*\([^()]*\)$", "", f.finding) or f.finding
-            what = md_escape(short) + ("" if said else " *(posenc's question)*")
-            body.append([first if i == 0 else "", what, verdict])
+            rows.append([md_escape(short), verdict])
+        if rest:
+            counted = ", ".join(f"{n} {what}" + ("s" if what == "posenc's question" and n > 1 else "")
+                                for what, n in sorted(rest.items(), key=lambda kv: _ORDER.index(kv[0])))
+            rows.append([f"*and {counted}: on the page*", ""])
+        body += [[first if i == 0 else "", *row] for i, row in enumerate(rows)]
     lines = [README_START, ""]
     lines += md_table(["suite", "finding (claim and source: the results page)", "verdict"], body)
     if waiting:

@@ -15,7 +15,6 @@ from .commands import README_END, README_START
 from .format import anchor, md_escape, md_table
 from .suite_data import SuiteData
 
-
 #: the verdicts a README row is given for: a claim as published that the runs decided (the others are counted)
 CONCLUSIVE = ("reproduced", "partly", "not reproduced")
 _ORDER = (*CONCLUSIVE, "inconclusive", "not tested", "posenc's question")

@@ -132,12 +132,21 @@ def _heatmap_panel(ax: Any, t: TaskTable) -> Any:
             seeds = r.get("per_seed", {}).get(str(n), [])
             many = len(seeds) > 1
             mean = f"{x:.0f}" if is_pct(metric) else f"{x:.3g}"
-            ax.text(
-                j, i - (0.14 if many else 0), mean, ha="center", va="center", fontsize=8, color=color, weight="bold"
-            )
-            if many:
-                each = " ".join(f"{k * v:.0f}" if is_pct(metric) else f"{k * v:.3g}" for v in seeds)
-                ax.text(j, i + 0.22, each, ha="center", va="center", fontsize=5.5, color=color)
+            # each seed's value below the mean, three to a line (six seeds' values on one line overrun the cell)
+            each = [f"{k * v:.0f}" if is_pct(metric) else f"{k * v:.3g}" for v in seeds] if many else []
+            lines = [" ".join(each[a : a + 3]) for a in range(0, len(each), 3)]
+            top = -0.14 if len(lines) == 1 else -0.24 if lines else 0.0
+            ax.text(j, i + top, mean, ha="center", va="center", fontsize=8, color=color, weight="bold")
+            for m, line in enumerate(lines):
+                ax.text(
+                    j,
+                    i + (0.22 if len(lines) == 1 else 0.06 + 0.22 * m),
+                    line,
+                    ha="center",
+                    va="center",
+                    fontsize=5.5,
+                    color=color,
+                )
             if r.get("split", {}).get(str(n)):
                 ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, ec="#ff7f0e", lw=2))
     ax.set_xticks(range(len(lengths)), [f"{n}\n(train)" if n <= tm else str(n) for n in lengths])
@@ -343,7 +352,7 @@ def curves_figure(results: list[dict[str, Any]], *, styles: dict[str, dict[str, 
                 label=lab,
                 **styles.get(lab, {}),
             )
-        ax.set_title(f"{task}: training loss (mean over seeds; thin: each seed)", fontsize=10)
+        ax.set_title(f"{task}: training loss\n(mean over seeds; thin: each seed)", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel("loss (smoothed, log scale)")
         ax.set_yscale("log")

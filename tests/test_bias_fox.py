@@ -209,11 +209,12 @@ def test_kv_cache_decoding_equals_no_cache(chunks: tuple[int, ...]) -> None:
                 outs.append(layer(x[:, at : at + m], causal=True, kv_cache=cache))
                 at += m
             torch.testing.assert_close(torch.cat(outs, dim=1), want, rtol=1e-10, atol=1e-12)
-            # the cache holds the keys with c as two channels; the running sum is the sum of the gates
-            keys = cache.get(0)[0]
-            assert keys.shape[-1] == DH + FoX.key_state_channels
-            raw = keys[..., :DH]
-            torch.testing.assert_close(keys[..., DH] + keys[..., DH + 1], layer.encoding.cumulative(raw))
+            # the cache holds the keys as they are (contiguous, head_dim wide) and c beside them (float64);
+            # the running sum is the sum of the gates
+            keys, state = cache.get(0)[0], cache.state(0)
+            assert keys.shape[-1] == DH and keys.stride(-2) == DH  # rows of head_dim: no channels between them
+            assert state is not None and state.shape == (*keys.shape[:3], FoX.key_state_channels)
+            torch.testing.assert_close(state[..., 0], layer.encoding.cumulative(keys))
 
 
 def test_generate_with_and_without_a_cache() -> None:
@@ -290,7 +291,8 @@ def test_a_query_temperature_over_it_decodes_with_a_cache() -> None:
         full = layer(x, causal=True)
         steps, cache = cached_steps(layer, x, 70)
     torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-12)
-    assert cache.get(0)[0].shape[-1] == DH + FoX.key_state_channels
+    state = cache.state(0)
+    assert state is not None and state.shape[-1] == FoX.key_state_channels and cache.get(0)[0].shape[-1] == DH
 
 
 def test_randomized_positions_over_it_decode_with_a_cache() -> None:
@@ -303,3 +305,55 @@ def test_randomized_positions_over_it_decode_with_a_cache() -> None:
         full = layer(x, causal=True)
         steps, _ = cached_steps(layer, x, 70)
     torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-12)
+
+
+def test_a_decoding_step_takes_the_decay_row_in_one_pass_at_the_float32_floor() -> None:
+    """A cached step (one query) runs FoX's own decode (``own-blocked``: the row ``c_i - c_j`` from the cached
+    channels into the native decoding kernel). With fast-forgetting gates ``c`` falls to about ``-2600`` over 2,048
+    keys, where one float32 row ``-c_j`` would be off by ``ulp(2600)``: the step stays as close to float64 as the
+    float32 attention with the float64 decays rounded once (the floor of any float32 bias)."""
+    torch.manual_seed(6)
+    enc = posenc.get("fox", n_heads=H, head_dim=DH, gate_bias=-1.0)
+    layer = MultiHeadAttention(D, H, enc)
+    wide = MultiHeadAttention(D, H, posenc.get("fox", n_heads=H, head_dim=DH), path="reference").double()
+    wide.load_state_dict(layer.state_dict())
+    x = torch.randn(1, 2049, D)
+    with torch.no_grad():
+        cache = KVCache()
+        layer(x[:, :2048], causal=True, kv_cache=cache)
+        step = layer(x[:, 2048:], causal=True, kv_cache=cache)
+        assert layer.last_plan is not None and layer.last_plan.kernel == "own-blocked", layer.last_plan
+        keys, state = cache.get(0)[0], cache.state(0)
+        assert state is not None and float(state[..., 0].min()) < -1500  # where float32 of c itself loses digits
+        want = wide(x.double(), causal=True)[:, -1:]
+        # the float32 floor: the same step with the float64 decays rounded to float32 once, through SDPA
+        q = layer.q_proj(x[:, -1:]).view(1, 1, H, DH).transpose(1, 2)
+        k = keys
+        v = cache.get(0)[1]
+        c = enc.cumulative(k)
+        row = (c[..., -1:] - c).float()[:, :, None, :]
+        floor = F.scaled_dot_product_attention(q, k, v, attn_mask=row, scale=DH**-0.5)
+        floor = layer.o_proj(floor.transpose(1, 2).reshape(1, 1, D))
+    err = float((step.double() - want).abs().max())
+    base = float((floor.double() - want).abs().max())
+    assert err <= 2 * base + 1e-6, (err, base)
+
+
+def test_decoding_a_left_padded_batch_equals_each_sequence_alone() -> None:
+    """The step's own decode drops the padded keys (the row gets -inf there): each row as if decoded alone."""
+    fast, _ = _layers(seed=7)
+    pad = 5
+    x = torch.randn(2, 30, D, dtype=torch.float64)
+    batch = torch.cat([x[:1], torch.cat([torch.randn(1, pad, D, dtype=torch.float64), x[1:, : 30 - pad]], 1)])
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, :pad] = False
+    with torch.no_grad():
+        cache = KVCache()
+        outs = [fast(batch[:, :20], causal=True, kv_cache=cache, attention_mask=mask[:, :20])]
+        for t in range(20, 30):
+            outs.append(fast(batch[:, t : t + 1], causal=True, kv_cache=cache, attention_mask=mask[:, : t + 1]))
+            assert fast.last_plan is not None and fast.last_plan.kernel == "own-blocked"
+        got = torch.cat(outs, 1)
+        alone = fast(x[1:, : 30 - pad], causal=True)
+        torch.testing.assert_close(got[1, pad:], alone[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got[0], fast(x[:1], causal=True)[0], rtol=1e-10, atol=1e-12)

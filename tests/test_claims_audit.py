@@ -177,8 +177,10 @@ def test_the_mended_verdicts_of_issue_47():
     assert ssmax.tests == "posenc's question" and "says nothing for or against Nakanishi's claim" in ssmax.evidence
     # SSMax as published: in every layer of the RoPE model (retrieval here, the loss in the fire suite)
     retrieval = _finding("rnope", "SSMax in every attention layer")
-    assert retrieval.tests == "as published" and retrieval.verdict == "inconclusive" and "all four layers" in (
-        retrieval.evidence
+    assert (
+        retrieval.tests == "as published"
+        and retrieval.verdict == "inconclusive"
+        and "all four layers" in (retrieval.evidence)
     )
     assert _finding("fire", "SSMax in every attention layer").verdict == "not reproduced"
     at_length = _finding("newer", "posenc's question, after the authors' hypothesis")

@@ -38,6 +38,9 @@ def _check_held(model: posenc.LanguageModel, cache: posenc.KVCache) -> None:
         # the positions held are the true positions of the last `held` tokens (never places in the storage)
         pos = cache.layers[i][2]
         assert torch.equal(pos[0], torch.arange(seen - held, seen)), (i, pos)
+        # an encoding's per-key state is held for exactly the keys held
+        state = cache.state(i)
+        assert state is None or state.shape[2] == held, (i, None if state is None else state.shape)
 
 
 SCHEDULES = [
@@ -49,6 +52,7 @@ SCHEDULES = [
     "t5@c4+nope",
     "rope@w4*3+ssmax",  # the query temperatures (issue 36, part 2): SSMax counts the keys of its span
     "ssmax@w3+qtemp-llama4@c4",
+    "fox@w4+fox@c3+fox*2",  # per-key state beside the keys (FoX's running sums): rolled and cut with them
 ]
 
 

@@ -153,11 +153,13 @@ class AttentionContext:
     content_folded: bool = False
     # q·kᵀ [B, H, Lq, Lk] of this call (rotated q and k), where the kernel computed it before calling logits()
     scores: Tensor | None = None
-    # the keys a KV cache held for this layer before this call, as the rotate hook returned them (with the encoding's
-    # key_state_channels); set before the rotate hook, ``None`` without a cache or before its first step
+    # the keys a KV cache held for this layer before this call, as the rotate hook returned them; set before the
+    # rotate hook, ``None`` without a cache or before its first step
     past_keys: Tensor | None = None
-    # the per-key state of this call's keys (cached ones first), ``[B, H, Lk, key_state_channels]``: the channels the
-    # rotate hook appended to the keys, which the attention takes off before its kernels (or what the hook set here)
+    # the per-key state the KV cache holds for those keys (what the rotate hook set as ``key_state`` then), or ``None``
+    past_key_state: Tensor | None = None
+    # the per-key state of this call's keys, ``[B, H, Lk, key_state_channels]``: the rotate hook sets it for the new
+    # keys (FoX's running sums); a KV cache stores it beside the keys and puts the cached keys' first
     key_state: Tensor | None = None
 
     def relative(self) -> Tensor:
@@ -305,6 +307,9 @@ class PositionalEncoding(nn.Module):
     * ``fused_min_pairs``: the attention uses :meth:`relative_form` (the row-blocked kernel of
       :mod:`posenc.fused`) only from this many query-key pairs ``Lq·Lk`` on; below it the per-block
       loop costs more than the ``[B, H, Lq, Lk]`` tensors it saves (measured in benchmarks/README.md).
+    * ``decodes_itself``: the encoding's ``blocked_attention`` also runs a call of one query (a decoding step), at
+      any number of keys (FoX: the row of decays from the cached state, one pass, as SDPA's mask);
+      without it a one-query call takes the ``logits`` hook and SDPA.
 
     What the encoding declares about itself, so that nothing outside its file lists it
     (the tests, ``posenc inspect``, ``posenc bench --encodings all`` and the registry discover it):
@@ -331,10 +336,11 @@ class PositionalEncoding(nn.Module):
       when they are built; override it for sizes the settings do not name.
     * :meth:`cost`: its work beyond plain attention in FLOPs (:class:`Cost`: per pair, per token, per row of a
       position table), derived from its formula: the floor the speed benchmark measures it against.
-    * ``key_state_channels``: the ``rotate`` hook appends this many channels of per-key state to the keys it returns
-      where ``ctx.caching`` (FoX's running sum of log-gates), so that a KV cache stores them with the keys; the
-      attention takes them off before its kernels and hands them to the hooks as ``ctx.key_state`` (the keys then
-      have ``head_dim`` channels again), and a later step finds the cached ones in ``ctx.past_keys``.
+    * ``key_state_channels``: the ``rotate`` hook sets ``ctx.key_state`` (``[B, H, L, key_state_channels]``) for
+      the new keys (FoX's running sum of log-gates); a KV cache stores it beside the keys, in storage of its own, so
+      that the keys stay contiguous for the kernels, and hands the hooks the cached keys' state first (the next
+      step's ``rotate`` finds it in ``ctx.past_key_state``). A ``rotate`` hook may instead append the channels to
+      the keys it returns; the attention then takes them off before its kernels.
     * ``option_limits``: ``{setting: (test, what is right)}`` beyond the generic ones every encoding gets from
       :func:`check_options` (types from the ``__init__`` annotations, no NaN or infinity, the limits of
       :data:`OPTION_LIMITS` by setting name: ``base > 1``, sizes ``>= 1``, ``eps > 0`` ...), checked before
@@ -357,6 +363,7 @@ class PositionalEncoding(nn.Module):
     requires_tokens: ClassVar[bool] = False
     scale_token_embeddings: ClassVar[bool] = False
     fused_min_pairs: ClassVar[int] = 256 * 256
+    decodes_itself: ClassVar[bool] = False
     logits_read_scores: ClassVar[bool] = False
     codes_read_the_row: ClassVar[bool] = False
     example_options: ClassVar[Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] = MappingProxyType({})

@@ -19,44 +19,64 @@ from ..errors import ConfigError, PositionError
 
 class _KVBuffer:
     """Storage for one layer of a :class:`KVCache`: ``[B, H, capacity, Dh]`` keys and values, ``[B', capacity]``
-    positions, of which the slots ``start .. filled`` are in use (``start`` moves on in a local layer's rolling
-    cache, which drops its oldest keys: :meth:`drop_to`)."""
+    positions and, where the encoding keeps per-key state (``ctx.key_state``: FoX's running sums), ``[B, H,
+    capacity, C]`` of it, of which the slots ``start .. filled`` are in use (``start`` moves on in a local layer's
+    rolling cache, which drops its oldest keys: :meth:`drop_to`)."""
 
-    __slots__ = ("k", "v", "pos", "start", "filled")
+    __slots__ = ("k", "v", "pos", "state", "start", "filled")
 
-    def __init__(self, pk: Tensor, pv: Tensor, ppos: Tensor, capacity: int):
+    def __init__(self, pk: Tensor, pv: Tensor, ppos: Tensor, pstate: Tensor | None, capacity: int):
         n = pk.shape[2]
         self.k = pk.new_empty(pk.shape[0], pk.shape[1], capacity, pk.shape[3])
         self.v = pv.new_empty(pv.shape[0], pv.shape[1], capacity, pv.shape[3])
         self.pos = ppos.new_empty(ppos.shape[0], capacity)
+        # channel-major ([B, H, C, capacity], handed out as [B, H, n, C] views): each channel of the state is one
+        # contiguous run over the keys, which a decoding step reads in one pass (FoX's row of decays)
+        self.state = (
+            None if pstate is None else pstate.new_empty(*pstate.shape[:2], pstate.shape[3], capacity).transpose(2, 3)
+        )
         self.k[:, :, :n] = pk
         self.v[:, :, :n] = pv
         self.pos[:, :n] = ppos
+        if self.state is not None and pstate is not None:
+            self.state[:, :, :n] = pstate
         self.start = 0
         self.filled = n
 
-    def holds(self, pk: Tensor, pv: Tensor, ppos: Tensor, added: int) -> bool:
-        """Whether ``pk, pv, ppos`` are the views this buffer last handed out and ``added`` more slots fit."""
+    def holds(self, pk: Tensor, pv: Tensor, ppos: Tensor, pstate: Tensor | None, added: int) -> bool:
+        """Whether ``pk, pv, ppos`` (and ``pstate``) are the views this buffer last handed out and ``added`` more
+        slots fit."""
         a, n = self.start, self.filled
-        views = ((pk, self.k[:, :, a:n]), (pv, self.v[:, :, a:n]), (ppos, self.pos[:, a:n]))
+        if (pstate is None) != (self.state is None):
+            return False
+        views = [(pk, self.k[:, :, a:n]), (pv, self.v[:, :, a:n]), (ppos, self.pos[:, a:n])]
+        if pstate is not None and self.state is not None:
+            views.append((pstate, self.state[:, :, a:n]))
         return n + added <= self.k.shape[2] and all(
             t.shape == b.shape and t.stride() == b.stride() and t.data_ptr() == b.data_ptr() and t.dtype == b.dtype
             for t, b in views
         )
 
-    def write(self, k: Tensor, v: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _views(self, a: int, n: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        state = self.state[:, :, a:n] if self.state is not None else None
+        return self.k[:, :, a:n], self.v[:, :, a:n], self.pos[:, a:n], state
+
+    def write(
+        self, k: Tensor, v: Tensor, k_pos: Tensor, state: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         n, m, a = self.filled, k.shape[2], self.start
         self.k[:, :, n : n + m] = k
         self.v[:, :, n : n + m] = v
         self.pos[:, n : n + m] = k_pos
+        if self.state is not None and state is not None:
+            self.state[:, :, n : n + m] = state
         self.filled = n + m
-        return self.k[:, :, a : n + m], self.v[:, :, a : n + m], self.pos[:, a : n + m]
+        return self._views(a, n + m)
 
-    def drop_to(self, keep: int) -> tuple[Tensor, Tensor, Tensor]:
+    def drop_to(self, keep: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Keep only the last ``keep`` slots in use; their views."""
         self.start = self.filled - keep
-        a, n = self.start, self.filled
-        return self.k[:, :, a:n], self.v[:, :, a:n], self.pos[:, a:n]
+        return self._views(self.start, self.filled)
 
 
 @dataclass
@@ -71,6 +91,10 @@ class KVCache:
     see: the last ``W - 1`` of a window of ``W``, the current chunk's of a chunk. Its entry then holds fewer keys
     than the layer has taken in: :meth:`seen` counts those, :meth:`cached` what is held. The positions stay the
     tokens' true positions (never places in the rolling storage).
+
+    An encoding that keeps state per key (``ctx.key_state``, set by its ``rotate`` hook: FoX's running sums of
+    log-gates) has it stored beside the keys, in storage of its own (:meth:`state`), so that the keys stay
+    contiguous for the attention's kernels.
     """
 
     layers: dict[int, tuple[Tensor, Tensor, Tensor, Tensor | None]] = field(default_factory=dict)
@@ -85,9 +109,16 @@ class KVCache:
     # read only while the entry still holds those very keys (a cache copied field by field, or an entry stored by
     # hand, counts the keys it holds)
     _seen: dict[int, tuple[Tensor, int]] = field(default_factory=dict, repr=False, compare=False)
+    # layer -> the per-key state of the keys its entry holds (``[B, H, n, C]``), for an encoding that keeps one
+    states: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
     def get(self, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor | None] | None:
         return self.layers.get(layer)
+
+    def state(self, layer: int) -> Tensor | None:
+        """The per-key state the encoding of ``layer`` keeps with its cached keys (``ctx.key_state``: FoX's running
+        sums, ``[B, H, n, C]``), or ``None`` (an encoding that keeps none, or a layer not filled yet)."""
+        return self.states.get(layer) if layer in self.layers else None
 
     def seen(self, layer: int) -> int:
         """How many tokens ``layer`` has taken in (0 for a layer not filled yet); its entry may hold fewer."""
@@ -104,7 +135,13 @@ class KVCache:
 
     def _fork(self) -> KVCache:
         """A copy whose entries are these (not copied) and whose later steps write storage of their own."""
-        return KVCache(dict(self.layers), dict(self.owners), _sizes=dict(self._sizes), _seen=dict(self._seen))
+        return KVCache(
+            dict(self.layers),
+            dict(self.owners),
+            _sizes=dict(self._sizes),
+            _seen=dict(self._seen),
+            states=dict(self.states),
+        )
 
     def _extend(
         self,
@@ -155,31 +192,53 @@ class KVCache:
                         f"KVCache holds (up to {last.max().item()}); positions must continue after the cached "
                         "ones (the default does): pass positions > the cached ones, or start a new posenc.KVCache()"
                     )
+        state = ctx.key_state
+        if state is not None and state.shape[:3] != k.shape[:3]:
+            raise ConfigError(
+                f"the encoding's per-key state (ctx.key_state) is {tuple(state.shape)} for keys {tuple(k.shape)}; it "
+                "must be [batch, heads, keys, channels], one row per new key"
+            )
+        pstate = self.state(layer)
+        if past is not None and (pstate is None) != (state is None):
+            keeps = "keeps per-key state" if pstate is not None else "keeps none"
+            raise ConfigError(
+                f"this KVCache's layer {layer} was filled by an encoding that {keeps} with its keys, unlike this "
+                "layer's encoding: the cache was filled by another encoding; start a new posenc.KVCache()"
+            )
         seen = self.seen(layer) + k.shape[2]
         if past is not None:
-            k, v, ctx.k_pos = self._append(layer, past, k, v, ctx.k_pos)
+            k, v, ctx.k_pos, state = self._append(layer, past, pstate, k, v, ctx.k_pos, state)
             if pseg is not None and ctx.k_segments is not None and pseg.shape[0] == ctx.k_segments.shape[0]:
                 ctx.k_segments = torch.cat([pseg, ctx.k_segments], dim=1)
+        ctx.key_state = state  # the state of every key of the call, the cached ones first
         held = k.shape[2]
         keep = held if span is None else span.keep(seen, held)
         if keep < held:
-            self._store_suffix(layer, k, v, ctx.k_pos, ctx.k_segments, keep)
+            self._store_suffix(layer, k, v, ctx.k_pos, ctx.k_segments, keep, state)
         else:
-            self.update(layer, k, v, ctx.k_pos, ctx.k_segments)
+            self.update(layer, k, v, ctx.k_pos, ctx.k_segments, state)
         self._seen[layer] = (self.layers[layer][0], seen)
         self.owners[layer] = owner
         self._sizes[layer] = sizes
         return k, v
 
     def _store_suffix(
-        self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None, keep: int
+        self,
+        layer: int,
+        k: Tensor,
+        v: Tensor,
+        k_pos: Tensor,
+        k_segments: Tensor | None,
+        keep: int,
+        state: Tensor | None = None,
     ) -> None:
         """Store only the last ``keep`` keys (a local layer's rolling cache): in the layer's buffer when ``k`` is its
         view (the buffer's start moves on), else as copies, so that the dropped keys' storage is freed."""
         buf = self._buffers.get(layer)
         seg = k_segments[:, k_segments.shape[1] - keep :] if k_segments is not None else None
-        if buf is not None and buf.holds(k, v, k_pos, 0):
-            self.update(layer, *buf.drop_to(keep), seg)
+        if buf is not None and buf.holds(k, v, k_pos, state, 0):
+            bk, bv, bpos, bstate = buf.drop_to(keep)
+            self.update(layer, bk, bv, bpos, seg, bstate)
             return
         n = k.shape[2]
         self.update(
@@ -188,12 +247,21 @@ class KVCache:
             v[:, :, n - keep :].clone(),
             k_pos[:, k_pos.shape[1] - keep :].clone(),
             None if seg is None else seg.clone(),
+            None if state is None else state[:, :, n - keep :].clone(),
         )
 
     def _append(
-        self, layer: int, past: tuple[Tensor, Tensor, Tensor, Tensor | None], k: Tensor, v: Tensor, k_pos: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The cached keys, values and positions followed by the new ones (not stored: :meth:`update` does).
+        self,
+        layer: int,
+        past: tuple[Tensor, Tensor, Tensor, Tensor | None],
+        pstate: Tensor | None,
+        k: Tensor,
+        v: Tensor,
+        k_pos: Tensor,
+        state: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The cached keys, values, positions (and per-key state) followed by the new ones (not stored:
+        :meth:`update` does).
 
         They are views of a per-layer buffer whose capacity doubles when full, so a step copies only its new
         keys (amortised), not all of them as ``torch.cat`` does. The buffer is written in place only where that
@@ -212,17 +280,34 @@ class KVCache:
             or ppos.dtype != k_pos.dtype
             or pv.shape[2] != n
             or ppos.shape[1] != n
+            or (pstate is not None and (pstate.shape[2] != n or state is None or pstate.dtype != state.dtype))
+            or (state is not None and state.requires_grad and torch.is_grad_enabled())
         ):
-            return torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), torch.cat([ppos, k_pos], dim=1)
+            joined = None if pstate is None or state is None else torch.cat([pstate, state], dim=2)
+            return torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), torch.cat([ppos, k_pos], dim=1), joined
         buf = self._buffers.get(layer)
-        if buf is None or not buf.holds(pk, pv, ppos, m):
-            buf = _KVBuffer(pk, pv, ppos, max(n + m + 64, 3 * (n + m) // 2))  # grows by half: amortised O(m)
+        if buf is None or not buf.holds(pk, pv, ppos, pstate, m):
+            # grows by half: amortised O(m)
+            buf = _KVBuffer(pk, pv, ppos, pstate, max(n + m + 64, 3 * (n + m) // 2))
             self._buffers[layer] = buf
-        return buf.write(k, v, k_pos)
+        return buf.write(k, v, k_pos, state)
 
-    def update(self, layer: int, k: Tensor, v: Tensor, k_pos: Tensor, k_segments: Tensor | None = None) -> None:
-        """Store all keys so far (rotated), their values, positions and segment ids (if any)."""
+    def update(
+        self,
+        layer: int,
+        k: Tensor,
+        v: Tensor,
+        k_pos: Tensor,
+        k_segments: Tensor | None = None,
+        state: Tensor | None = None,
+    ) -> None:
+        """Store all keys so far (rotated), their values, positions, segment ids (if any) and the encoding's per-key
+        state (if it keeps one: :meth:`state`)."""
         self.layers[layer] = (k, v, k_pos, k_segments)
+        if state is None:
+            self.states.pop(layer, None)
+        else:
+            self.states[layer] = state
 
     def length(self) -> int:
         """Number of positions the cache has taken in (0 when empty): the first layer's :meth:`seen` (a local layer

@@ -315,6 +315,7 @@ class MultiHeadAttention(AttentionCore):
         ctx.mask, ctx.n_keys = allowed, lk
         held = kv_cache.get(self.layer) if kv_cache is not None else None
         ctx.past_keys = held[0] if held is not None else None  # for a rotate hook that carries state with the keys
+        ctx.past_key_state = kv_cache.state(self.layer) if kv_cache is not None else None
         q, k, v = self._project_rotate(x, src, ctx)
         k, v = self._extend_cache(k, v, ctx, kv_cache)
         # once per forward and pair of position tensors (memoised in the shared cache), after the cache has

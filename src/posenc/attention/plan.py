@@ -141,10 +141,14 @@ def bias_kernels_may_apply(f: Facts) -> bool:
 
 
 def own_blocks_may_apply(f: Facts, enc: Any) -> bool:
-    """Logits alone, several queries, and the encoding attends by blocks itself (blocked_attention)."""
+    """Logits alone, and the encoding attends by blocks itself (blocked_attention): several queries, or one (a
+    decoding step) where the encoding says it runs those too (``decodes_itself``), at any number of keys."""
     alone = "logits" in f.hooks and "bias" not in f.hooks
-    traced = compilable(f, "own-blocked")
-    return own_kernels_may_apply(f) and alone and f.queries > 1 and traced and hasattr(enc, "blocked_attention")
+    if not (alone and compilable(f, "own-blocked") and hasattr(enc, "blocked_attention")):
+        return False
+    if f.queries == 1 and getattr(enc, "decodes_itself", False):
+        return rewritable(f) and "values" not in f.hooks and f.dropout == 0 and f.floats
+    return own_kernels_may_apply(f) and f.queries > 1
 
 
 def scores_once(f: Facts) -> bool:
@@ -178,9 +182,16 @@ def plan_call(f: Facts, enc: Any, call: _Call, scale: float | None = None) -> tu
         if f.flex_forced:
             raise ConfigError(f"path='flex': {flex_kernel.why_not(enc, call)}; take path='auto' for this encoding")
     elif f.flex_forced:
-        why = "return_weights needs the probabilities" if f.weights else (
-            "attention dropout (flex_attention has none)" if f.dropout else
-            "grouped keys (one key head per query head)" if f.grouped else "path='reference'"
+        why = (
+            "return_weights needs the probabilities"
+            if f.weights
+            else (
+                "attention dropout (flex_attention has none)"
+                if f.dropout
+                else "grouped keys (one key head per query head)"
+                if f.grouped
+                else "path='reference'"
+            )
         )
         raise ConfigError(f"path='flex' cannot run this call: {why}")
     form = offsets = blocks = own = None

@@ -39,11 +39,12 @@ down to 16 rows) such that no block decays by more than :data:`MAX_BLOCK_DECAY` 
 ``ulp(32 + a few)`` errors, the float32 floor of any bias of that size. The cumulative sums are float64 throughout.
 
 **KV cache.** A decoding step needs ``c`` of the last cached token (``c_new = c_last + log σ(f_new)``: a running
-sum, no gate recomputed). The ``rotate`` hook appends ``c`` to the new keys as two channels (``hi + lo``, float32
-``hi`` and its remainder, so that ``c`` keeps float64's digits), which the cache stores with the keys; the attention
-takes them off before its kernels (``key_state_channels``, ``ctx.key_state``) and the next step reads the last one
-from ``ctx.past_keys``. Without a cache (training, a patched transformers model, which hands the hook every key
-each call) the channels go to ``ctx.key_state`` directly and the keys are unchanged.
+sum, no gate recomputed). The ``rotate`` hook gives ``c`` of the new keys, float64, as ``ctx.key_state``, which a KV
+cache stores beside the keys in storage of its own (``key_state_channels``; the keys stay contiguous for the
+kernels), and the next step reads the last one from ``ctx.past_key_state``. A decoding step takes the row
+``c_i - c_j`` from it in one pass (:meth:`FoX.decode_row`) as the mask of SDPA's flash kernel. Without a cache
+(training, a patched transformers model, which hands the hook every key each call) the hook sets ``ctx.key_state``
+the same way.
 """
 
 from __future__ import annotations
@@ -241,8 +242,9 @@ class FoX(PositionalEncoding):
         " an encoder's second gate for the keys after the query is posenc's extension",
     )
     shared_across_layers = False
-    key_state_channels = 2  # c as hi + lo, carried with the keys through a KV cache
+    key_state_channels = 1  # c in float64, stored beside the keys by a KV cache
     fused_min_pairs = 64 * 64  # the blocked kernel pays off early (no L x L tensor, SDPA's flash per block)
+    decodes_itself = True  # a decoding step: the row of decays from the cached sums, one pass, as SDPA's mask
     claims = {"relative_only": True, "decay": True, "params_constant": True}
 
     def __init__(self, n_heads: int, head_dim: int, gate_bias: float | None = None, causal: bool = True):
@@ -290,8 +292,7 @@ class FoX(PositionalEncoding):
             k = k.repeat_interleave(self.n_heads // h, dim=1)
             h = self.n_heads
         f = self.gate(k.transpose(1, 2).reshape(b, n, h * d))  # [B, L, H] (or 2H)
-        g = F.logsigmoid(f.double()).transpose(1, 2)
-        g = g.where(torch.isfinite(g), torch.zeros((), dtype=g.dtype, device=g.device))
+        g = F.logsigmoid(f.double()).transpose(1, 2).nan_to_num(0.0, 0.0, 0.0)  # a non-finite gate: 1 (log 0)
         mask = ctx.mask if ctx is not None else None
         if mask is not None and mask.shape[-1] >= n:
             hidden = ~mask.any(-2)[..., mask.shape[-1] - n :]  # [B|1, 1|H, L]: keys no query may see
@@ -322,6 +323,10 @@ class FoX(PositionalEncoding):
 
     @staticmethod
     def _from_channels(state: Tensor) -> Tensor:
+        """``c`` (float64) from the per-key state: its one float64 channel (what :meth:`rotate` sets), or the sum of
+        two channels of a lower precision (:meth:`_channels`)."""
+        if state.shape[-1] == 1:
+            return state[..., 0].double()
         return state[..., 0].double() + state[..., 1].double()
 
     def _past_c(self, ctx: AttentionContext) -> Tensor | None:
@@ -329,26 +334,24 @@ class FoX(PositionalEncoding):
         past = ctx.past_keys
         if past is None or past.shape[2] == 0:
             return None
-        if past.shape[-1] != self.head_dim + self.key_state_channels:
+        state = ctx.past_key_state
+        if state is None or state.shape[-1] != self.key_state_channels or state.shape[2] != past.shape[2]:
             raise ConfigError(
-                f"fox: the KV cache holds keys of width {past.shape[-1]}, not head_dim + 2 = {self.head_dim + 2} "
-                "(FoX stores its running sum with the keys): the cache was filled by another encoding; start a new "
-                "posenc.KVCache()"
+                "fox: the KV cache holds keys without FoX's running sums (FoX stores them beside its keys): the "
+                "cache was filled by another encoding; start a new posenc.KVCache()"
             )
-        return self._from_channels(past[:, :, -1, self.head_dim :])
+        return self._from_channels(state[:, :, -1])
 
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
-        """Nothing rotates: the gates of the new keys and their running sum ``c`` go with the keys (see the module)."""
+        """Nothing rotates: the gates of the new keys and their running sum ``c`` go to ``ctx.key_state``, which a KV
+        cache stores beside the keys (see the module)."""
+        if ctx.caching and k.shape[1] != self.n_heads:
+            raise ConfigError(
+                f"fox keeps one running sum per query head with the keys of a KV cache, which needs one key head "
+                f"per query head; got {k.shape[1]} key heads for n_heads={self.n_heads}"
+            )
         c = self.cumulative(k, self._past_c(ctx) if ctx.caching else None, ctx)
-        state = self._channels(c, k.dtype)
-        if ctx.caching:  # stored with the keys; the attention takes the channels off (ctx.key_state)
-            if k.shape[1] != self.n_heads:
-                raise ConfigError(
-                    f"fox keeps one running sum per query head with the keys of a KV cache, which needs one key head "
-                    f"per query head; got {k.shape[1]} key heads for n_heads={self.n_heads}"
-                )
-            return q, torch.cat([k, state], dim=-1)
-        ctx.key_state = state
+        ctx.key_state = c[..., None]  # float64, one channel: a KV cache keeps it beside the keys as it is
         return q, k
 
     def _c(self, k: Tensor, ctx: AttentionContext) -> Tensor:
@@ -404,8 +407,27 @@ class FoX(PositionalEncoding):
 
         return q, k, score_mod
 
+    def decode_row(self, k: Tensor, ctx: AttentionContext, dtype: torch.dtype) -> Tensor:
+        """``D_ij = c_i - c_j`` of a decoding step (the last key is the query's): ``[B, 1|H, 1, Lk]`` in ``dtype``.
+
+        The float64 difference of the running sums, rounded once: the row carries ``ulp(|D_ij|)`` errors, not
+        ``ulp(|c|)`` (``c`` falls without bound, see the module's docstring). A KV cache keeps ``c`` as one
+        contiguous float64 run per head (:class:`~posenc.KVCache` stores the state channel-major), so this is one
+        pass over ``8 Lk`` bytes a head."""
+        c = self._c(k, ctx)
+        return (c[..., -1:] - c).to(dtype)[:, :, None, :]
+
+    def _decode(self, q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, ctx: AttentionContext):
+        """One query (a decoding step): SDPA's flash kernel with the decay row as its mask (measured faster than
+        :func:`posenc.native.decode_attention` with it: benchmarks/README.md, issue 49)."""
+        row = self.decode_row(k, ctx, q.dtype)  # after the temperature
+        if mask is not None:  # an allowed mask [B|1, H|1, 1, Lk]: padded keys drop out
+            row = row.masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=row, scale=scale)
+
     def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
-        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`fox_attention` on the ``c`` of the call.
+        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`fox_attention` on the ``c`` of the call;
+        a decoding step (one query of a causal FoX, ``decodes_itself``) in one pass, :meth:`_decode`.
 
         Calls with a mask beyond the causal one, and encoders, compute :meth:`logits`' ``[B, H, Lq, Lk]`` term
         here instead (correct, not blocked)."""
@@ -413,6 +435,8 @@ class FoX(PositionalEncoding):
             return None
 
         def run(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, mask: Tensor | None) -> Tensor:
+            if q.shape[-2] == 1 and self.causal and q.dtype in (torch.float32, torch.float64):
+                return self._decode(q, k, v, scale, mask, ctx)
             if causal and mask is None and q.dtype in (torch.float32, torch.float64):
                 return fox_attention(q, k, v, self._c(k, ctx), scale)
             s = torch.matmul(q, k.transpose(-1, -2)) + self.logits(q, k, ctx)

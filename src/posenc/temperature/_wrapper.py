@@ -117,6 +117,7 @@ class QueryTemperature(PositionalEncoding):
         # only where the inner encoding offers it, see offers_relative_form)
         if hasattr(enc, "blocked_attention"):
             self.blocked_attention = enc.blocked_attention
+            self.decodes_itself = enc.decodes_itself  # type: ignore[misc]  (FoX's decoding step, with its own kernel)
         if enc.offers_relative_form():
             self.relative_form = enc.relative_form  # type: ignore[method-assign]
         self._inner_rotates = "rotate" in enc.hooks()

@@ -286,22 +286,27 @@ def test_masked_keys_with_finite_garbage_reach_nothing():
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["shaw", "relative-key-query"])
-def test_compile_keeps_the_kernel_and_equals_eager(name, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [("shaw", "aot_eager"), ("relative-key-query", "aot_eager"), ("relative-key-query", "inductor")],
+)
+def test_compile_keeps_the_kernel_and_equals_eager(name, backend, monkeypatch):
     """torch.compile over the attention (fullgraph: no break at the kernel, a custom op) equals eager, forward and the
-    input's gradient."""
+    input's gradient; inductor too (it generates the code around the op and keeps the op's C kernel as a call)."""
     torch._dynamo.reset()
     calls = _count(monkeypatch)
     layer = _layer(name)
     x = torch.randn(2, 20, 2 * D)
-    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
-    outs = []
+    compiled = torch.compile(layer, backend=backend, fullgraph=True)
+    outs, ran = [], []
     for f in (layer, compiled):
+        before = len(calls)
         xx = x.clone().requires_grad_()
         out = f(xx, causal=True)
         (gx,) = torch.autograd.grad(out.square().sum(), [xx])
         outs.append((out, gx))
-    assert len(calls) >= 2  # eager and compiled both ran the kernel
+        ran.append(len(calls) - before)
+    assert all(ran), ran  # eager and the compiled graph both ran the kernel
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
 

@@ -277,8 +277,19 @@ def test_bad_input() -> None:
     cache = KVCache()
     other(torch.randn(1, 4, 8), causal=True, kv_cache=cache)
     fox = MultiHeadAttention(8, 2, FoX(n_heads=2, head_dim=4))
-    with pytest.raises(ConfigError, match="KV cache|KVCache"):
+    with pytest.raises(ConfigError, match="without FoX's running sums.*start a new posenc.KVCache"):
         fox(torch.randn(1, 1, 8), causal=True, kv_cache=cache)
+
+    # an encoding whose per-key state does not match its keys is refused by the cache, not stored misaligned
+    class Misaligned(FoX):
+        def rotate(self, q, k, ctx):
+            q, k = super().rotate(q, k, ctx)
+            ctx.key_state = ctx.key_state[:, :, 1:]
+            return q, k
+
+    bad = MultiHeadAttention(8, 2, Misaligned(n_heads=2, head_dim=4))
+    with pytest.raises(ConfigError, match=r"per-key state \(ctx.key_state\) is \(1, 2, 3, 1\) for keys \(1, 2, 4, 4\)"):
+        bad(torch.randn(1, 4, 8), causal=True, kv_cache=KVCache())
 
 
 def test_a_query_temperature_over_it_decodes_with_a_cache() -> None:

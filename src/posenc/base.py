@@ -339,8 +339,7 @@ class PositionalEncoding(nn.Module):
     * ``key_state_channels``: the ``rotate`` hook sets ``ctx.key_state`` (``[B, H, L, key_state_channels]``) for
       the new keys (FoX's running sum of log-gates); a KV cache stores it beside the keys, in storage of its own, so
       that the keys stay contiguous for the kernels, and hands the hooks the cached keys' state first (the next
-      step's ``rotate`` finds it in ``ctx.past_key_state``). A ``rotate`` hook may instead append the channels to
-      the keys it returns; the attention then takes them off before its kernels.
+      step's ``rotate`` finds it in ``ctx.past_key_state``).
     * ``option_limits``: ``{setting: (test, what is right)}`` beyond the generic ones every encoding gets from
       :func:`check_options` (types from the ``__init__`` annotations, no NaN or infinity, the limits of
       :data:`OPTION_LIMITS` by setting name: ``base > 1``, sizes ``>= 1``, ``eps > 0`` ...), checked before

@@ -198,13 +198,7 @@ class KVCache:
                 f"the encoding's per-key state (ctx.key_state) is {tuple(state.shape)} for keys {tuple(k.shape)}; it "
                 "must be [batch, heads, keys, channels], one row per new key"
             )
-        pstate = self.state(layer)
-        if past is not None and (pstate is None) != (state is None):
-            keeps = "keeps per-key state" if pstate is not None else "keeps none"
-            raise ConfigError(
-                f"this KVCache's layer {layer} was filled by an encoding that {keeps} with its keys, unlike this "
-                "layer's encoding: the cache was filled by another encoding; start a new posenc.KVCache()"
-            )
+        pstate = self.state(layer)  # None where the layer's encoding keeps none (FoX refuses a cache without its own)
         seen = self.seen(layer) + k.shape[2]
         if past is not None:
             k, v, ctx.k_pos, state = self._append(layer, past, pstate, k, v, ctx.k_pos, state)

@@ -197,7 +197,6 @@ class AttentionCore(nn.Module):
     ) -> tuple[Plan, RelativeForm | None, Any]:
         """Step 5: the facts of this call (:class:`~posenc.attention.plan.Facts`), then
         :func:`~posenc.attention.plan.plan_call`: the plan, and the encoding's form or own kernel input it uses."""
-        self._take_key_state(call)
         dropout = self.dropout if self.training else 0.0
         facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights, self.path == "flex")
         plan, form, own = plan_call(facts, self.encoding, call, scale)
@@ -216,15 +215,6 @@ class AttentionCore(nn.Module):
     def _probabilities(self) -> Callable[[Tensor, AttentionContext], Tensor | None] | None:
         """The encoding's ``probabilities`` hook (``logits, ctx -> weights or None``), or ``None``."""
         return self.encoding.probabilities if self._has["probabilities"] and self.encoding is not None else None
-
-    def _take_key_state(self, call: _Call) -> None:
-        """The keys' trailing channels of per-key state (the encoding's ``key_state_channels``, appended by its rotate
-        hook and stored with the keys in a KV cache) into ``ctx.key_state``, and off the keys, in place: every kernel
-        then sees keys of the query's width. Idempotent."""
-        n = self.encoding.key_state_channels if self.encoding is not None else 0
-        if n and call.k.shape[-1] == call.q.shape[-1] + n:
-            call.ctx.key_state = call.k[..., -n:]
-            call.k = call.k[..., :-n]
 
     # ---------------------------------------------------------------- the encoding's terms
     def _terms(self, call: _Call) -> tuple[Tensor | None, Tensor | None]:

@@ -129,9 +129,10 @@ def decode_may_apply(f: Facts, enc: Any) -> bool:
     return form_may_apply(f) and one_step and not gradient and runs and enc.offers_relative_form()
 
 
-def own_kernels_may_apply(f: Facts) -> bool:
-    """What the encoding's own CPU kernels (a bias per offset or per block, CoPE's row blocks) all need."""
-    return rewritable(f) and "values" not in f.hooks and f.dropout == 0 and f.floats and f.many_pairs
+def own_kernels_may_apply(f: Facts, any_pairs: bool = False) -> bool:
+    """What the encoding's own CPU kernels (a bias per offset or per block, CoPE's row blocks) all need: enough pairs
+    for them to pay off, unless ``any_pairs`` (a decoding step the encoding runs itself)."""
+    return rewritable(f) and "values" not in f.hooks and f.dropout == 0 and f.floats and (any_pairs or f.many_pairs)
 
 
 def bias_kernels_may_apply(f: Facts) -> bool:
@@ -144,11 +145,10 @@ def own_blocks_may_apply(f: Facts, enc: Any) -> bool:
     """Logits alone, and the encoding attends by blocks itself (blocked_attention): several queries, or one (a
     decoding step) where the encoding says it runs those too (``decodes_itself``), at any number of keys."""
     alone = "logits" in f.hooks and "bias" not in f.hooks
-    if not (alone and compilable(f, "own-blocked") and hasattr(enc, "blocked_attention")):
-        return False
-    if f.queries == 1 and getattr(enc, "decodes_itself", False):
-        return rewritable(f) and "values" not in f.hooks and f.dropout == 0 and f.floats
-    return own_kernels_may_apply(f) and f.queries > 1
+    step = f.queries == 1 and getattr(enc, "decodes_itself", False)
+    traced = compilable(f, "own-blocked")
+    fits = own_kernels_may_apply(f, any_pairs=step) and (step or f.queries > 1)
+    return fits and alone and traced and hasattr(enc, "blocked_attention")
 
 
 def scores_once(f: Facts) -> bool:
@@ -182,16 +182,9 @@ def plan_call(f: Facts, enc: Any, call: _Call, scale: float | None = None) -> tu
         if f.flex_forced:
             raise ConfigError(f"path='flex': {flex_kernel.why_not(enc, call)}; take path='auto' for this encoding")
     elif f.flex_forced:
-        why = (
-            "return_weights needs the probabilities"
-            if f.weights
-            else (
-                "attention dropout (flex_attention has none)"
-                if f.dropout
-                else "grouped keys (one key head per query head)"
-                if f.grouped
-                else "path='reference'"
-            )
+        why = "return_weights needs the probabilities" if f.weights else (
+            "attention dropout (flex_attention has none)" if f.dropout else
+            "grouped keys (one key head per query head)" if f.grouped else "path='reference'"
         )
         raise ConfigError(f"path='flex' cannot run this call: {why}")
     form = offsets = blocks = own = None

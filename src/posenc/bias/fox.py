@@ -323,11 +323,8 @@ class FoX(PositionalEncoding):
 
     @staticmethod
     def _from_channels(state: Tensor) -> Tensor:
-        """``c`` (float64) from the per-key state: its one float64 channel (what :meth:`rotate` sets), or the sum of
-        two channels of a lower precision (:meth:`_channels`)."""
-        if state.shape[-1] == 1:
-            return state[..., 0].double()
-        return state[..., 0].double() + state[..., 1].double()
+        """``c`` (float64) from the per-key state :meth:`rotate` sets: its one float64 channel."""
+        return state[..., 0]
 
     def _past_c(self, ctx: AttentionContext) -> Tensor | None:
         """``c`` of the last key a KV cache holds for this layer (``[B, H]``), or ``None``."""

@@ -74,7 +74,8 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,8 @@ from .lm import encoded_lm, uniform_perplexity
 SCALINGS = ("rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3")
 #: options of a scaled encoding that the base ``rope`` shares with it
 SHARED_OPTIONS = ("base", "rotary_dim")
+#: task_options longrope: "" (rope-longrope's factors as given) or "search" (LongRoPE's search replaces them)
+LONGROPE_FORMS = ("", "search")
 
 # --------------------------------------------------------------------------- which encodings are methods
 
@@ -238,15 +241,36 @@ def shared_base(
 
 
 def finetune(
-    model: torch.nn.Module, steps: int, lr: float, seed: int, batch_loss: Callable[[torch.Generator], Tensor]
+    model: torch.nn.Module,
+    steps: int,
+    lr: float,
+    seed: int,
+    batch_loss: Callable[[torch.Generator], Tensor],
+    at: Sequence[int] = (),
+    checkpoint: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """``steps`` AdamW steps at ``lr`` (linear warm-up over 10 %, then constant), clip 1; batches from ``seed``."""
+    """``steps`` AdamW steps at ``lr`` (linear warm-up over 10 %, then constant), clip 1; batches from ``seed``.
+
+    ``checkpoint(k)`` is called once the ``k``-th step of ``at`` is done (``0``: before the first), the model
+    then in eval mode and back in train mode after; it must not draw from torch's random state (an evaluation
+    does not), so the fine-tune is the same with or without checkpoints."""
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warm))
-    curve, seconds = optimise(model, opt, sched, steps, lambda step: batch_loss(g), every=10)
+    wanted = set(at)
+
+    def on_step(step: int, _loss: float) -> None:
+        if checkpoint is not None and step in wanted:
+            model.eval()
+            checkpoint(step)
+            model.train()
+
+    if checkpoint is not None and 0 in wanted:
+        model.eval()
+        checkpoint(0)
+    curve, seconds = optimise(model, opt, sched, steps, lambda step: batch_loss(g), every=10, on_step=on_step)
     model.eval()
     return {"curve": curve, "seconds": round(seconds, 2)}
 
@@ -261,7 +285,16 @@ class ExtensionTask(Task):
 
     default_model = "decoder"
     version = "1"
-    DEFAULTS: dict[str, Any] = {"finetune_steps": 0, "finetune_factor": 4, "finetune_lr": 3e-4}
+    DEFAULTS: dict[str, Any] = {
+        "finetune_steps": 0,
+        "finetune_factor": 4,
+        "finetune_lr": 3e-4,
+        "checkpoints": [],
+        "longrope": "",
+        "longrope_population": 64,
+        "longrope_iterations": 40,
+        "longrope_samples": 8,
+    }
 
     # ---- to override
     def vocab_size(self, cfg: RunConfig) -> int:
@@ -305,6 +338,19 @@ class ExtensionTask(Task):
             opts["finetune_factor"] >= 1, f"task_options finetune_factor must be >= 1, got {opts['finetune_factor']}"
         )
         require(opts["finetune_lr"] > 0, f"task_options finetune_lr must be > 0, got {opts['finetune_lr']}")
+        at = opts["checkpoints"]
+        require(
+            all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= opts["finetune_steps"] for k in at)
+            and list(at) == sorted(set(at)),
+            f"task_options checkpoints must be increasing step counts in 0..finetune_steps "
+            f"({opts['finetune_steps']}), got {at!r}",
+        )
+        require(
+            opts["longrope"] in LONGROPE_FORMS,
+            f"task_options longrope must be one of {LONGROPE_FORMS}, got {opts['longrope']!r}",
+        )
+        for key in ("longrope_population", "longrope_iterations", "longrope_samples"):
+            require(opts[key] >= 1, f"task_options {key} must be >= 1, got {opts[key]}")
         return opts
 
     def validate(self, cfg: RunConfig) -> None:
@@ -314,7 +360,26 @@ class ExtensionTask(Task):
             )
         opts = self.options(cfg)
         method_options(cfg, self.train_length(cfg), float(opts["finetune_factor"]))
+        require(
+            not opts["longrope"] or cfg.encoding == "rope-longrope",
+            f"task_options longrope = 'search' searches rope-longrope's factors; the encoding is {cfg.encoding}",
+        )
 
+    def heldout(self, cfg: RunConfig, length: int, n: int) -> Tensor:
+        """``n x length + 1`` held-out tokens (a stream) for LongRoPE's search, not the evaluated ones."""
+        raise ConfigError(f"{self.name} has no held-out text for LongRoPE's search (task_options longrope)")
+
+    def longrope_factors(self, cfg: RunConfig, state: dict[str, Tensor], key: str) -> dict[str, Any]:
+        """The per-pair factors of a ``rope-longrope`` run with ``task_options longrope = 'search'``: LongRoPE's
+        evolutionary search on the base model at ``finetune_factor x L`` (:func:`posenc.extend.longrope_search.search`,
+        its initial population PI's, NTK's and YaRN's factors; cached beside the base). They replace the encoding's
+        given ``short_factor`` / ``long_factor`` (rope-longrope cannot be built without some)."""
+        opts = self.options(cfg)
+        L, s = self.train_length(cfg), float(opts["finetune_factor"])
+        base = float((cfg.encoding_options or {}).get("base", 10000.0))
+        head_dim = cfg.d_model // cfg.n_heads
+        pairs = int((cfg.encoding_options or {}).get("rotary_dim", head_dim)) // 2
+        return search_longrope(self, cfg, state, key, L, s, base, head_dim, pairs)
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         self.validate(cfg)
         opts = self.options(cfg)
@@ -332,6 +397,12 @@ class ExtensionTask(Task):
             on_step(cfg.steps, meta["curve"][-1][1] if meta["curve"] else float("nan"))
         L = self.train_length(cfg)
         method = method_options(cfg, L, float(opts["finetune_factor"]))
+        found: dict[str, Any] = {}
+        if opts["longrope"]:
+            found = self.longrope_factors(cfg, state, base_key(self, cfg, self.base_extra(cfg)))
+            replaced = {k: method.get(k) for k in ("short_factor", "long_factor")}
+            method = {**method, "short_factor": found["short_factor"], "long_factor": found["long_factor"]}
+            found = {**found, "longrope": {**found["longrope"], "replaced": replaced}}
         model = self.build(cfg, cfg.encoding, method)
         missing, unexpected = model.load_state_dict(copy.deepcopy(state), strict=False)
         stray = [k for k in [*missing, *unexpected] if "encoding" not in k]
@@ -344,7 +415,19 @@ class ExtensionTask(Task):
             "base_seconds": meta["seconds"],
             "encoding_options_used": method,
         }
+        if found:
+            extra["longrope"] = found["longrope"]
         seconds = float(meta["seconds"])
+        at = list(opts["checkpoints"])
+        points: dict[str, Any] = {}
+        spent = [0.0]
+
+        def checkpoint(k: int) -> None:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                points[str(k)] = self.evaluate(model, cfg)[0]
+            spent[0] += time.perf_counter() - t0
+
         if opts["finetune_steps"]:
             ft_len = int(round(opts["finetune_factor"] * L))
             extra["finetune_length"] = ft_len
@@ -354,10 +437,19 @@ class ExtensionTask(Task):
                 opts["finetune_lr"],
                 cfg.seed + 1,
                 lambda g: self.finetune_loss(model, cfg, g),
+                at=at,
+                checkpoint=checkpoint if at else None,
             )
             curve += [[cfg.steps + s, v] for s, v in ft["curve"]]
-            extra["finetune_seconds"] = ft["seconds"]
-            seconds += ft["seconds"]
+            ft_seconds = round(ft["seconds"] - spent[0], 2)  # the checkpoints' evaluations are not training
+            extra["finetune_seconds"] = ft_seconds
+            seconds += ft_seconds
+        elif at:  # checkpoints = [0]: the model as swapped in
+            checkpoint(0)
+        if at:
+            # the metrics at each checkpoint (fine-tune steps done -> {test length: value}), in step order
+            extra["checkpoints"] = {str(k): points[str(k)] for k in at}
+            extra["checkpoint_seconds"] = round(spent[0], 2)
         with torch.no_grad():
             metrics, more = self.evaluate(model, cfg)
         extra.update(more)
@@ -368,6 +460,123 @@ class ExtensionTask(Task):
             "train_seconds": round(seconds, 2),
             "extra": extra,
         }
+
+
+# --------------------------------------------------------------------------- LongRoPE's search on the base model
+
+_SEARCHED: dict[str, dict[str, Any]] = {}
+
+
+class _ToyRotaryEmbedding(torch.nn.Module):
+    """What :func:`posenc.extend.longrope_search.search` reads of a model's rotary module: ``inv_freq``."""
+
+    def __init__(self, inv_freq: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq)
+
+
+class _SearchView(torch.nn.Module):
+    """The base model's RoPE as a transformers-like config and rotary module, for the search's bookkeeping (its
+    base, head width, pairs and trained length); the fitness is ours, so the search never runs this module."""
+
+    def __init__(self, base: float, head_dim: int, pairs: int, L: int) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(rope_theta=base, head_dim=head_dim, max_position_embeddings=L)
+        self.rotary = _ToyRotaryEmbedding(torch.ones(pairs))
+
+
+def search_longrope(
+    task: ExtensionTask,
+    cfg: RunConfig,
+    state: dict[str, Tensor],
+    key: str,
+    L: int,
+    factor: float,
+    base: float,
+    head_dim: int,
+    pairs: int,
+) -> dict[str, Any]:
+    """LongRoPE's search (microsoft/LongRoPE's sizes unless the task options say) of ``rope-longrope``'s long
+    factors for the base model ``state``: fitness = perplexity at ``factor x L`` on ``longrope_samples`` held-out
+    windows (:meth:`ExtensionTask.heldout`), short factors 1, ``n̂ = 0`` (what ``rope-longrope`` can express).
+    The result is a pure function of the base and the options, kept in memory and beside the base on disk."""
+    opts = task.options(cfg)
+    sizes = {k: opts[f"longrope_{k}"] for k in ("population", "iterations", "samples")}
+    parts = {"base": key, "factor": factor, "base_theta": base, "pairs": pairs, **sizes}
+    skey = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+    with _MEMORY_LOCK:
+        if skey in _SEARCHED:
+            return _SEARCHED[skey]
+    folder = cache_folder()
+    if folder is None:
+        return _search_longrope(task, cfg, state, skey, None, L, factor, base, head_dim, pairs, sizes)
+    path = folder / f"{key}-longrope-{skey}.json"
+    with _file_lock(folder / f"{key}-longrope-{skey}.lock"):  # concurrent workers wait instead of searching twice
+        if path.exists():
+            with contextlib.suppress(ValueError, OSError):
+                out = json.loads(path.read_text())
+                with _MEMORY_LOCK:
+                    _SEARCHED[skey] = out
+                return out
+        return _search_longrope(task, cfg, state, skey, path, L, factor, base, head_dim, pairs, sizes)
+
+
+def _search_longrope(
+    task: ExtensionTask,
+    cfg: RunConfig,
+    state: dict[str, Tensor],
+    skey: str,
+    path: Path | None,
+    L: int,
+    factor: float,
+    base: float,
+    head_dim: int,
+    pairs: int,
+    sizes: dict[str, int],
+) -> dict[str, Any]:
+    from ...extend.longrope_search import search
+
+    length = int(round(factor * L))
+    held = task.heldout(cfg, length, sizes["samples"])
+    fixed = method_options(cfg, L, factor)
+
+    def fitness(c: Any) -> float:
+        model = task.build(cfg, "rope-longrope", {**fixed, "short_factor": [1.0] * pairs,
+                                                  "long_factor": list(c.factors)})
+        model.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            return perplexity(model, held, length)
+
+    # parents: half the population, as microsoft/LongRoPE's defaults (64 -> 32, with 16 mutations, 16 crossovers)
+    population = sizes["population"]
+    parents = max(1, population // 2)
+    kids = max(1, population // 4)
+    found = search(_SearchView(base, head_dim, pairs, L), factor=factor, length=length, fitness=fitness,
+                   population=population, iterations=sizes["iterations"], parents=parents, mutations=kids,
+                   crossovers=kids, seed=cfg.seed, quiet=True)
+    out = {
+        "short_factor": found.short_factor,
+        "long_factor": found.long_factor,
+        "longrope": {
+            "form": "search",
+            "length": length,
+            "fitness": found.best.fitness,
+            "initial": {k: c.fitness for k, c in found.initial.items()},
+            "curve": found.curve,
+            "evaluated": len(found.evaluated),
+            "seconds": round(found.seconds, 2),
+            "sizes": {**sizes, "parents": parents, "mutations": kids, "crossovers": kids},
+        },
+    }
+    with _MEMORY_LOCK:
+        _SEARCHED[skey] = out
+    if path is not None:
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+    return out
 
 
 # --------------------------------------------------------------------------- language modelling
@@ -405,6 +614,19 @@ class LMExtensionTask(ExtensionTask):
         length = int(round(opts["finetune_factor"] * cfg.train_lengths[1]))
         rows = max(1, int(cfg.batch_size // opts["finetune_factor"]))
         return model.loss(sample_chunks(train, rows, length, g))
+
+    def heldout(self, cfg: RunConfig, length: int, n: int) -> Tensor:
+        """``n`` windows of ``length`` tokens of the evaluated split after the evaluated tokens (held out)."""
+        opts = self.options(cfg)
+        stream = encoded_lm(self.dataset)[1][opts["split"]]
+        start = opts["eval_tokens"] + 1
+        need = n * length + 1
+        require(
+            stream.numel() >= start + need,
+            f"{self.name}: {opts['split']} has {stream.numel()} tokens, too few for {n} search windows of {length} "
+            f"after the {opts['eval_tokens']} evaluated ones (lower longrope_samples or eval_tokens)",
+        )
+        return stream[start : start + need]
 
     def evaluate(self, model: LanguageModel, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         opts = self.options(cfg)

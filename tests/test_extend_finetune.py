@@ -318,9 +318,11 @@ def test_posenc_extend_finetune_trains_resumes_and_exports(tmp_path, monkeypatch
     from posenc.cli import main
 
     model, tok = tiny.model(), tiny.tokenizer()
-    monkeypatch.setattr(posenc.pretrained, "load_pretrained", lambda *a, **k: (model, tok))
+    loads = iter([model])  # the first run tunes this model in place; a rerun loads the pretrained one again
+    monkeypatch.setattr(posenc.pretrained, "load_pretrained", lambda *a, **k: (next(loads, None) or tiny.model(), tok))
     argv = ["extend", "--finetune", "2", "--finetune-length", "128", "--finetune-tokens-per-step", "256",
-            "--finetune-factor", "2", "--finetune-text", "hamlet", "--out", str(tmp_path), "--export", "rope-yarn"]
+            "--finetune-factor", "2", "--finetune-text", "hamlet", "--no-passkey", "--out", str(tmp_path),
+            "--export", "rope-yarn"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "fine-tuned 2 steps (rope-yarn x2, full): held-out loss" in printed and "exported" in printed
@@ -335,4 +337,4 @@ def test_posenc_extend_finetune_trains_resumes_and_exports(tmp_path, monkeypatch
     assert main(argv[:-2]) == 0 and (tmp_path / "finetune-rope-yarn-x2-full" / ft.CURVE).read_text() == curve
     assert main([*argv[:-1], "rope-linear"]) == 2
     assert "the fine-tuned model is patched with rope-yarn" in capsys.readouterr().err
-    assert main([*argv, "--quick"]) == 2 and "--quick describe the training-free cells" in capsys.readouterr().err
+    assert main([*argv, "--full"]) == 2 and "--full is the training-free grid" in capsys.readouterr().err

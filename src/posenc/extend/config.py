@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -26,6 +27,55 @@ LABELS = {
     "rope-llama3": "Llama 3",
     "rope-longrope": "LongRoPE (unsearched)",
 }
+#: LongRoPE with the per-pair factors of its evolutionary search (``posenc extend --longrope-search EVALS``): a cell
+#: family of its own beside the unsearched ``rope-longrope``
+SEARCHED = "rope-longrope-searched"
+LABELS[SEARCHED] = "LongRoPE (searched)"
+#: a fine-tuned model's cells (``posenc extend --finetune STEPS``): the untuned scaling's name, ``+ft`` and the
+#: steps, ``-lora`` for LoRA (``rope-yarn+ft400``, ``rope-longrope-searched+ft400-lora``)
+TUNED = re.compile(r"^(?P<untuned>.+)\+ft(?P<steps>[1-9][0-9]*)(?P<lora>-lora)?$")
+
+
+def tuned_name(untuned: str, steps: int, mode: str) -> str:
+    """The name of the cells of ``untuned`` (a scaling or :data:`SEARCHED`) fine-tuned ``steps`` steps in ``mode``
+    (``full`` / ``lora``)."""
+    return f"{untuned}+ft{int(steps)}" + ("-lora" if mode == "lora" else "")
+
+
+def base_scaling(name: str) -> str | None:
+    """The scaling of :data:`SCALING_NAMES` that cells named ``name`` are patched with (a fine-tuned model's
+    ``rope-yarn+ft400``: ``rope-yarn``; :data:`SEARCHED`: ``rope-longrope``), ``None`` for no such name."""
+    if not isinstance(name, str):
+        return None
+    m = TUNED.match(name)
+    untuned = m.group("untuned") if m else name
+    if untuned == SEARCHED:
+        return "rope-longrope"
+    if m and untuned == AS_TRAINED:  # a fine-tune needs a scaling
+        return None
+    return untuned if untuned in (AS_TRAINED, *SCALINGS) else None
+
+
+def is_variant(name: str) -> bool:
+    """Whether ``name`` is a fine-tuned model's or the searched LongRoPE's (cells a training-free run has not)."""
+    return name not in (AS_TRAINED, *SCALINGS) and base_scaling(name) is not None
+
+
+def scaling_label(name: str) -> str:
+    """What the tables and plots call the cells named ``name`` (``rope-yarn+ft400``: "YaRN, fine-tuned 400 steps")."""
+    m = TUNED.match(name)
+    if m is None or base_scaling(name) is None:
+        return LABELS.get(name, name)
+    how = "LoRA-tuned" if m.group("lora") else "fine-tuned"
+    return f"{LABELS.get(m.group('untuned'), m.group('untuned'))}, {how} {m.group('steps')} steps"
+
+
+def order_key(name: str) -> tuple[int, str]:
+    """Tables and plots list the scalings as trained first, then as :data:`SCALINGS` does, each followed by its
+    searched and fine-tuned rows."""
+    names = (AS_TRAINED, *SCALINGS)
+    base = base_scaling(name)
+    return (names.index(base) if base in names else len(names), name)
 
 
 # ---------------------------------------------------------------------------------------------- documents
@@ -229,8 +279,8 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
             nonempty_text(n(field), value, "a packaged model name, a .gguf file or a transformers folder")
         elif field == "documents":
             _names(n(field), value, None, "documents")
-        elif field in ("scalings", "loss_long_scalings", "passkey_scalings"):
-            _names(n(field), value, SCALING_NAMES, "scalings")
+        elif field in ("scalings", "loss_long_scalings", "passkey_scalings", "ruler_scalings"):
+            _scaling_names(n(field), value)
         elif field in ("loss_short", "loss_extension"):
             why = f"a multiple of the trained length L, at least {LOSS_LEAST:g}: a curve goes to L or beyond"
             number(n(field), value, low=LOSS_LEAST, high=LENGTH_MOST, why=why)
@@ -241,8 +291,6 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
             _numbers(n(field), value, lambda k, v: fraction(k, v, why="where the key sits in the filler"))
         elif field == "ruler_tasks" or (field == "ruler_past_tasks" and value is not None):
             _names(n(field), value, RULER_TASKS, "tasks")
-        elif field == "ruler_scalings":
-            _names(n(field), value, SCALING_NAMES, "scalings")
         elif field in ("ruler_lengths", "ruler_floor_lengths"):
             check_ruler_lengths(n(field), value, bool(values.get("ruler_relative", False)))
         elif field == "ruler_relative":
@@ -260,6 +308,15 @@ def check_fields(values: Mapping[str, Any], names: Mapping[str, str] | None = No
                 positive_int(n(field), value)
         elif field == "seed":
             whole(n(field), value, low=0)
+
+
+def _scaling_names(name: str, value: Any) -> tuple[str, ...]:
+    """Distinct scaling names: :data:`SCALING_NAMES`, or the searched / fine-tuned cells' (:func:`base_scaling`:
+    ``posenc extend`` gives those for the model or the factors it has)."""
+    if isinstance(value, (tuple, list)):
+        plain = [v for v in value if not (isinstance(v, str) and is_variant(v))]
+        _names(name, plain, SCALING_NAMES, "scalings")
+    return _names(name, value, None, "scalings")
 
 
 def check_ruler_lengths(name: str, value: Any, relative: bool) -> tuple[float, ...]:

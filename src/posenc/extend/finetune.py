@@ -90,6 +90,8 @@ MODES = ("full", "lora")
 SCHEDULES = ("constant", "linear", "cosine")
 #: the training text made of every Shakespeare work except the evaluation document
 SHAKESPEARE = "shakespeare"
+#: the documents of :data:`DOCUMENTS` that are Shakespeare works (in the ``shakespeare`` text unless held out)
+SHAKESPEARE_DOCUMENTS = ("hamlet", "lear")
 #: the papers' global batch, in sequences of the extended length (PI and YaRN: 64)
 PAPER_BATCH = 64
 #: the modules that LoRA adapts by default (Llama-style attention projections)
@@ -582,6 +584,7 @@ def _finetune(model: Any, tokenizer: Any, settings: FinetuneSettings, *, evaluat
         base = _unwrap_model(trainer)
         was = identity(base)
         base.posenc_identity = {**was, "name": f"{was.get('name', 'model')} fine-tuned",
+                                "finetuned_from": was.get("finetuned_from", was.get("name")),
                                 "finetuned": {**settings.record(), "scaling_options": _jsonable(options)}}
     trainer.eval()
     return FinetuneResult(model=trainer, curve=curve, settings=settings, eval_before=eval_before,
@@ -685,19 +688,31 @@ def check_finetune_args(args: argparse.Namespace) -> FinetuneSettings | None:
     return settings
 
 
-def finetune_dir(args: argparse.Namespace, settings: FinetuneSettings) -> Path:
-    """Where a CLI run keeps its checkpoints and curve."""
+def finetune_dir(args: argparse.Namespace, settings: FinetuneSettings, name: str | None = None) -> Path:
+    """Where a CLI run keeps its checkpoints and curve (``name``: the untuned scaling's cells, e.g.
+    ``rope-longrope-searched``; default the scaling)."""
     if getattr(args, "finetune_dir", None):
         return Path(args.finetune_dir)
     base = Path(getattr(args, "out", None) or "posenc-results/extend")
-    return base / f"finetune-{settings.scaling}-x{settings.factor:g}-{settings.mode}"
+    return base / f"finetune-{name or settings.scaling}-x{settings.factor:g}-{settings.mode}"
 
 
-def run_finetune(args: argparse.Namespace, model: Any = None, tokenizer: Any = None) -> FinetuneResult | None:
+def trains_on(settings: FinetuneSettings, document: str) -> bool:
+    """Whether the training text of ``settings`` holds document ``document`` of :data:`DOCUMENTS` (a loss measured
+    on it after the fine-tune is not held out): the document itself, or a Shakespeare play other than the held-out
+    one when the text is every Shakespeare work."""
+    if document == settings.text:
+        return True
+    return settings.text == SHAKESPEARE and document in SHAKESPEARE_DOCUMENTS and document != settings.eval_text
+
+
+def run_finetune(args: argparse.Namespace, model: Any = None, tokenizer: Any = None, *,
+                 scaling_options: dict[str, Any] | None = None, name: str | None = None) -> FinetuneResult | None:
     """What ``posenc extend --finetune STEPS`` does: check the flags, load ``--model`` (unless ``model`` and
     ``tokenizer`` are given), fine-tune with checkpoints in :func:`finetune_dir` (an interrupted run resumes there),
     and return the result (the model patched and fine-tuned, ready for the extend run's cells or ``--export``).
-    ``None`` without ``--finetune``."""
+    ``scaling_options``: patch with these (LongRoPE's searched factors, ``name`` ``rope-longrope-searched``) instead
+    of the scaling's own. ``None`` without ``--finetune``."""
     settings = check_finetune_args(args)
     if settings is None:
         return None
@@ -707,4 +722,4 @@ def run_finetune(args: argparse.Namespace, model: Any = None, tokenizer: Any = N
         model, tokenizer = load_pretrained(getattr(args, "model", None) or "smollm2-135m")
     kw = {k: v for k, v in asdict(settings).items()}
     kw["lora_targets"] = tuple(settings.lora_targets)
-    return finetune(model, tokenizer, **kw, out=finetune_dir(args, settings))
+    return finetune(model, tokenizer, **kw, out=finetune_dir(args, settings, name), scaling_options=scaling_options)

@@ -44,13 +44,16 @@ pair (the model as trained within ``L``; LongRoPE's §3.3 searches it again at t
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -64,6 +67,8 @@ __all__ = [
     "is_monotone",
     "perplexity",
     "search",
+    "sizes_for",
+    "stored_search",
 ]
 
 #: the paper's search space for n̂, the initial tokens left un-interpolated (Table 2)
@@ -121,6 +126,30 @@ class SearchResult:
         """The options of ``posenc.hf.patch(model, "rope-longrope", **options)`` (and of
         :func:`posenc.extend.finetune.finetune`'s ``scaling_options``) for the searched factors."""
         return {"factor": float(self.factor), "short_factor": self.short_factor, "long_factor": self.long_factor}
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as JSON values (:meth:`from_json` reads them back)."""
+        return {"best": _cand_json(self.best), "initial_best": _cand_json(self.initial_best),
+                "initial": {k: _cand_json(c) for k, c in self.initial.items()}, "factor": self.factor,
+                "original": self.original, "length": self.length, "curve": list(self.curve),
+                "evaluated": [_cand_json(c) for c in self.evaluated], "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SearchResult:
+        return cls(best=_cand(data["best"]), initial_best=_cand(data["initial_best"]),
+                   initial={k: _cand(c) for k, c in data["initial"].items()}, factor=float(data["factor"]),
+                   original=int(data["original"]), length=int(data["length"]), curve=[float(x) for x in data["curve"]],
+                   evaluated=[_cand(c) for c in data["evaluated"]], seconds=float(data.get("seconds", 0.0)))
+
+
+def _cand_json(c: Candidate) -> dict[str, Any]:
+    return {"factors": list(c.factors), "n_hat": c.n_hat, "fitness": c.fitness, "origin": c.origin}
+
+
+def _cand(d: Mapping[str, Any]) -> Candidate:
+    fit = d.get("fitness")
+    return Candidate(tuple(float(x) for x in d["factors"]), int(d.get("n_hat", 0)),
+                     None if fit is None else float(fit), str(d.get("origin", "")))
 
 
 # ---------------------------------------------------------------------------------------------- factors
@@ -220,10 +249,12 @@ def perplexity(model: Any, samples: Any, candidate: Candidate, attention_factor:
 class _Search:
     def __init__(self, evaluate: Callable[[Candidate], float], rng: random.Random, top: float, step: float,
                  n_hat_choices: Sequence[int], mutation_prob: float, crossover_tries: int,
-                 budget: int | None) -> None:
+                 budget: int | None, known: Mapping[tuple, float] | None = None,
+                 on_evaluation: Callable[[Candidate, float], None] | None = None) -> None:
         self.evaluate_fn, self.rng, self.top, self.step = evaluate, rng, top, step
         self.n_hat_choices, self.p = tuple(n_hat_choices), mutation_prob
         self.tries, self.budget = crossover_tries, budget
+        self.known, self.on_evaluation = dict(known or {}), on_evaluation
         self.seen: dict[tuple, Candidate] = {}
         self.order: list[Candidate] = []
 
@@ -236,9 +267,14 @@ class _Search:
         done = self.seen.get(c.key())
         if done is not None:
             return done
-        out = Candidate(c.factors, c.n_hat, self.evaluate_fn(c), c.origin)
+        fresh = c.key() not in self.known
+        t0 = time.perf_counter()
+        fit = self.evaluate_fn(c) if fresh else self.known[c.key()]
+        out = Candidate(c.factors, c.n_hat, fit, c.origin)
         self.seen[c.key()] = out
         self.order.append(out)
+        if fresh and self.on_evaluation is not None:
+            self.on_evaluation(out, time.perf_counter() - t0)
         return out
 
     def _grid(self, low: float, high: float) -> list[float]:
@@ -304,6 +340,8 @@ def search(
     fitness: Callable[[Candidate], float] | None = None,
     progress: Callable[[int, float], None] | None = None,
     quiet: bool = False,
+    known: Mapping[tuple, float] | None = None,
+    on_evaluation: Callable[[Candidate, float], None] | None = None,
 ) -> SearchResult:
     """LongRoPE's evolutionary search (Ding et al. 2024, Algorithm 1) for ``model``'s per-pair rescale factors at
     extension ratio ``factor``; the fitness is the perplexity at ``length`` tokens (default ``factor x`` the
@@ -326,6 +364,9 @@ def search(
         seed: every random draw (the same seed and model give the same search).
         fitness: evaluate a candidate with this instead of the perplexity (tests, other objectives).
         progress: called after each iteration with (iteration, best fitness); a line to stderr unless ``quiet``.
+        known: fitness values already measured, by :meth:`Candidate.key` (an interrupted search's): a candidate
+            found there is not evaluated again, so that the same seed retraces the same search.
+        on_evaluation: called with each candidate evaluated (not those of ``known``) and the seconds it took.
 
     Returns a :class:`SearchResult` whose ``long_factor`` / ``short_factor`` / :meth:`~SearchResult.patch_options`
     go into ``posenc.hf.patch(model, "rope-longrope", ...)`` and so into :func:`posenc.hf.export`'s config.
@@ -375,7 +416,8 @@ def search(
         was = model.training
 
     rng = random.Random(seed)
-    s = _Search(fitness, rng, top_, step, choices, mutation_prob, crossover_tries, max_evaluations)
+    s = _Search(fitness, rng, top_, step, choices, mutation_prob, crossover_tries, max_evaluations, known,
+                on_evaluation)
     t0 = time.perf_counter()
     starts = initial_factors(head_dim, base, factor, original, pairs)
     clip = {k: tuple(min(max(x, 1.0), top_) for x in v) for k, v in starts.items()}
@@ -430,3 +472,116 @@ def _windows(tokenizer: Any, document: str, length: int, n: int) -> Any:
 
     ids, _ = document_ids(document, tokenizer, length * n)
     return ids.view(n, length)
+
+
+# ---------------------------------------------------------------------------------------------- a budget, kept
+#: where :func:`stored_search` keeps a search (in a run's folder): the result, and each evaluation as it finishes
+SEARCH_FILE = "longrope-search-x{factor:g}.json"
+EVALS_FILE = "longrope-search-x{factor:g}.evals.jsonl"
+
+
+def sizes_for(evaluations: int) -> dict[str, int]:
+    """The evolution's sizes for a budget of ``evaluations`` fitness evaluations, in microsoft/LongRoPE's proportions
+    (parents half the population, mutations and crossovers a quarter each): population ``evaluations // 21``
+    within [4, 64], and as many iterations as the budget pays for. 1344 evaluations give its defaults (population
+    64, 40 iterations of 16 + 16); 40 give population 4, 18 iterations of 1 + 1."""
+    n = positive_int("evaluations", evaluations)
+    population = max(4, min(64, n // 21))
+    parents, children = population // 2, max(1, population // 4)
+    iterations = max(1, math.ceil(max(n - population, 0) / (2 * children)))
+    return {"population": population, "parents": parents, "mutations": children, "crossovers": children,
+            "iterations": iterations}
+
+
+def stored_search(
+    model: Any,
+    tokenizer: Any,
+    folder: str | os.PathLike,
+    *,
+    evaluations: int,
+    factor: float,
+    document: str = "lear",
+    n_samples: int = 1,
+    seed: int = 0,
+    quiet: bool = False,
+) -> SearchResult:
+    """:func:`search` with a budget of ``evaluations`` (:func:`sizes_for`), kept in ``folder``: each evaluation is
+    appended to ``longrope-search-x<factor>.evals.jsonl`` as it finishes (an interrupted search resumes: those are
+    read back, not evaluated again, and the same seed retraces the same search), the result written to
+    ``longrope-search-x<factor>.json`` at the end (settings, the best fitness after each iteration, the factors,
+    every evaluation, the seconds). A folder that holds the result returns it without searching; one that holds a
+    search of other settings (budget, document, model) is refused, naming what differs."""
+    from ..pretrained import identity
+
+    number("factor", factor, low=1.0, low_open=True, why="the extension ratio")
+    sizes = sizes_for(evaluations)
+    _, _, _, original = _model_rope(model)
+    ident = identity(model)
+    settings = {"evaluations": int(evaluations), "factor": float(factor), "length": int(round(factor * original)),
+                "document": document, "n_samples": int(n_samples), "seed": int(seed), **sizes,
+                "model": {"name": ident.get("name"), "sha256": ident.get("sha256")}}
+    folder = Path(folder)
+    path, evals_path = folder / SEARCH_FILE.format(factor=factor), folder / EVALS_FILE.format(factor=factor)
+    if evals_path.is_file() and not evals_path.read_text().strip():
+        evals_path.unlink()  # its header's write was interrupted: nothing evaluated yet
+    for p in (path, evals_path):
+        if p.is_file() and _stored_settings(p) is None:
+            raise ConfigError(f"{p} is not a LongRoPE search's file of posenc's (no settings in it): move it away")
+        stored = _stored_settings(p)
+        if stored is not None and stored != settings:
+            diff = [f"{k}: stored {stored.get(k)!r}, asked {settings.get(k)!r}" for k in settings
+                    if stored.get(k) != settings.get(k)]
+            raise ConfigError(f"{p} holds a LongRoPE search of other settings ({'; '.join(diff[:3])}): use another "
+                              "--out, or delete the file to search again")
+    if path.is_file():
+        return SearchResult.from_json(json.loads(path.read_text())["result"])
+    known: dict[tuple, float] = {}
+    spent = 0.0
+    if evals_path.is_file():
+        for line in evals_path.read_text().splitlines()[1:]:
+            try:
+                rec = json.loads(line)
+                c = _cand(rec)
+            except (ValueError, KeyError, TypeError):  # a line cut by an interrupted write: evaluated again
+                continue
+            if c.fitness is not None:
+                known[c.key()] = c.fitness
+                spent += float(rec.get("seconds", 0.0))
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        evals_path.write_text(json.dumps({"settings": settings}) + "\n")
+    if known and not quiet:
+        print(f"  LongRoPE search: {len(known)} evaluations read back from {evals_path}", file=sys.stderr, flush=True)
+
+    def append(c: Candidate, seconds: float) -> None:
+        nonlocal spent
+        spent += seconds
+        text = evals_path.read_text()
+        with open(evals_path, "a") as f:
+            if text and not text.endswith("\n"):
+                f.write("\n")
+            f.write(json.dumps({**_cand_json(c), "seconds": round(seconds, 4)}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    result = search(model, tokenizer, factor=factor, length=settings["length"], document=document,
+                    n_samples=n_samples, seed=seed, max_evaluations=evaluations, known=known, on_evaluation=append,
+                    quiet=quiet, **sizes)
+    result.seconds = spent
+    data = {"settings": settings, "result": result.to_json(), "evaluations": len(result.evaluated),
+            "seconds_per_evaluation": spent / max(len(result.evaluated), 1)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return result
+
+
+def _stored_settings(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    try:
+        head = json.loads(text if path.suffix == ".json" else text.splitlines()[0])
+    except (ValueError, IndexError):
+        return None
+    return head.get("settings") if isinstance(head, dict) else None

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import AS_TRAINED, LABELS, SCALINGS
+from .config import AS_TRAINED, SCALINGS, base_scaling, is_variant, order_key, scaling_label
 from .shapes import (  # noqa: F401 -- the numbers and verdicts, re-exported: report.verdicts(...) reads on
     AS_PUBLISHED,
     CLAIMS,
@@ -50,8 +50,8 @@ from .shapes import (  # noqa: F401 -- the numbers and verdicts, re-exported: re
     perplexity,
     pi_rule,
     table_lengths,
-    verdicts,
 )
+from .shapes import verdicts as _shape_verdicts
 
 ORDER = (AS_TRAINED, *SCALINGS)
 COLOURS = {
@@ -70,12 +70,56 @@ NOTE_QUANT = (
 
 
 def label(scaling: str, factor: float | None = None) -> str:
-    base = LABELS.get(scaling, scaling)
+    base = scaling_label(scaling)
     return base if scaling == AS_TRAINED or not factor else f"{base}, s={factor:g}"
 
 
 def _order(names: Sequence[str]) -> list[str]:
-    return sorted(set(names), key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
+    return sorted(set(names), key=order_key)
+
+
+def training_free(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cells of the scalings patched in without fine-tuning or a search (what the published shapes and their
+    verdicts are about): not the searched LongRoPE's, not a fine-tuned model's."""
+    return [r for r in records if not is_variant(str(r.get("scaling"))) and "variant" not in r]
+
+
+def verdicts(records: Sequence[dict[str, Any]]) -> list[Verdict]:
+    """The verdicts beside the published shapes (:func:`posenc.extend.shapes.verdicts`), on the training-free
+    cells alone (:func:`training_free`): a fine-tuned row is no scaling "without fine-tuning"."""
+    return _shape_verdicts(training_free(records))
+
+
+def variants_note(records: Sequence[dict[str, Any]]) -> list[str]:
+    """A line per searched or fine-tuned row of the store: what it is (the search's budget and best perplexity, the
+    fine-tune's steps and settings)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if "variant" in r and r.get("scaling") not in seen:
+            seen[r["scaling"]] = r
+    lines = []
+    for name in _order(list(seen)):
+        r = seen[name]
+        about = r["variant"].get("about", {})
+        if "search" in about:
+            s = about["search"]
+            lines.append(
+                f"- **{label(name, r.get('factor'))}:** the per-pair factors of LongRoPE's evolutionary search "
+                f"(`posenc extend --longrope-search {s.get('evaluations')}`: population {s.get('population')}, "
+                f"{s.get('iterations')} iterations, fitness the perplexity of {s.get('document')}'s first "
+                f"{s.get('length')} tokens; best {_fmt(about.get('best_perplexity'))} against YaRN's factors' "
+                f"{_fmt(about.get('yarn_perplexity'))}), patched as `rope-longrope`."
+            )
+        if "finetune" in about:
+            f = about["finetune"]
+            lines.append(
+                f"- **{label(name, r.get('factor'))}:** the model fine-tuned by `posenc extend --finetune "
+                f"{f.get('steps')}` ({f.get('mode')}, {f.get('scaling')} x{f.get('factor'):g}, sequences of "
+                f"{f.get('length')} tokens, {f.get('tokens_per_step')} tokens a step, lr {f.get('lr'):g}, on "
+                f"{f.get('text')} with {f.get('eval_text')} held out), then measured on the same cells as the rows "
+                "without fine-tuning."
+            )
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------- plots
@@ -113,8 +157,9 @@ def plot_losses(records: Sequence[dict[str, Any]], path: Path, window_tokens: in
             ax.plot(
                 [xs[i] for i in keep],
                 [ys[i] for i in keep],
-                color=COLOURS.get(s),
-                lw=1.6 if s in (AS_TRAINED, "rope-yarn") else 1.1,
+                color=COLOURS.get(base_scaling(s) or s),
+                lw=1.6 if s in (AS_TRAINED, "rope-yarn") or is_variant(s) else 1.1,
+                ls=":" if "+ft" in s else "--" if is_variant(s) else "-",
                 label=label(s, r.get("factor")),
             )
         ax.set_xlim(0, right)
@@ -138,7 +183,9 @@ def plot_losses(records: Sequence[dict[str, Any]], path: Path, window_tokens: in
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
     model = next(iter(records))["model"].get("name", "")
     quant = str(next(iter(records))["model"].get("quantization", "")).split(" (")[0]
-    fig.suptitle(f"{model}{f' ({quant} weights)' if quant else ''}: each RoPE scaling, no fine-tuning", fontsize=10)
+    tuned = any("+ft" in str(r.get("scaling")) for r in records)
+    how = "without and with fine-tuning" if tuned else "no fine-tuning"
+    fig.suptitle(f"{model}{f' ({quant} weights)' if quant else ''}: each RoPE scaling, {how}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -201,8 +248,10 @@ def plot_passkey(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
     if image is not None:
         bar = fig.colorbar(image, ax=axes, shrink=0.8)
         bar.set_label("share of the key's tokens right (✓ all right)", fontsize=8)
+    how = "the rows marked fine-tuned after it, the others without" if any("+ft" in s for s in names) else \
+        "no fine-tuning"
     fig.suptitle(
-        f"passkey retrieval, no fine-tuning: one example per cell; dashed: the trained context L = {trained}",
+        f"passkey retrieval, {how}: one example per cell; dashed: the trained context L = {trained}",
         fontsize=10,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +268,7 @@ def ppl_table(records: Sequence[dict[str, Any]]) -> list[str]:
     for doc, groups in loss_groups(records).items():
         first = min(groups)  # the model as trained is in every group: one row
         rows = [(s, r) for f, curves in groups.items() for s, r in curves.items() if s != AS_TRAINED or f == first]
-        rows.sort(key=lambda sr: (ORDER.index(sr[0]) if sr[0] in ORDER else len(ORDER), sr[1].get("factor") or 1.0))
+        rows.sort(key=lambda sr: (order_key(sr[0]), sr[1].get("factor") or 1.0))
         if not rows:
             continue
         trained = rows[0][1]["trained_length"]
@@ -274,7 +323,8 @@ def summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What the store holds: the model, the cells, the time they took, the machines."""
     from ..runenv import machines_and_commits
 
-    model = records[0]["model"] if records else {}
+    # the pretrained model's identity (a fine-tuned row's model is made from it)
+    model = next((r["model"] for r in records if "finetuned" not in r["model"]), records[0]["model"]) if records else {}
     seconds = sum(float(r.get("seconds", 0)) for r in records)
     envs, commits = machines_and_commits([r.get("env") for r in records])
     loads = [x for r in records for x in (r.get("load_average") or []) if x is not None]
@@ -312,7 +362,8 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
         "activations fit, else chunked through the KV cache, which gives the same losses; always whole for "
         "dynamic NTK and LongRoPE, whose frequencies follow the length; each record says which), and passkey "
         "retrieval (one example per length and depth). LongRoPE is its mechanism with YaRN's per-pair factors, "
-        "not a searched set.",
+        "not a searched set" + (" (the searched set is its own row)." if any(
+            r.get("scaling") == "rope-longrope-searched" for r in records) else "."),
     ]
     if not any(r.get("kind") in ("loss", "passkey") for r in records):
         lines[-1] = (
@@ -322,6 +373,7 @@ def markdown(records: Sequence[dict[str, Any]], *, img_rel: str = ".", heading: 
             "by RULER's string_match_all; the model as trained and RoPE scalings patched in by `posenc.hf.patch`, "
             "no fine-tuning."
         )
+    lines += variants_note(records)
     if command:
         lines.append("- **Produced by:** " + " and ".join(f"`{c}`" for c in command.split(" and ")))
     lines += [
@@ -379,7 +431,7 @@ def ruler_section(
     lines += [
         f"| {v.finding} | {v.claim} | {v.source} | {v.tests if v.tests == AS_PUBLISHED else f'**{v.tests}**'} "
         f"| **{v.verdict}** | {v.evidence} |"
-        for v in ruler_report.verdicts(records)
+        for v in ruler_report.verdicts(training_free(records))
     ]
     return [*lines, ""]
 

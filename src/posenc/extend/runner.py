@@ -24,6 +24,13 @@ mechanism without the search, and said so wherever it is shown.
 Every record keeps the model's identity (its file's SHA-256: :func:`posenc.pretrained.identity`), the
 document's (its text's SHA-256 and token count) and the environment (:func:`posenc.runenv.run_environment`);
 a store holding cells of another model or another document text is refused rather than mixed.
+
+A **variant** (:class:`Variant`) is a scaling measured under a name of its own: LongRoPE with the factors of its
+search (``rope-longrope-searched``, ``posenc extend --longrope-search``), or a fine-tuned model
+(``rope-yarn+ft400``, ``posenc extend --finetune``, run with that model). Its cells sit in the same store beside
+the training-free ones, at the variant's own factor only; each record keeps what the variant is (its options, the
+search's or the fine-tune's settings), and a store holding cells of that name from another search or fine-tune is
+refused rather than mixed.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ from .config import (
     STORE,
     WHOLE_BYTES,
     ExtendConfig,
+    base_scaling,
+    is_variant,
     loss_lengths,
 )
 from .evaluate import passkey_ids, passkey_score, random_key, token_losses
@@ -119,9 +128,50 @@ def apply_scaling(model: nn.Module, name: str, factor: float) -> dict[str, Any]:
     return {"factor": opts["factor"]} if name == "rope-longrope" else opts
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Cells measured under a name of their own (:func:`posenc.extend.config.base_scaling`): the model patched with
+    ``base`` and every option of ``options`` (LongRoPE's searched per-pair factors, a fine-tune's options), at
+    ``factor`` only. ``about``: what tells these cells apart from those of another search or fine-tune of the same
+    name (their settings), kept in every record; :func:`run` refuses a store whose cells of this name have
+    another."""
+
+    name: str
+    base: str
+    options: dict[str, Any]
+    factor: float
+    about: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if base_scaling(self.name) != self.base or self.base not in SCALINGS:
+            raise ConfigError(
+                f"Variant {self.name!r}: its name says it is patched with {base_scaling(self.name)}, not "
+                f"{self.base!r} (names: rope-longrope-searched, <scaling>+ft<steps>[-lora])"
+            )
+
+    def record(self) -> dict[str, Any]:
+        """What a cell's record keeps of the variant (JSON values)."""
+        return _jsonable({"base": self.base, "factor": self.factor, "options": self.options, "about": self.about})
+
+    def apply(self, model: nn.Module) -> dict[str, Any]:
+        """Patch ``model`` with the variant; returns the options a record shows (LongRoPE's factor alone: its
+        per-pair factors are in :meth:`record`)."""
+        import posenc.hf
+
+        posenc.hf.unpatch(model)
+        opts = {**self.options, "factor": self.factor}
+        posenc.hf.patch(model, self.base, **opts)
+        return {"factor": self.factor} if self.base == "rope-longrope" else _jsonable(opts)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=float))
+
+
 def length_dependent(scaling: str) -> bool:
     """Whether the scaling's frequencies depend on the length of the call (dynamic NTK, LongRoPE): such a cell
     runs one whole forward, not a chunked one (:mod:`posenc.extend.evaluate`)."""
+    scaling = base_scaling(scaling) or scaling
     if scaling == AS_TRAINED:
         return False
     from ..registry import resolve
@@ -205,7 +255,7 @@ def plan(cfg: ExtendConfig, trained: int) -> list[Cell]:
     of the first document first (the picture that matters most), then the passkey grid (by scaling, the
     shortest lengths first), then the other documents."""
     for s in (*cfg.scalings, *cfg.passkey_scalings):
-        if s != AS_TRAINED and s not in SCALINGS:
+        if base_scaling(s) is None:
             raise ConfigError(f"unknown scaling {s!r}; the scalings are {AS_TRAINED}, {', '.join(SCALINGS)}")
     for d in cfg.documents:
         if d not in DOCUMENTS:
@@ -407,11 +457,16 @@ def run(
     tokenizer: Any = None,
     quiet: bool = False,
     max_cells: int | None = None,
+    variants: Sequence[Variant] = (),
 ) -> list[dict[str, Any]]:
     """Measure every cell of ``cfg`` not yet in ``<out>/extend.jsonl``; returns all of the store's records.
 
     ``model`` / ``tokenizer``: a loaded model (else ``cfg.model`` is loaded with
     :func:`posenc.pretrained.load_pretrained`). ``max_cells``: stop after that many new cells (a budget).
+    ``variants``: how to patch the cells of ``cfg`` named by a :class:`Variant` (every such name needs one; its
+    cells must be at its factor). The store may hold cells of another model made from the same pretrained file (a
+    fine-tuned one's, measured by another call with that model); the cells of the names ``cfg`` measures must be of
+    this ``model`` and these variants.
     """
     from ..pretrained import identity, load_pretrained
     from ..runenv import run_environment
@@ -433,16 +488,11 @@ def run(
         model, tokenizer = load_pretrained(cfg.model, quiet=quiet)
     ident = identity(model)
     trained = trained_length(model)
-    for r in have:
-        if r.get("model", {}).get("sha256") != ident.get("sha256") or r.get("model", {}).get("name") != ident.get(
-            "name"
-        ):
-            raise ConfigError(
-                f"{store.path} holds cells of another model ({r.get('model', {}).get('name')}, sha256 "
-                f"{str(r.get('model', {}).get('sha256'))[:12]}); use another --out for {ident.get('name')}"
-            )
-    done = {r["key"] for r in have}
+    by_name = {v.name: v for v in variants}
     cells, unbuildable = checked if checked is not None else check_lengths(cfg, tokenizer, trained, bool(have))
+    check_variants(cells, by_name)
+    check_store(have, ident, {c.scaling for c in cells}, by_name, store.path)
+    done = {r["key"] for r in have}
     todo = [c for c in cells if c.key() not in done]
     progress = Progress(len(cells), quiet=quiet, done=len(cells) - len(todo), trained=trained,
                         left=sum(cell_work(c, trained) for c in todo))
@@ -479,7 +529,8 @@ def run(
         progress.say(f"[{progress.done + 1}/{len(cells)}] {cell.describe()}{eta}")
         t0 = time.perf_counter()
         load0 = _load_average()
-        options = apply_scaling(model, cell.scaling, cell.factor)
+        variant = by_name.get(cell.scaling)
+        options = variant.apply(model) if variant else apply_scaling(model, cell.scaling, cell.factor)
         chunk = None if length_dependent(cell.scaling) else choose_chunk(cfg.chunk, model, cell.tokens)
         if cell.kind == "ruler" and chunk is None and not length_dependent(cell.scaling):
             chunk = RULER_CHUNK  # a line per chunk: progress within seconds, and the cache is filled anyway
@@ -496,6 +547,8 @@ def run(
             "mode": cfg.mode,
             "model": ident,
         }
+        if variant is not None:
+            record["variant"] = variant.record()
         try:
             if cell.kind == "loss":
                 key = (cell.document, cell.tokens)
@@ -534,6 +587,85 @@ def run(
             tail = ("retrieved" if record["correct"] else "missed") + f" ({record['tokens_right']:.0%} of the key)"
         progress.say(f"    done in {_fmt(seconds)}: {tail}")
     return store.records()
+
+
+def check_variants(cells: Sequence[Cell], variants: dict[str, Variant]) -> None:
+    """Every cell of a variant's name has its :class:`Variant`, at the variant's factor."""
+    for c in cells:
+        if not is_variant(c.scaling):
+            continue
+        v = variants.get(c.scaling)
+        if v is None:
+            raise ConfigError(
+                f"{c.describe()}: {c.scaling} names the cells of a LongRoPE search or a fine-tuned model, which "
+                "posenc extend --longrope-search / --finetune measure (posenc.extend.run(..., variants=[Variant(...)]))"
+            )
+        if not math.isclose(c.factor, v.factor, rel_tol=1e-9):
+            raise ConfigError(
+                f"{c.describe()}: {c.scaling} is at factor {v.factor:g} (what it was searched or fine-tuned for), this "
+                f"cell at {c.factor:g}: give its cells lengths whose factor is {v.factor:g}"
+            )
+
+
+def _pretrained(model: dict[str, Any]) -> tuple[Any, Any]:
+    """The pretrained file a model identity is of (a fine-tuned model's: the one it was tuned from)."""
+    return model.get("sha256"), model.get("finetuned_from", model.get("name"))
+
+
+def check_store(have: Sequence[dict[str, Any]], ident: dict[str, Any], names: set[str],
+                variants: dict[str, Variant], path: Path) -> None:
+    """The store's cells are of the pretrained file ``ident`` is (or was tuned from); those of the ``names`` a run
+    measures are of this very model and variant (else a rerun would take another fine-tune's or search's cells for
+    its own). Raises a :class:`ConfigError` naming what differs and what to do."""
+    base = _pretrained(ident)
+    own = _jsonable({k: ident.get(k) for k in ("sha256", "name", "finetuned")})
+    for r in have:
+        m = r.get("model", {})
+        if _pretrained(m) != base:
+            raise ConfigError(
+                f"{path} holds cells of another model ({m.get('name')}, sha256 {str(m.get('sha256'))[:12]}); use "
+                f"another --out for {ident.get('name')}"
+            )
+    for r in have:
+        name = r.get("scaling")
+        if name not in names:
+            continue
+        m = r.get("model", {})
+        want = variants[name].record() if name in variants else None
+        if {k: m.get(k) for k in own} != own:
+            a, b = m.get("finetuned"), own["finetuned"]
+            diff = _settings_diff(a, b) if a and b else ("stored not fine-tuned, this model fine-tuned" if b else
+                                                         "stored fine-tuned, this model not" if a else "another name")
+            raise ConfigError(
+                f"{path} holds {name} cells of {m.get('name')} ({diff}), and this run measures them on "
+                f"{ident.get('name')}: use another --out, or the settings stored"
+            )
+        if r.get("variant") != want:
+            raise ConfigError(
+                f"{path} holds {name} cells of another search or fine-tune ("
+                f"{_settings_diff(r.get('variant') or {}, want or {})}): use another --out, or the settings stored"
+            )
+
+
+def _settings_diff(stored: Any, asked: Any) -> str:
+    """The first few settings that differ, as ``name: stored X, asked Y``."""
+    def flat(d: Any, pre: str = "") -> dict[str, Any]:
+        if not isinstance(d, dict):
+            return {pre or "value": d}
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
+        return out
+
+    a, b = flat(stored), flat(asked)
+    diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    shown = [f"{k}: stored {_short(a.get(k))}, asked {_short(b.get(k))}" for k in diff[:3]]
+    return "; ".join(shown) + (f"; {len(diff) - 3} more" if len(diff) > 3 else "") if diff else "the same settings"
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, default=float)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def work_left(cells: Sequence[Cell], store: Store, trained: int) -> float:

@@ -46,8 +46,12 @@ def test_tasks_and_suite_are_registered():
     jobs = suite.jobs()
     seeds = {j.config.seed for j in jobs}
     assert seeds == {0, 1, 2}  # three seeds, like every paper suite
-    assert len(jobs) == len(seeds) * (2 * 9 + 2 * 6 + 9 + 6)
+    # as trained + fine-tuned per task, and Shakespeare's fine-tuning curves (4 + 1), train-short (2), LongRoPE (2)
+    assert len(jobs) == len(seeds) * (2 * 9 + 2 * 6 + 9 + 6 + 5 + 2 + 2)
     labels = {(j.config.task, j.label) for j in jobs}
+    assert ("shakespeare-ctx-ext", "rope-yarn +ft400") in labels
+    curves = [j for j in jobs if j.label.endswith("+ft400")]
+    assert all(j.config.task_options["checkpoints"] == [0, 10, 25, 50, 100, 200, 400] for j in curves)
     assert ("ptb-ctx-ext", "rope-yarn +ft") in labels and ("passkey", "fire") in labels
     assert suite.published["task"] == "shakespeare-ctx-ext"
 
@@ -173,3 +177,120 @@ def test_the_report_says_a_fine_tuned_run_was_trained_up_to_the_fine_tuning_leng
     )
     assert task.training_lengths(plain) == (64, 64)
     assert task.training_lengths(tuned) == (64, 256)
+
+
+# ---------------------------------------------------------------------------- steps to target, LongRoPE's search
+def _lm(**kw):
+    from posenc.data import DataUnavailableError
+
+    try:
+        from posenc.bench.tasks.lm import encoded_lm
+
+        encoded_lm("shakespeare")
+    except DataUnavailableError as exc:
+        pytest.skip(str(exc))
+    base = dict(task="shakespeare-ctx-ext", steps=8, batch_size=4, train_lengths=(16, 16), test_lengths=(16, 32, 64),
+                d_model=16, n_layers=1, n_heads=2)
+    return RunConfig(**{**base, **kw})
+
+
+YARN4 = {"encoding": "rope-yarn", "encoding_options": {"factor": 4, "original_max_len": 16}}
+
+
+def test_checkpoints_do_not_change_the_fine_tune_and_the_last_one_is_the_run():
+    with_points = run_one(_lm(**YARN4, task_options={"eval_tokens": 128, "finetune_steps": 6,
+                                                      "checkpoints": [0, 2, 6]}))
+    without = run_one(_lm(**YARN4, task_options={"eval_tokens": 128, "finetune_steps": 6}))
+    untuned = run_one(_lm(**YARN4, task_options={"eval_tokens": 128}))
+    points = with_points["extra"]["checkpoints"]
+    assert list(points) == ["0", "2", "6"]
+    assert with_points["metrics"] == without["metrics"] == points["6"]  # evaluating draws no randomness
+    assert points["0"] == untuned["metrics"]  # step 0: the scaling swapped in, not tuned
+    assert points["2"] != points["0"] and points["2"] != points["6"]
+    assert with_points["extra"]["finetune_seconds"] <= without["extra"]["finetune_seconds"] + 5
+
+
+@pytest.mark.parametrize("bad", [[6, 2], [0, 7], [1, 1], [-1], ["3"]])
+def test_checkpoints_out_of_order_or_range_are_refused(bad):
+    with pytest.raises(ConfigError, match="checkpoints must be increasing step counts in 0..finetune_steps"):
+        _lm(**YARN4, task_options={"finetune_steps": 6, "checkpoints": bad})
+
+
+def test_longrope_search_replaces_the_factors_monotone_and_beats_its_start():
+    given = {"factor": 4, "original_max_len": 16, "short_factor": [1.0] * 4, "long_factor": [1.0, 2.0, 4.0, 4.0]}
+    opts = {"eval_tokens": 128, "longrope": "search", "longrope_population": 8, "longrope_iterations": 3,
+            "longrope_samples": 2}
+    rec = run_one(_lm(encoding="rope-longrope", encoding_options=given, task_options=opts))
+    found = rec["extra"]["longrope"]
+    used = rec["extra"]["encoding_options_used"]
+    lam = used["long_factor"]
+    assert found["replaced"]["long_factor"] == given["long_factor"] and used["short_factor"] == [1.0] * 4
+    assert all(1.0 <= a <= b <= 1.25 * 4 for a, b in zip(lam, lam[1:], strict=False))  # LongRoPE's constraint
+    assert found["fitness"] <= min(found["initial"].values())  # elitism: never worse than PI / NTK / YaRN
+    assert found["curve"] == sorted(found["curve"], reverse=True)
+    assert found["length"] == 64  # the encoding's factor x L
+    # the search is a function of the base and the options: a second run reuses it (memory, then disk)
+    again = run_one(_lm(encoding="rope-longrope", encoding_options=given, task_options=opts, seed=0, steps=8))
+    assert again["extra"]["encoding_options_used"]["long_factor"] == lam
+    ce._MEMORY.clear()
+    ce._SEARCHED.clear()
+    from_disk = run_one(_lm(encoding="rope-longrope", encoding_options=given, task_options=opts))
+    assert from_disk["extra"]["longrope"]["curve"] == found["curve"]
+
+
+def test_longrope_search_is_refused_for_another_encoding_and_held_out_text_is_after_the_evaluated():
+    with pytest.raises(ConfigError, match="searches rope-longrope's factors"):
+        _lm(**YARN4, task_options={"longrope": "search"})
+    with pytest.raises(ConfigError, match="longrope must be one of"):
+        _lm(**YARN4, task_options={"longrope": "evolve"})
+    from posenc.bench.tasks.lm import encoded_lm
+
+    cfg = _lm(**YARN4, task_options={"eval_tokens": 128})
+    task = get_task("shakespeare-ctx-ext")
+    held = task.heldout(cfg, 32, 3)
+    stream = encoded_lm("shakespeare")[1][task.options(cfg)["split"]]
+    assert held.numel() == 3 * 32 + 1 and torch.equal(held, stream[129 : 129 + 97])
+    with pytest.raises(ConfigError, match="too few"):
+        task.heldout(cfg, 10**7, 2)
+
+
+def test_steps_to_target_interpolates_between_checkpoints():
+    from posenc.bench.tasks.steps_to_target import steps_to
+
+    curve = [(0, 20.0), (10, 12.0), (25, 9.0), (50, 8.0)]
+    assert steps_to(curve, 20.0) == 0
+    assert steps_to(curve, 10.0) == pytest.approx(10 + (12 - 10) / (12 - 9) * 15)
+    assert steps_to(curve, 8.0) == pytest.approx(50)
+    assert steps_to(curve, 7.9) is None
+    # property: the step found lies between the checkpoints around the first crossing
+    rng = random.Random(0)
+    for _ in range(200):
+        vals = [rng.uniform(5, 20) for _ in range(6)]
+        pts = list(zip([0, 10, 25, 50, 100, 200], vals, strict=True))
+        t = rng.uniform(5, 20)
+        s = steps_to(pts, t)
+        hit = next((i for i, v in enumerate(vals) if v <= t), None)
+        if hit is None:
+            assert s is None
+        elif hit == 0:
+            assert s == 0
+        else:
+            assert pts[hit - 1][0] <= s <= pts[hit][0]
+
+
+def test_the_steps_to_target_table_reads_the_records():
+    from posenc.bench.tasks.steps_to_target import lines, table
+
+    def rec(enc, seed, at_ft):
+        pts = {str(k): {"16": 9.0, "64": v} for k, v in zip([0, 10, 50], at_ft, strict=True)}
+        return {"label": f"{enc} +ft", "config": {"encoding": enc, "seed": seed, "train_lengths": [16, 16],
+                                                   "task_options": {"finetune_steps": 50, "checkpoints": [0, 10, 50]}},
+                "extra": {"checkpoints": pts, "finetune_length": 64}}
+
+    records = [rec("rope-linear", 0, [30, 12, 8]), rec("rope-yarn", 0, [11, 8, 7]), rec("rope-ntk", 0, [15, 9, 8.5])]
+    t = table(records)
+    assert t["rope-linear +ft"]["target"] == [8] and t["rope-linear +ft"]["steps"] == [50]
+    assert t["rope-yarn +ft"]["steps"] == [pytest.approx(10)] and t["rope-yarn +ft"]["ratio"] == [pytest.approx(5)]
+    assert t["rope-ntk +ft"]["steps"] == [None]
+    text = "\n".join(lines(t))
+    assert "| rope-ntk +ft | 0 |" in text and "> 50" in text and "5.0×" in text

@@ -230,6 +230,45 @@ def test_the_new_verdicts_follow_from_the_stored_runs():
     assert abs(sum(diffs) / 6) < 0.05 and max(diffs) > 0 > min(diffs)
 
 
+def test_the_fine_tuning_verdicts_of_issue_46_follow_from_the_stored_runs():
+    """Steps to target, YaRN's train-short-test-long, LongRoPE's search: each verdict's facts recomputed from the
+    committed runs of the context-extension suite."""
+    from posenc.bench.tasks.steps_to_target import table
+
+    path = ROOT / "docs" / "results" / "data" / "context-extension.jsonl"
+    records = [r for r in map(json.loads, path.read_text().splitlines())
+               if "metrics" in r and r["config"]["task"] == "shakespeare-ctx-ext"]
+    runs: dict[str, dict[int, dict[str, float]]] = {}
+    for r in records:
+        runs.setdefault(r["label"], {})[r["config"]["seed"]] = r["metrics"]
+    seeds = range(3)
+    t = table(records)
+    assert all(t[k]["seeds"] == [0, 1, 2] for k in ("rope-linear +ft400", "rope-yarn +ft400", "rope +ft400"))
+    # the base model learned in distribution (chance 86)
+    assert all(runs["rope"][s]["64"] < 7.3 for s in seeds)
+    # PI recovers within its budget: below the base model at L, from far above it; plain RoPE fine-tuned is lower
+    pi = t["rope-linear +ft400"]
+    assert all(d[0] > 18 and d[400] < min(runs["rope"][s]["64"] for s in seeds) for d in pi["at_ft"])
+    assert all(r[k] < p[k] for r, p in zip(t["rope +ft400"]["at_ft"], pi["at_ft"], strict=True) for k in r)
+    assert _finding("context-extension", "PI recovers within").verdict == "reproduced"
+    # YaRN needs fewer steps than PI at every seed, but not 2.5x fewer; RoPE and NTK as few
+    yarn = t["rope-yarn +ft400"]
+    assert all(1.3 < r < 2.5 for r in yarn["ratio"])
+    for other in ("rope +ft400", "rope-ntk +ft400"):
+        assert all(abs(a - b) < 15 for a, b in zip(t[other]["steps"], yarn["steps"], strict=True))
+    assert _finding("context-extension", "YaRN reaches PI's").verdict == "partly"
+    # train short, test long: YaRN s = 8 tuned on 4L is flat to 8L, PI rises
+    y8, p8 = runs["rope-yarn s8 +ft400@4L"], runs["rope-linear s8 +ft400@4L"]
+    assert all(y8[s]["512"] - y8[s]["256"] < 0.1 < 0.2 < p8[s]["512"] - p8[s]["256"] for s in seeds)
+    assert _finding("context-extension", "YaRN extrapolates").verdict == "reproduced"
+    # LongRoPE searched beats its start and PI at the searched length (4L) at every seed, not at 8L
+    srch, given = runs["rope-longrope searched"], runs["rope-longrope (unsearched)"]
+    assert all(srch[s]["256"] < min(given[s]["256"], runs["rope-yarn"][s]["256"], runs["rope-linear"][s]["256"])
+               for s in seeds)
+    assert all(srch[s]["512"] > given[s]["512"] for s in seeds)
+    assert _finding("context-extension", "LongRoPE's searched").verdict == "reproduced"
+
+
 # ---------------------------------------------------------------------------- passkey: 20 keys a cell
 def _key(scaling: str, n: int, correct: bool, depth: float) -> dict:
     return {

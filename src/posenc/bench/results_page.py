@@ -78,7 +78,7 @@ def draw(datas: list[SuiteData], img_dir: Path) -> list[Path]:
     """Draw every plot the page links into ``img_dir`` (report.py's figures, one colour per encoding across a
     suite); remove the suites' older plots that the page no longer links. Returns the files drawn."""
     from .reporting.plots import plot, plot_curves
-    from .reporting.suite_data import images
+    from .reporting.suite_data import images, task_sections
 
     try:
         import matplotlib  # noqa: F401
@@ -90,9 +90,14 @@ def draw(datas: list[SuiteData], img_dir: Path) -> list[Path]:
         styles = data.runs.styles
         for task, files in images(data).items():
             runs = [r for r in data.records if r["config"]["task"] == task]
+            own = {f"section:{sec.slug}": sec.draw for sec in task_sections(data, task) if sec.draw is not None}
             for kind, name in files.items():
-                fn = plot if kind == "metric" else plot_curves
-                if fn(runs, img_dir / name, styles=styles) is not None:
+                if kind in own:
+                    saved = own[kind](img_dir / name)
+                else:
+                    fn = plot if kind == "metric" else plot_curves
+                    saved = fn(runs, img_dir / name, styles=styles)
+                if saved is not None:
                     drawn.append(img_dir / name)
     linked = {name for d in datas for files in images(d).values() for name in files.values()}
     for data in datas:

@@ -91,6 +91,28 @@ class Task:
         """
         return None
 
+    def report_sections(self, records: list[dict[str, Any]]) -> list[ReportSection]:
+        """Tables and figures of this task's own, shown on the results page under its leaderboard table.
+
+        ``records``: the stored runs of this task in one suite (their ``extra`` holds what :meth:`run` put there).
+        The default: none. A section's lines must depend on the records alone (the page is checked against its
+        data), and its ``draw`` (if any) writes one PNG.
+        """
+        return []
+
+
+@dataclass(frozen=True)
+class ReportSection:
+    """One table or figure a task adds to the results page (:meth:`Task.report_sections`): ``slug`` names its
+    picture (``<suite>-<task>-<slug>.png``), ``lines`` are Markdown, ``draw(path)`` saves the picture (or
+    returns None, e.g. without matplotlib) and ``caption`` is its alt text."""
+
+    slug: str
+    title: str
+    lines: tuple[str, ...]
+    draw: Callable[[Path], Path | None] | None = None
+    caption: str = ""
+
 
 _TASKS: dict[str, Task] = {}
 _VERSIONS: dict[str, str | None] = {}

@@ -21,7 +21,7 @@ from .context import environments_warning, run_environments
 from .format import anchor, md_escape, md_table
 from .markdown import problem_lines, published_table, task_table
 from .rows import mean_std
-from .suite_data import SuiteData, images, utc
+from .suite_data import SuiteData, images, task_sections, utc
 
 INTRO = (
     "What posenc's benchmark suites measured: the quick suite, then one reduced reproduction per paper. "
@@ -278,6 +278,10 @@ def section(data: SuiteData, *, img_rel: str, data_rel: str) -> list[str]:
             if "curves" in pics:
                 out.append(f"![{task}: training loss]({img_rel}/{pics['curves']})")
             out.append("")
+            for sec in task_sections(data, task):
+                out += [f"#### {sec.title}", "", *sec.lines, ""]
+                if f"section:{sec.slug}" in pics:
+                    out += [f"![{sec.caption or sec.title}]({img_rel}/{pics[f'section:{sec.slug}']})", ""]
         if suite is not None and suite.published:
             pub = published_table(suite.published, data.runs.rows).rstrip("\n")
             out += ["### Beside the published numbers", "", pub, ""]

@@ -162,4 +162,19 @@ def images(data: SuiteData) -> dict[str, dict[str, str]]:
         out[task] = {"metric": f"{base}.png"}
         if any(r.get("curve") for r in data.records if r["config"]["task"] == task):
             out[task]["curves"] = f"{base}-curves.png"
+        for sec in task_sections(data, task):
+            if sec.draw is not None:
+                out[task][f"section:{sec.slug}"] = f"{base}-{sec.slug}.png"
     return out
+
+
+def task_sections(data: SuiteData, task: str) -> list[Any]:
+    """The task's own sections of the page for the suite's runs of it (:meth:`~posenc.bench.types.Task.report_sections`;
+    none for a task that cannot be loaded here)."""
+    from ..types import get_task
+
+    try:
+        t = get_task(task)
+    except PosencError:
+        return []
+    return list(t.report_sections([r for r in data.records if r["config"]["task"] == task]))

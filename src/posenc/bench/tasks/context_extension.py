@@ -88,7 +88,7 @@ from ...registry import resolve
 from ...rotary.scaling import ScaledRoPE
 from ..real_training import count_parameters, guarded, perplexity, require, sample_chunks, task_options, train_loop
 from ..steps import model_options, optimise
-from ..types import OnStep, RunConfig, Task, register_task
+from ..types import OnStep, ReportSection, RunConfig, Task, register_task
 from .lm import encoded_lm, uniform_perplexity
 
 #: the RoPE scalings of the suite (any ScaledRoPE works; these are the ones compared)
@@ -371,15 +371,25 @@ class ExtensionTask(Task):
 
     def longrope_factors(self, cfg: RunConfig, state: dict[str, Tensor], key: str) -> dict[str, Any]:
         """The per-pair factors of a ``rope-longrope`` run with ``task_options longrope = 'search'``: LongRoPE's
-        evolutionary search on the base model at ``finetune_factor x L`` (:func:`posenc.extend.longrope_search.search`,
-        its initial population PI's, NTK's and YaRN's factors; cached beside the base). They replace the encoding's
+        evolutionary search on the base model at ``factor x L`` (the encoding's factor; see
+        :func:`posenc.extend.longrope_search.search`, its initial population PI's, NTK's and YaRN's factors; cached
+        beside the base). They replace the encoding's
         given ``short_factor`` / ``long_factor`` (rope-longrope cannot be built without some)."""
         opts = self.options(cfg)
-        L, s = self.train_length(cfg), float(opts["finetune_factor"])
+        L = self.train_length(cfg)
+        s = float(method_options(cfg, L, float(opts["finetune_factor"]))["factor"])  # the encoding's own ratio
         base = float((cfg.encoding_options or {}).get("base", 10000.0))
         head_dim = cfg.d_model // cfg.n_heads
         pairs = int((cfg.encoding_options or {}).get("rotary_dim", head_dim)) // 2
         return search_longrope(self, cfg, state, key, L, s, base, head_dim, pairs)
+
+    def report_sections(self, records: list[dict[str, Any]]) -> list[ReportSection]:
+        """The steps-to-target table and figure of the runs fine-tuned with checkpoints
+        (:mod:`posenc.bench.tasks.steps_to_target`)."""
+        from .steps_to_target import sections
+
+        return sections(records)
+
     def run(self, cfg: RunConfig, on_step: OnStep | None = None) -> dict[str, Any]:
         self.validate(cfg)
         opts = self.options(cfg)

@@ -233,7 +233,7 @@ def test_the_new_verdicts_follow_from_the_stored_runs():
 def test_the_fine_tuning_verdicts_of_issue_46_follow_from_the_stored_runs():
     """Steps to target, YaRN's train-short-test-long, LongRoPE's search: each verdict's facts recomputed from the
     committed runs of the context-extension suite."""
-    from posenc.bench.tasks.steps_to_target import table
+    from posenc.bench.tasks.steps_to_target import ratio_interval, table
 
     path = ROOT / "docs" / "results" / "data" / "context-extension.jsonl"
     records = [r for r in map(json.loads, path.read_text().splitlines())
@@ -254,6 +254,9 @@ def test_the_fine_tuning_verdicts_of_issue_46_follow_from_the_stored_runs():
     # YaRN needs fewer steps than PI at every seed, but not 2.5x fewer; RoPE and NTK as few
     yarn = t["rope-yarn +ft400"]
     assert all(1.3 < r < 2.5 for r in yarn["ratio"])
+    mean, lo, hi = ratio_interval(yarn["ratio"])
+    said = f"mean {mean:.2f}x with a 95 % t interval over the seeds of [{lo:.2f}, {hi:.2f}]"
+    assert 1 < lo < mean < hi < 2.5 and said in _finding("context-extension", "YaRN reaches PI's").evidence
     for other in ("rope +ft400", "rope-ntk +ft400"):
         assert all(abs(a - b) < 15 for a, b in zip(t[other]["steps"], yarn["steps"], strict=True))
     assert _finding("context-extension", "YaRN reaches PI's").verdict == "partly"

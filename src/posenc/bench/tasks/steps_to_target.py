@@ -108,6 +108,23 @@ def _ratio_text(v: float | None) -> str:
     return "—" if v is None else ("∞" if math.isinf(v) else f"{v:.1f}×")
 
 
+def ratio_interval(ratios: Sequence[float | None]) -> tuple[float, float, float] | None:
+    """The mean of the per-seed ratios and its 95 % *t* interval (seeds as independent replicates); None where a
+    seed never reached the target (its ratio is unknown) or fewer than two seeds did."""
+    from ..reporting.separation import paired_t
+
+    if any(r is None or math.isinf(r) for r in ratios):
+        return None
+    values = [float(r) for r in ratios if r is not None]
+    ci = paired_t(values)
+    return None if ci is None else (statistics.fmean(values), ci[0], ci[1])
+
+
+def ratio_interval_text(ratios: Sequence[float | None]) -> str:
+    ci = ratio_interval(ratios)
+    return "—" if ci is None else f"{ci[0]:.2f}× [{ci[1]:.2f}, {ci[2]:.2f}]"
+
+
 def lines(data: dict[str, Any]) -> list[str]:
     """The Markdown table of :func:`table`'s numbers."""
     if not data:
@@ -117,11 +134,12 @@ def lines(data: dict[str, Any]) -> list[str]:
     budget = steps[-1]
     L, ft = first["L"], first["ft_length"]
     head = ["encoding", "seeds", *[f"{ft} @ {k}" for k in steps], f"{L} @ {budget}",
-            "steps to PI's target, per seed", "PI's steps / its steps, per seed"]
+            "steps to PI's target, per seed", "PI's steps / its steps, per seed", "that ratio: mean [95 % t]"]
     out = [
         f"Perplexity at the fine-tuning length {ft} (= s·L) after each number of fine-tuning steps (mean ± sd over the "
         f"seeds), and at L = {L} after the last; the target is PI's ({REFERENCE}) perplexity at {ft} after {budget} "
-        f"steps of the same seed, the steps to it are interpolated between checkpoints (> {budget}: not reached).",
+        f"steps of the same seed, the steps to it are interpolated between checkpoints (> {budget}: not reached); the "
+        f"ratio's interval treats the seeds as independent replicates (Student's t on seeds - 1 degrees of freedom).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -134,6 +152,7 @@ def lines(data: dict[str, Any]) -> list[str]:
             t is not None for t in row["target"]) else "—")
         cells.append(" / ".join(_ratio_text(v) for v in row["ratio"]) if any(
             t is not None for t in row["target"]) else "—")
+        cells.append(ratio_interval_text(row["ratio"]))
         out.append("| " + " | ".join(cells) + " |")
     return out
 

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posenc._stats import paired_t, t_quantile
 from posenc.bench.reporting.markdown import markdown_table
 from posenc.bench.reporting.rows import leaderboard
-from posenc.bench.reporting.separation import compare, compare_all, family_level, mover, paired_t, t_quantile, wilson
+from posenc.bench.reporting.separation import compare, compare_all, family_level, mover, wilson
 from posenc.bench.reporting.verdicts import learning_warnings, no_problems_text, problems, verdict
 from posenc.bench.runner import RunConfig
 from posenc.errors import ConfigError

@@ -111,7 +111,7 @@ def _ratio_text(v: float | None) -> str:
 def ratio_interval(ratios: Sequence[float | None]) -> tuple[float, float, float] | None:
     """The mean of the per-seed ratios and its 95 % *t* interval (seeds as independent replicates); None where a
     seed never reached the target (its ratio is unknown) or fewer than two seeds did."""
-    from ..reporting.separation import paired_t
+    from ..._stats import paired_t
 
     if any(r is None or math.isinf(r) for r in ratios):
         return None

@@ -73,9 +73,9 @@ modes (L: the model's trained context, 8192 tokens for SmolLM2):
             --tasks, --scalings, --passkey-lengths up to S, --ruler-lengths ...), each for as trained, the scaling
             patched in, and the tuned model; the training-free rows first, then the fine-tune (resumed from its
             checkpoints), then the tuned rows. --full is refused (the full grid is a training-free run of its own)
-  --longrope-search EVALS   EVALS fitness evaluations, each one forward of S x L tokens (SmolLM2 at S = 2: about
-            2.3 min on 2 cores, so 40 evaluations are about 1.5 hours; the tiny test Llama: milliseconds), population
-            EVALS // 21 within [4, 64] (1344 evaluations: microsoft/LongRoPE's 64 x 40 iterations)
+  --longrope-search EVALS   EVALS fitness evaluations, each one forward of S x L tokens (SmolLM2 at S = 2: 220 s
+            on 1 thread of 2 shared cores, measured, so 40 evaluations are about 2.5 hours; the tiny test Llama:
+            5 ms), population EVALS // 21 within [4, 64] (1344 evaluations: microsoft/LongRoPE's 64 x 40 iterations)
 
 examples:
   posenc extend --quick

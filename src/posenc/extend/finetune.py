@@ -626,7 +626,9 @@ def add_finetune_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     g = parser.add_argument_group(
         "fine-tuning at the extended length (PI: Chen et al. 2023; YaRN: Peng et al. 2023)",
         "patch the model with a scaling, then fine-tune it at the extended length on Shakespeare (King Lear held "
-        "out), AdamW lr 2e-5, 20 warmup steps, 64 sequences a step as the papers; resumes from --finetune-dir",
+        "out), AdamW lr 2e-5, 20 warmup steps, 64 sequences a step as the papers; resumes from --finetune-dir; the "
+        "cells (the quick ones at the factor, or the cells flags) are measured before the fine-tune on the model "
+        "patched and after it on the tuned model (rows <scaling>+ft<STEPS>), side by side in --out",
     )
     g.add_argument("--finetune", type=int, metavar="STEPS", help="fine-tune for STEPS optimizer steps (YaRN: 400)")
     g.add_argument("--finetune-mode", choices=MODES, help="every weight (full, the papers') or LoRA adapters")

@@ -553,9 +553,18 @@ def stored_search(
     if known and not quiet:
         print(f"  LongRoPE search: {len(known)} evaluations read back from {evals_path}", file=sys.stderr, flush=True)
 
+    fresh = [0]
+
     def append(c: Candidate, seconds: float) -> None:
         nonlocal spent
         spent += seconds
+        fresh[0] += 1
+        if not quiet:
+            done = len(known) + fresh[0]
+            left = spent / done * max(int(evaluations) - done, 0)
+            print(f"  LongRoPE search: evaluation {done}/{evaluations} ({c.origin or 'candidate'}): perplexity "
+                  f"{c.fitness:.4f} in {seconds:.1f} s, at most about {left / 60:.0f} min left", file=sys.stderr,
+                  flush=True)
         text = evals_path.read_text()
         with open(evals_path, "a") as f:
             if text and not text.endswith("\n"):

@@ -381,7 +381,7 @@ def test_lengths_past_the_floor_are_cut(tmp_path, monkeypatch):
 
 def test_the_cli_prints_a_ruler_verdict_with_the_claim_it_reads(capsys):
     from posenc.extend import ruler_report
-    from posenc.extend.cli import _print_verdict
+    from posenc.extend.cli_shared import _print_verdict
 
     for kind, tests in (("fails", "as published"), ("pair", "posenc's question")):
         v = ruler_report._rv(kind, "finding x", "suggestive", "12/25 against 3/25")

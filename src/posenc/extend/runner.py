@@ -67,7 +67,7 @@ from .config import (
     loss_lengths,
 )
 from .evaluate import passkey_ids, passkey_score, random_key, token_losses
-from .store_checks import check_store, check_variants
+from .store_checks import _jsonable, check_store, check_variants
 
 __all__ = ["AS_TRAINED", "BIN", "DOCUMENTS", "FULL", "LABELS", "QUICK", "SCALINGS", "STORE", "ExtendConfig"]
 
@@ -162,10 +162,6 @@ class Variant:
         opts = {**self.options, "factor": self.factor}
         posenc.hf.patch(model, self.base, **opts)
         return {"factor": self.factor} if self.base == "rope-longrope" else _jsonable(opts)
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=float))
 
 
 def length_dependent(scaling: str) -> bool:

@@ -64,8 +64,9 @@ def expected_kernel(model) -> str:
     attn = model.trunk.blocks[0].attn
     if attn.encoding is None:
         return "sdpa"
-    if "probabilities" in enc.hooks():
-        return "materialised"  # weights of its own (stick-breaking): the kernel that hands it the logits
+    if "probabilities" in enc.hooks():  # weights of its own (stick-breaking): its blocked kernel where it has one,
+        # else the kernel that hands it the logits
+        return "own-blocked" if hasattr(enc, "blocked_attention") else "materialised"
     if has_form(enc) and not (getattr(enc, "terms", ()) and "p2p" in enc.terms):
         return "blocked"
     if "values" in enc.hooks():
@@ -285,7 +286,9 @@ def test_dropout_runs_on_the_fast_kernels(name):
     assert torch.isfinite(loss)
     for p in plans(model):
         assert p.dropout == 0.3
-        want = "materialised" if expected_kernel(model) == "materialised" else "blocked"
+        # weights of the encoding's own (stick-breaking) take their dropout on the materialised weights
+        own = "probabilities" in model.trunk.encoding.hooks()
+        want = "materialised" if own or expected_kernel(model) == "materialised" else "blocked"
         assert p.kernel == want, str(p)
 
 

@@ -200,8 +200,8 @@ class AttentionCore(nn.Module):
         dropout = self.dropout if self.training else 0.0
         facts = Facts.of(call, self.encoding, self._has, self.fused, dropout, return_weights, self.path == "flex")
         plan, form, own = plan_call(facts, self.encoding, call, scale)
-        if self._has["probabilities"]:  # the encoding's own weights: only the materialised kernel hands it logits
-            return self._own_probabilities(plan), None, None
+        if self._has["probabilities"] and plan.kernel != "own-blocked":  # its own weights, not blocked by itself:
+            return self._own_probabilities(plan), None, None  # only the materialised kernel hands it the logits
         return plan, form, own
 
     def _own_probabilities(self, plan: Plan) -> Plan:

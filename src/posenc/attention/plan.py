@@ -142,9 +142,10 @@ def bias_kernels_may_apply(f: Facts) -> bool:
 
 
 def own_blocks_may_apply(f: Facts, enc: Any) -> bool:
-    """Logits alone, and the encoding attends by blocks itself (blocked_attention): several queries, or one (a
-    decoding step) where the encoding says it runs those too (``decodes_itself``), at any number of keys."""
-    alone = "logits" in f.hooks and "bias" not in f.hooks
+    """Logits (or weights of its own, stick-breaking's) alone, and the encoding attends by blocks itself
+    (blocked_attention): several queries, or one (a decoding step) where the encoding says it runs those too
+    (``decodes_itself``), at any number of keys."""
+    alone = bool(f.hooks & {"logits", "probabilities"}) and "bias" not in f.hooks
     step = f.queries == 1 and getattr(enc, "decodes_itself", False)
     traced = compilable(f, "own-blocked")
     fits = own_kernels_may_apply(f, any_pairs=step) and (step or f.queries > 1)

@@ -18,14 +18,27 @@ so a key far back gets only what the nearer ones left: order (and a recency prio
 distance from the query, the earlier of two at the same distance first (``i - 1, i + 1, i - 2, i + 2, ...``): the
 causal order where there are no later keys. Keys the mask hides (padding, other documents) take nothing.
 
-**A reference path only.** The weights are a ``[B, H, Lq, Lk]`` tensor (:meth:`StickBreaking.probabilities`, the
-attention's ``probabilities`` hook, which the ``materialised`` kernel calls with the masked logits), for lengths
-up to a few thousand: a call of more keys than :data:`MAX_KEYS`, or more query-key pairs than :data:`MAX_PAIRS`
-over the batch and heads, is refused with the limit named. The authors' kernels (Triton, CUDA) stream the keys
-instead; none is ported here.
+**Kernels.** :func:`stick_breaking_weights` gives the ``[B, H, Lq, Lk]`` weights (the reference path: the
+attention's ``probabilities`` hook, which the ``materialised`` kernel calls with the masked logits): a call of more
+keys than :data:`MAX_KEYS`, or more query-key pairs than :data:`MAX_PAIRS` over the batch and heads, is refused there
+with the limit named. A causal call without any other mask (training, prefill, a decoding step) takes
+:func:`stick_breaking_attention` instead (the plan's ``own-blocked`` kernel, a custom op ``torch.compile`` keeps),
+blocked and in log space as the authors' kernels are (their recurrence, written again here for PyTorch's CPU ops):
+with the keys taken nearest first, ``log A_ij = z_ij - Σ_{t nearer than j, t included} softplus(z_it)`` (``log σ(z)
+- log(1 - σ(z)) = z``), one running sum along a block of query rows; only ``q, k, v`` and the output are kept for
+the backward, which recomputes each block and takes
+
+.. math::
+    w_{ij} = A_{ij}\,\partial L/\partial A_{ij}, \qquad
+    \partial L/\partial z_{it} = w_{it} - \beta_{it} \big(w_{it} + \textstyle\sum_{j\ \text{beyond}\ t} w_{ij}\big)
+
+No ``[B, H, Lq, Lk]`` tensor: a block of rows holds about :data:`BLOCK_BYTES` of scores. An encoder (no causal mask)
+and a call with a padding mask keep the reference path.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +104,185 @@ def stick_breaking_weights(logits: Tensor, attend_current: bool = False, remaind
     return weights
 
 
+# ------------------------------------------------------------------------------------------------ the blocked kernel
+#: bytes of one block of scores (rows x keys, about a core's L2 cache): sets the rows of a block
+BLOCK_BYTES = 2 * 2**20
+#: the fewest query rows a block has, whatever the number of keys
+MIN_ROWS = 16
+# the logit of a key hidden from a query: softplus(_HIDDEN) = 0 and exp(_HIDDEN) = 0 exactly, so a hidden key takes
+# nothing and leaves the stick as it is, with no mask applied after the product
+_HIDDEN = -1e30
+# softplus(z) = z past this (torch's default, 20, drops e^-20 = 2e-9: float64's digits; e^-40 is below them)
+_SOFTPLUS_LINEAR = 40.0
+
+
+def _hidden_corner(n: int, attend_current: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[n, n]``: ``_HIDDEN`` where a block row's first columns are keys it may not see, else 0. The keys of a block
+    of rows ``r0 .. r0 + n - 1`` run nearest first from the last row's own key, so row ``m``'s own key is column
+    ``n - 1 - m``; the keys after it (and the own key unless ``attend_current``) are the columns before."""
+    m = torch.arange(n, device=device)[:, None]
+    col = torch.arange(n, device=device)[None, :]
+    hidden = col < (n - 1 - m) if attend_current else col < (n - m)
+    return torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(hidden, _HIDDEN)
+
+
+def _block_rows(lq: int, lk: int, itemsize: int) -> int:
+    """Query rows a block of one (sequence, head) pair holds against ``lk`` keys."""
+    return max(MIN_ROWS, min(lq, BLOCK_BYTES // max(1, lk * itemsize)))
+
+
+def _log_weights(qs: Tensor, kf: Tensor, ke: int, corner: Tensor) -> tuple[Tensor, Tensor]:
+    """The scores ``z`` of a block (``qs``: its queries times the temperature, ``[G, n, d]``) against its ``ke`` keys
+    nearest first (``kf``: the keys in reversed order, ``[G, Lk, d]``), hidden keys at ``_HIDDEN``; and ``log A = z -
+    cumsum(softplus(z))``. Both ``[G, n, ke]``."""
+    lk, n = kf.shape[1], qs.shape[1]
+    z = torch.matmul(qs, kf[:, lk - ke :].transpose(1, 2))
+    z[:, :, :n] += corner
+    log_a = z - F.softplus(z, threshold=_SOFTPLUS_LINEAR).cumsum_(-1)
+    return z, log_a
+
+
+def _groups(t: Tensor) -> Tensor:
+    return t.reshape(-1, *t.shape[2:])
+
+
+def _blocks(q: Tensor, lk: int, attend_current: bool) -> Iterator[tuple[slice, slice, slice, slice, Tensor]]:
+    """The blocks of a call: ``(groups, rows, own, keys, corner)`` per block: the (sequence, head) pairs (a slice of
+    ``B·H``), its query rows, those rows' own keys, its keys in reversed order (a slice of ``Lk``) and its
+    ``_hidden_corner``. All pairs at once where they fit in one block (a decoding step), else one by one."""
+    b, h, lq, _ = q.shape
+    off = lk - lq
+    together = b * h * lq * lk * q.element_size() <= BLOCK_BYTES
+    spans = [slice(0, b * h)] if together else [slice(g, g + 1) for g in range(b * h)]
+    n = lq if together else _block_rows(lq, lk, q.element_size())
+    corners: dict[int, Tensor] = {}
+    for gs in spans:
+        for r0 in range(0, lq, n):
+            r1 = min(lq, r0 + n)
+            if r1 - r0 not in corners:
+                corners[r1 - r0] = _hidden_corner(r1 - r0, attend_current, q.dtype, q.device)
+            yield gs, slice(r0, r1), slice(off + r0, off + r1), slice(lk - r1 - off, lk), corners[r1 - r0]
+
+
+def _sb_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool) -> Tensor:
+    """The forward of :func:`stick_breaking_attention`, a block of query rows at a time (see the module's
+    docstring and :func:`_blocks`)."""
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    qg, kf, vf, vg = _groups(q) * scale, _groups(k).flip(1), _groups(v).flip(1), _groups(v)
+    out = torch.empty(b * h, lq, d, dtype=q.dtype, device=q.device)
+    for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
+        _, log_a = _log_weights(qg[gs, rows], kf[gs], keys.stop - keys.start, corner)
+        a = log_a.exp_()
+        o = torch.matmul(a, vf[gs, keys])
+        if remainder:  # what is left of the stick goes to the query's own value
+            o.addcmul_(1 - a.sum(-1, keepdim=True), vg[gs, own])
+        out[gs, rows] = o
+    return out.view(b, h, lq, d)
+
+
+def _sb_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``dq, dk, dv``: each block's weights recomputed from ``q, k`` (see the module's docstring for ``∂L/∂z``)."""
+    lk = k.shape[2]
+    qg, kf, vf, vg = _groups(q), _groups(k).flip(1), _groups(v).flip(1), _groups(v)
+    qs = qg * scale
+    dog = _groups(dout.contiguous())
+    dq = torch.empty_like(qg)
+    dkf, dvf = torch.zeros_like(kf), torch.zeros_like(vf)
+    dv_own = torch.zeros_like(vg) if remainder else None
+    for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
+        z, log_a = _log_weights(qs[gs, rows], kf[gs], keys.stop - keys.start, corner)
+        a = log_a.exp_()
+        do = dog[gs, rows]
+        w = torch.matmul(do, vf[gs, keys].transpose(1, 2))  # ∂L/∂A_ij = dO_i · v_j ...
+        if dv_own is not None:  # ... - dO_i · v_i: the remainder 1 - Σ_j A_ij goes to v_i
+            w.sub_((do * vg[gs, own]).sum(-1, keepdim=True))
+            dv_own[gs, own] += (1 - a.sum(-1, keepdim=True)) * do
+        dvf[gs, keys].baddbmm_(a.transpose(1, 2), do)
+        w.mul_(a)  # w_ij = A_ij ∂L/∂A_ij
+        # Σ over the keys farther than t, plus w_t itself: the row total minus the running sum before t
+        beyond = w.cumsum(-1).sub_(w).neg_().add_(w.sum(-1, keepdim=True))
+        dz = w.sub_(beyond.mul_(torch.sigmoid_(z)))
+        dq[gs, rows] = torch.matmul(dz, kf[gs, keys]).mul_(scale)
+        dkf[gs, keys].baddbmm_(dz.transpose(1, 2), qs[gs, rows])
+    dk, dv = dkf.flip(1), dvf.flip(1)
+    if dv_own is not None:
+        dv = dv + dv_own
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+@torch.library.custom_op("posenc::stick_breaking_attention", mutates_args=())
+def _op(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool) -> Tensor:
+    return _sb_forward(q, k, v, scale, attend_current, remainder)
+
+
+@torch.library.custom_op("posenc::stick_breaking_attention_backward", mutates_args=())
+def _op_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _sb_backward(dout, q, k, v, scale, attend_current, remainder)
+
+
+@_op.register_fake
+def _(q, k, v, scale, attend_current, remainder):  # the schema is the op's
+    return torch.empty_like(q)
+
+
+@_op_backward.register_fake
+def _(dout, q, k, v, scale, attend_current, remainder):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, scale, attend_current, remainder = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.flags = (scale, attend_current, remainder)
+
+
+def _grad(ctx, dout: Tensor):
+    q, k, v = ctx.saved_tensors
+    dq, dk, dv = _op_backward(dout, q, k, v, *ctx.flags)
+    return dq, dk, dv, None, None, None
+
+
+_op.register_autograd(_grad, setup_context=_setup)
+
+
+def stick_breaking_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool = False, remainder: bool = True
+) -> Tensor:
+    r"""Causal stick-breaking attention, blocked and in log space, without any ``[B, H, Lq, Lk]`` tensor:
+    ``o_i = Σ_{j<i} A_ij v_j (+ (1 - Σ_j A_ij) v_i)``, ``[B, H, Lq, d]``.
+
+    Args:
+        q, k, v: ``[B, H, Lq|Lk, d]``, CPU, float32 or float64, one key head per query head; the queries are the
+            last ``Lq`` of the ``Lk`` tokens (a KV cache's keys first).
+        scale: the temperature of ``q·k`` (the paper's ``1/√d``).
+        attend_current, remainder: as :class:`StickBreaking`'s.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ConfigError(
+                f"stick_breaking_attention: {name} must be a tensor [batch, heads, length, head_dim], got {shape}"
+            )
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if k.shape != (b, h, lk, d) or v.shape != k.shape or lk < lq:
+        raise ConfigError(
+            f"stick_breaking_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match; "
+            f"k and v must be [{b}, {h}, Lk, {d}] with Lk >= Lq (the queries are the last Lq tokens)"
+        )
+    if q.dtype not in (torch.float32, torch.float64) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ConfigError(
+            f"stick_breaking_attention takes float32 or float64 q, k and v of one dtype, got {q.dtype}, {k.dtype}, "
+            f"{v.dtype}"
+        )
+    return _op(q, k, v, float(scale), bool(attend_current), bool(remainder))
+
+
 @register
 class StickBreaking(PositionalEncoding):
     r"""Stick-breaking attention: ``A_ij = σ(z_ij) Π_{j<t<i} (1 - σ(z_it))`` instead of softmax, no positions.
@@ -110,13 +302,14 @@ class StickBreaking(PositionalEncoding):
         position="relative",
         learnable=False,
         summary="weights σ(z_ij) Π (1 - σ(z_it)) over the nearer keys instead of softmax: order without positions "
-        "(reference path: materialised, up to 4096 keys)",
+        "(causal calls: a blocked kernel in log space; encoders and padded batches: materialised, up to 4096 keys)",
         reference="the paper's product written out in loops, float64: max diff 3.3e-16 (and the cumulative form in log "
-        "space); KV cache == none",
-        shortcoming="a reference path only (the [B, H, Lq, Lk] weights): O(L²) memory; an encoder breaks the stick by "
-        "distance, posenc's extension",
+        "space); the blocked kernel == those weights, gradients included (float64, random shapes); KV cache == none",
+        shortcoming="an encoder, a padded batch and attention dropout take the materialised weights (O(L²) memory); "
+        "an encoder breaks the stick by distance, posenc's extension",
     )
     claims = {"relative_only": True, "decay": True, "params_constant": True}
+    fused_min_pairs = 64 * 64  # the blocked kernel pays off early: no [B, H, Lq, Lk] tensor
 
     def __init__(self, attend_current: bool = False, remainder: bool = True):
         super().__init__()
@@ -129,8 +322,9 @@ class StickBreaking(PositionalEncoding):
         # remainder's share of a row sum (1): elementwise, beside q·k and p·v
         return Cost(
             pair_elementwise=11.0,
-            memory="the [B, H, Lq, Lk] weights (a reference path: no blocked kernel)",
-            note="the stick's running sum per pair in log space; materialised",
+            memory="a block of query rows' scores (BLOCK_BYTES) for a causal call; the [B, H, Lq, Lk] weights for "
+            "an encoder or a padded batch",
+            note="the stick's running sum per pair in log space, blocked (causal) or materialised",
         )
 
     def scale(self, head_dim: int) -> float:
@@ -147,3 +341,28 @@ class StickBreaking(PositionalEncoding):
                 "keys (self-attention), the last Lq of them"
             )
         return stick_breaking_weights(logits, self.attend_current, self.remainder)
+
+    #: a decoding step (one query of a causal call) runs in :meth:`blocked_attention` too, at any cache length
+    decodes_itself = True
+
+    def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
+        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`stick_breaking_attention`. A call with a
+        mask beyond the causal one (padding) or without a causal mask (an encoder) takes the reference weights
+        here instead, within their limits (correct, not blocked)."""
+        if ctx.reference:
+            return None
+
+        def run(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, mask: Tensor | None) -> Tensor:
+            if causal and mask is None and q.dtype in (torch.float32, torch.float64) and q.shape[-2] <= k.shape[-2]:
+                return stick_breaking_attention(q, k, v, scale, self.attend_current, self.remainder)
+            low = torch.finfo(q.dtype).min
+            s = torch.matmul(q, k.transpose(-1, -2)) * scale
+            lq, lk = s.shape[-2:]
+            if causal:
+                i = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
+                s = s.masked_fill(torch.arange(lk, device=q.device)[None, :] > i, low)
+            if mask is not None:
+                s = s.masked_fill(~mask, low)
+            return torch.matmul(self.probabilities(s, ctx), v)
+
+        return run

@@ -88,6 +88,27 @@ def test_float32_stays_near_float64_at_2048() -> None:
     assert float((got.double() - want).abs().max()) < 2e-5
 
 
+@pytest.mark.parametrize("attend_current", [False, True])
+def test_later_keys_reach_no_earlier_output_bit_for_bit(attend_current: bool) -> None:
+    """Causality exactly: the keys after a query get weight 0, not e^LOG_FLOOR, so changing them (and their values)
+    leaves every earlier output the same bits."""
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(2, 2, 96, 8) * 2 for _ in range(3))
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 50:] = torch.randn(2, 2, 46, 8) * 50
+    v2[:, :, 50:] = torch.randn(2, 2, 46, 8) * 1e6
+    old = sb.BLOCK_BYTES
+    for block_bytes in (1, old):
+        sb.BLOCK_BYTES = block_bytes
+        try:
+            a = sb.stick_breaking_attention(q, k, v, 0.5, attend_current)
+            b = sb.stick_breaking_attention(q, k2, v2, 0.5, attend_current)
+        finally:
+            sb.BLOCK_BYTES = old
+        assert torch.equal(a[:, :, :50], b[:, :, :50])
+        assert not torch.equal(a[:, :, 50:], b[:, :, 50:])
+
+
 def test_the_models_take_it_and_it_equals_the_reference_path() -> None:
     torch.manual_seed(3)
     layer = MultiHeadAttention(D, H, posenc.get("stick-breaking")).double()

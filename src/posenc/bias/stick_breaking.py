@@ -106,24 +106,27 @@ def stick_breaking_weights(logits: Tensor, attend_current: bool = False, remaind
 
 # ------------------------------------------------------------------------------------------------ the blocked kernel
 #: bytes of one block of scores (rows x keys, about a core's L2 cache): sets the rows of a block
-BLOCK_BYTES = 2 * 2**20
+BLOCK_BYTES = 2**20
 #: the fewest query rows a block has, whatever the number of keys
 MIN_ROWS = 16
-# the logit of a key hidden from a query: softplus(_HIDDEN) = 0 and exp(_HIDDEN) = 0 exactly, so a hidden key takes
-# nothing and leaves the stick as it is, with no mask applied after the product
+# the logit of a key hidden from a query: softplus(_HIDDEN) = 0 exactly, so a hidden key leaves the stick as it is
+# (its weight is set to 0 after the exp)
 _HIDDEN = -1e30
+#: log-weights below this are taken at it before the exp (e^-80 = 1.8e-35, below any float32 or float64 output's
+#: resolution): the exp of a number under about -87 (a subnormal result, or 0) takes the CPU's slow path, ten to
+#: thirty times the time (measured, 2026-12-07), and most of a long row's weights are that small
+LOG_FLOOR = -80.0
 # softplus(z) = z past this (torch's default, 20, drops e^-20 = 2e-9: float64's digits; e^-40 is below them)
 _SOFTPLUS_LINEAR = 40.0
 
 
-def _hidden_corner(n: int, attend_current: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``[n, n]``: ``_HIDDEN`` where a block row's first columns are keys it may not see, else 0. The keys of a block
+def _hidden_corner(n: int, attend_current: bool, device: torch.device) -> Tensor:
+    """``[n, n]``: ``True`` where a block row's first columns are keys it may not see. The keys of a block
     of rows ``r0 .. r0 + n - 1`` run nearest first from the last row's own key, so row ``m``'s own key is column
     ``n - 1 - m``; the keys after it (and the own key unless ``attend_current``) are the columns before."""
     m = torch.arange(n, device=device)[:, None]
     col = torch.arange(n, device=device)[None, :]
-    hidden = col < (n - 1 - m) if attend_current else col < (n - m)
-    return torch.zeros(n, n, dtype=dtype, device=device).masked_fill_(hidden, _HIDDEN)
+    return col < (n - 1 - m) if attend_current else col < (n - m)
 
 
 def _block_rows(lq: int, lk: int, itemsize: int) -> int:
@@ -131,15 +134,16 @@ def _block_rows(lq: int, lk: int, itemsize: int) -> int:
     return max(MIN_ROWS, min(lq, BLOCK_BYTES // max(1, lk * itemsize)))
 
 
-def _log_weights(qs: Tensor, kf: Tensor, ke: int, corner: Tensor) -> tuple[Tensor, Tensor]:
+def _weights(qs: Tensor, kf: Tensor, ke: int, corner: Tensor) -> tuple[Tensor, Tensor]:
     """The scores ``z`` of a block (``qs``: its queries times the temperature, ``[G, n, d]``) against its ``ke`` keys
-    nearest first (``kf``: the keys in reversed order, ``[G, Lk, d]``), hidden keys at ``_HIDDEN``; and ``log A = z -
-    cumsum(softplus(z))``. Both ``[G, n, ke]``."""
+    nearest first (``kf``: the keys in reversed order, ``[G, Lk, d]``), hidden keys at ``_HIDDEN``; and the weights
+    ``A = exp(z - cumsum(softplus(z)))`` (at least ``e^LOG_FLOOR``), 0 for the hidden keys. Both ``[G, n, ke]``."""
     lk, n = kf.shape[1], qs.shape[1]
     z = torch.matmul(qs, kf[:, lk - ke :].transpose(1, 2))
-    z[:, :, :n] += corner
-    log_a = z - F.softplus(z, threshold=_SOFTPLUS_LINEAR).cumsum_(-1)
-    return z, log_a
+    z[:, :, :n].masked_fill_(corner, _HIDDEN)
+    a = torch.sub(z, F.softplus(z, threshold=_SOFTPLUS_LINEAR).cumsum_(-1)).clamp_min_(LOG_FLOOR).exp_()
+    a[:, :, :n].masked_fill_(corner, 0.0)
+    return z, a
 
 
 def _groups(t: Tensor) -> Tensor:
@@ -160,7 +164,7 @@ def _blocks(q: Tensor, lk: int, attend_current: bool) -> Iterator[tuple[slice, s
         for r0 in range(0, lq, n):
             r1 = min(lq, r0 + n)
             if r1 - r0 not in corners:
-                corners[r1 - r0] = _hidden_corner(r1 - r0, attend_current, q.dtype, q.device)
+                corners[r1 - r0] = _hidden_corner(r1 - r0, attend_current, q.device)
             yield gs, slice(r0, r1), slice(off + r0, off + r1), slice(lk - r1 - off, lk), corners[r1 - r0]
 
 
@@ -172,8 +176,7 @@ def _sb_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: b
     qg, kf, vf, vg = _groups(q) * scale, _groups(k).flip(1), _groups(v).flip(1), _groups(v)
     out = torch.empty(b * h, lq, d, dtype=q.dtype, device=q.device)
     for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
-        _, log_a = _log_weights(qg[gs, rows], kf[gs], keys.stop - keys.start, corner)
-        a = log_a.exp_()
+        _, a = _weights(qg[gs, rows], kf[gs], keys.stop - keys.start, corner)
         o = torch.matmul(a, vf[gs, keys])
         if remainder:  # what is left of the stick goes to the query's own value
             o.addcmul_(1 - a.sum(-1, keepdim=True), vg[gs, own])
@@ -193,8 +196,7 @@ def _sb_backward(
     dkf, dvf = torch.zeros_like(kf), torch.zeros_like(vf)
     dv_own = torch.zeros_like(vg) if remainder else None
     for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
-        z, log_a = _log_weights(qs[gs, rows], kf[gs], keys.stop - keys.start, corner)
-        a = log_a.exp_()
+        z, a = _weights(qs[gs, rows], kf[gs], keys.stop - keys.start, corner)
         do = dog[gs, rows]
         w = torch.matmul(do, vf[gs, keys].transpose(1, 2))  # ∂L/∂A_ij = dO_i · v_j ...
         if dv_own is not None:  # ... - dO_i · v_i: the remainder 1 - Σ_j A_ij goes to v_i

@@ -368,3 +368,78 @@ def test_decoding_a_left_padded_batch_equals_each_sequence_alone() -> None:
         alone = fast(x[1:, : 30 - pad], causal=True)
         torch.testing.assert_close(got[1, pad:], alone[0], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(got[0], fast(x[:1], causal=True)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_cached_steps_of_a_left_padded_batch_equal_the_paper_on_each_sequence() -> None:
+    """A KV cache, one token a step (FoX's own decode: the new key's gate added to the cached sum, the scores added
+    into the decay row), float64, a batch whose second sequence is left-padded and has one token in the middle that
+    no query may see: every real token's output is the paper's attention written out with loops (:func:`_paper`) over
+    that sequence alone, without its pads and without the hidden token (a key no query sees gates nothing)."""
+    fast, _ = _layers(seed=11)
+    pad, n, hidden = 3, 14, 9  # sequence 1: 3 pads, then 11 tokens; the token at 9 is hidden from every query
+    torch.manual_seed(12)
+    x = torch.randn(2, n, D, dtype=torch.float64)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, :pad] = False
+    mask[1, hidden] = False
+    with torch.no_grad():
+        cache = KVCache()
+        outs = [fast(x[:, :5], causal=True, kv_cache=cache, attention_mask=mask[:, :5])]
+        for t in range(5, n):
+            outs.append(fast(x[:, t : t + 1], causal=True, kv_cache=cache, attention_mask=mask[:, : t + 1]))
+            assert fast.last_plan is not None and fast.last_plan.kernel == "own-blocked", fast.last_plan
+        got = torch.cat(outs, 1)
+        first = _paper(fast, x[:1], causal=True)[0]
+        kept = [t for t in range(pad, n) if t != hidden]
+        second = _paper(fast, x[1:, kept], causal=True)[0]
+        state = cache.state(0)
+    torch.testing.assert_close(got[0], first, rtol=1e-10, atol=1e-12)
+    after = [i for i, t in enumerate(kept) if t != hidden]  # the hidden token's own query row is no one's alone
+    torch.testing.assert_close(got[1, [kept[i] for i in after]], second[after], rtol=1e-10, atol=1e-12)
+    # the hidden token decays nothing: the running sum stands still over it (and over the pads, at 0)
+    assert state is not None
+    assert float(state[1, :, hidden, 0].sub(state[1, :, hidden - 1, 0]).abs().max()) == 0.0
+    assert float(state[1, :, :pad, 0].abs().max()) == 0.0
+
+
+def test_a_decoding_step_keeps_the_precision_contract() -> None:
+    """The step's running sum is float64 (the cached ``c`` plus the new key's log-gate), and its decay row is the
+    float64 difference ``c_i - c_j`` rounded to float32 once: bit for bit what the plain expressions give."""
+    torch.manual_seed(13)
+    enc = posenc.get("fox", n_heads=H, head_dim=DH, gate_bias=-1.0)
+    layer = MultiHeadAttention(D, H, enc).eval()
+    x = torch.randn(2, 300, D)
+    with torch.no_grad():
+        cache = KVCache()
+        layer(x[:, :299], causal=True, kv_cache=cache)
+        before = cache.state(0)[:, :, -1, 0].clone()
+        k_new = layer.k_proj(x[:, 299:]).view(2, 1, H, DH).transpose(1, 2)
+        layer(x[:, 299:], causal=True, kv_cache=cache)
+        keys, state = cache.get(0)[0], cache.state(0)
+        gate = F.logsigmoid(enc.gate(k_new.transpose(1, 2).reshape(2, 1, D)).double())[:, 0]  # [B, H]
+        ctx = AttentionContext(torch.arange(300)[None], torch.arange(300)[None], H, DH)
+        ctx.key_state = state
+        row = enc.decode_row(keys, ctx, torch.float32)
+    assert state.dtype == torch.float64 and float(state[..., 0].min()) < -150
+    assert torch.equal(state[:, :, -1, 0], before + gate)
+    c = state[..., 0]
+    assert row.dtype == torch.float32 and torch.equal(row, (c[..., -1:] - c).float()[:, :, None, :])
+    assert not torch.equal(row, (c[..., -1:].float() - c.float())[:, :, None, :])  # float32 sums would differ
+
+
+def test_a_compiled_decoding_step_equals_the_eager_one() -> None:
+    """torch.compile (fullgraph) of a cached step: the same output and the same running sums as eager."""
+    fast, _ = _layers(seed=14)
+    fast = fast.float().eval()
+    x = torch.randn(2, 40, D)
+    with torch.no_grad():
+        eager_cache, compiled_cache = KVCache(), KVCache()
+        fast(x[:, :36], causal=True, kv_cache=eager_cache)
+        fast(x[:, :36], causal=True, kv_cache=compiled_cache)
+        torch._dynamo.reset()
+        compiled = torch.compile(fast, fullgraph=True, backend="aot_eager")
+        for t in range(36, 40):
+            want = fast(x[:, t : t + 1], causal=True, kv_cache=eager_cache)
+            got = compiled(x[:, t : t + 1], causal=True, kv_cache=compiled_cache)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled_cache.state(0), eager_cache.state(0), rtol=0, atol=1e-12)

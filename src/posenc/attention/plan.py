@@ -43,7 +43,7 @@ class Facts:
     head_dim: int
     autograd: bool  # gradients are recorded
     qk_grad: bool  # q or k needs a gradient
-    learnable: bool  # the encoding has a parameter that needs a gradient (its terms are not constants)
+    learnable: bool  # autograd is on and the encoding has a parameter that needs a gradient (terms not constants)
     reads_scores: bool  # the logits hook reads q·kᵀ itself (logits_read_scores: CoPE)
     causal_mask_only: bool  # no mask, or only the causal one (no padding, documents or custom mask)
     flex_forced: bool = False  # path="flex": flex_attention on any device (tests), or a clear error
@@ -62,6 +62,7 @@ class Facts:
         flex: bool = False,
     ) -> Facts:
         q, k = call.q, call.k
+        autograd = torch.is_grad_enabled()
         return cls(
             hooks=frozenset(h for h, on in has.items() if on),
             encoded=enc is not None,
@@ -76,9 +77,10 @@ class Facts:
             many_pairs=enc is not None and q.shape[2] * k.shape[2] >= max(1, enc.fused_min_pairs),
             floats=q.dtype in (torch.float32, torch.float64),
             head_dim=q.shape[-1],
-            autograd=torch.is_grad_enabled(),
+            autograd=autograd,
             qk_grad=q.requires_grad or k.requires_grad,
-            learnable=enc is not None and any(p.requires_grad for p in enc.parameters()),
+            # read only with autograd on: a decoding step under no_grad skips the walk over the parameters
+            learnable=autograd and enc is not None and any(p.requires_grad for p in enc.parameters()),
             reads_scores=enc is not None and enc.logits_read_scores,
             causal_mask_only=call.allowed is None or (call.causal and not call.any_padding),
             flex_forced=flex,

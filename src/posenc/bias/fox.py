@@ -41,8 +41,10 @@ down to 16 rows) such that no block decays by more than :data:`MAX_BLOCK_DECAY` 
 **KV cache.** A decoding step needs ``c`` of the last cached token (``c_new = c_last + log σ(f_new)``: a running
 sum, no gate recomputed). The ``rotate`` hook gives ``c`` of the new keys, float64, as ``ctx.key_state``, which a KV
 cache stores beside the keys in storage of its own (``key_state_channels``; the keys stay contiguous for the
-kernels), and the next step reads the last one from ``ctx.past_key_state``. A decoding step takes the row
-``c_i - c_j`` from it in one pass (:meth:`FoX.decode_row`) as the mask of SDPA's flash kernel. Without a cache
+kernels), and the next step reads the last one from ``ctx.past_key_state`` (its one new key's gate in a handful of
+ops, :meth:`FoX._step_state`). A decoding step takes the row ``c_i - c_j`` from it in one pass
+(:meth:`FoX.decode_row`), adds the scores ``q·k_j`` into it in place and takes one softmax (:meth:`FoX._decode`;
+SDPA with the row as its mask under autograd or ``torch.compile``). Without a cache
 (training, a patched transformers model, which hands the hook every key each call) the hook sets ``ctx.key_state``
 the same way.
 """
@@ -244,7 +246,7 @@ class FoX(PositionalEncoding):
     shared_across_layers = False
     key_state_channels = 1  # c in float64, stored beside the keys by a KV cache
     fused_min_pairs = 64 * 64  # the blocked kernel pays off early (no L x L tensor, SDPA's flash per block)
-    decodes_itself = True  # a decoding step: the row of decays from the cached sums, one pass, as SDPA's mask
+    decodes_itself = True  # a decoding step: the row of decays from the cached sums, one pass, the scores added in
     claims = {"relative_only": True, "decay": True, "params_constant": True}
 
     def __init__(self, n_heads: int, head_dim: int, gate_bias: float | None = None, causal: bool = True):
@@ -327,7 +329,7 @@ class FoX(PositionalEncoding):
         return state[..., 0]
 
     def _past_c(self, ctx: AttentionContext) -> Tensor | None:
-        """``c`` of the last key a KV cache holds for this layer (``[B, H]``), or ``None``."""
+        """``c`` of the keys a KV cache holds for this layer (``[B, H, n, 1]``, the cache's view), or ``None``."""
         past = ctx.past_keys
         if past is None or past.shape[2] == 0:
             return None
@@ -337,19 +339,38 @@ class FoX(PositionalEncoding):
                 "fox: the KV cache holds keys without FoX's running sums (FoX stores them beside its keys): the "
                 "cache was filled by another encoding; start a new posenc.KVCache()"
             )
-        return self._from_channels(state[:, :, -1])
+        return state
 
     def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
         """Nothing rotates: the gates of the new keys and their running sum ``c`` go to ``ctx.key_state``, which a KV
-        cache stores beside the keys (see the module)."""
-        if ctx.caching and k.shape[1] != self.n_heads:
+        cache stores beside the keys (see the module). A decoding step's one new key takes :meth:`_step_state`."""
+        if not ctx.caching:
+            ctx.key_state = self.cumulative(k, None, ctx)[..., None]
+            return q, k
+        if k.shape[1] != self.n_heads:
             raise ConfigError(
                 f"fox keeps one running sum per query head with the keys of a KV cache, which needs one key head "
                 f"per query head; got {k.shape[1]} key heads for n_heads={self.n_heads}"
             )
-        c = self.cumulative(k, self._past_c(ctx) if ctx.caching else None, ctx)
+        past = self._past_c(ctx)
+        if past is not None and k.shape[2] == 1 and self.causal and k.shape[3] == self.head_dim:
+            ctx.key_state = self._step_state(k, past[:, :, -1:], ctx.mask)
+            return q, k
+        c = self.cumulative(k, None if past is None else past[:, :, -1, 0], ctx)
         ctx.key_state = c[..., None]  # float64, one channel: a KV cache keeps it beside the keys as it is
         return q, k
+
+    def _step_state(self, k: Tensor, last: Tensor, mask: Tensor | None) -> Tensor:
+        """``c`` of a decoding step's one new key ``k`` ``[B, H, 1, d]`` from ``last``, the cached ``c`` of the key
+        before it (``[B, H, 1, 1]``): ``[B, H, 1, 1]`` float64, :meth:`log_gates` and :meth:`cumulative`'s numbers
+        (``last + log σ(f)``, the same float64 add) in five ops. ``k`` is the key projection's output split into
+        heads, so the gate reads it without a copy; ``mask``: the call's, a new key no query sees gates nothing."""
+        b, h = k.shape[0], k.shape[1]
+        f = self.gate(k.transpose(1, 2).reshape(b, 1, h * self.head_dim))  # [B, 1, H]
+        g = F.logsigmoid(f.double()).nan_to_num_(0.0, 0.0, 0.0).view(b, h, 1, 1)  # a non-finite gate: 1 (log 0)
+        if mask is not None:  # [B|1, 1|H, Lq, Lk]: the new key is the last; hidden where no query sees it
+            g.masked_fill_(~mask[..., -1:].any(-2, keepdim=True), 0.0)
+        return g.add_(last)
 
     def _c(self, k: Tensor, ctx: AttentionContext) -> Tensor:
         """``c`` of every key of the call: from the channels the rotate hook made, else from the keys."""
@@ -412,15 +433,33 @@ class FoX(PositionalEncoding):
         contiguous float64 run per head (:class:`~posenc.KVCache` stores the state channel-major), so this is one
         pass over ``8 Lk`` bytes a head."""
         c = self._c(k, ctx)
-        return (c[..., -1:] - c).to(dtype)[:, :, None, :]
+        if torch.compiler.is_compiling() or (c.requires_grad and torch.is_grad_enabled()):
+            return (c[..., -1:] - c).to(dtype)[:, :, None, :]
+        # the float64 difference written straight into the row of ``dtype`` (rounded once, no float64 row between)
+        row = torch.empty(c.shape[0], c.shape[1], 1, c.shape[2], dtype=dtype, device=c.device)
+        torch.sub(c[..., -1:], c, out=row[:, :, 0])
+        return row
 
     def _decode(self, q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, ctx: AttentionContext):
-        """One query (a decoding step): SDPA's flash kernel with the decay row as its mask (measured faster than
-        :func:`posenc.native.decode_attention` with it: benchmarks/README.md, issue 49)."""
+        """One query (a decoding step): ``softmax(scale · q kᵀ + row) v`` with the decay row of :meth:`decode_row`.
+
+        Without autograd, the scores are added into the row in place (one batched ``q kᵀ`` on the cache's keys as
+        they lie, no copy), then a softmax and one batched product with the values: measured as fast as SDPA's flash
+        kernel *without* a mask at a 4,096-key cache, where flash with the row as its mask, and
+        :func:`posenc.native.decode_attention` with it, were slower (benchmarks/README.md, issue 49). With autograd,
+        and while ``torch.compile`` traces, SDPA takes the row as its mask."""
         row = self.decode_row(k, ctx, q.dtype)  # after the temperature
-        if mask is not None:  # an allowed mask [B|1, H|1, 1, Lk]: padded keys drop out
-            row = row.masked_fill(~mask, float("-inf"))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=row, scale=scale)
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or row.requires_grad)
+        if grad or torch.compiler.is_compiling():
+            if mask is not None:  # an allowed mask [B|1, H|1, 1, Lk]: padded keys drop out
+                row = row.masked_fill(~mask, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=row, scale=scale)
+        b, h, lk, d = k.shape
+        if mask is not None:
+            row.masked_fill_(~mask, float("-inf"))
+        keys = k.reshape(b * h, lk, d).transpose(1, 2)  # a view of the cache's keys
+        s = row.view(b * h, 1, lk).baddbmm_(q.reshape(b * h, 1, d), keys, alpha=scale)
+        return torch.bmm(torch.softmax(s, dim=-1), v.reshape(b * h, lk, d)).view(b, h, 1, d)
 
     def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
         """The causal fast form (the plan's ``own-blocked`` kernel): :func:`fox_attention` on the ``c`` of the call;

@@ -134,16 +134,21 @@ def _block_rows(lq: int, lk: int, itemsize: int) -> int:
     return max(MIN_ROWS, min(lq, BLOCK_BYTES // max(1, lk * itemsize)))
 
 
-def _weights(qs: Tensor, kf: Tensor, ke: int, corner: Tensor) -> tuple[Tensor, Tensor]:
-    """The scores ``z`` of a block (``qs``: its queries times the temperature, ``[G, n, d]``) against its ``ke`` keys
-    nearest first (``kf``: the keys in reversed order, ``[G, Lk, d]``), hidden keys at ``_HIDDEN``; and the weights
-    ``A = exp(z - cumsum(softplus(z)))`` (at least ``e^LOG_FLOOR``), 0 for the hidden keys. Both ``[G, n, ke]``."""
-    lk, n = kf.shape[1], qs.shape[1]
-    z = torch.matmul(qs, kf[:, lk - ke :].transpose(1, 2))
+def _weights(z: Tensor, corner: Tensor) -> Tensor:
+    """The weights of a block from its scores ``z`` ``[G, n, ke]``, its keys nearest first (the hidden ones, the
+    ``corner``, set to ``_HIDDEN`` in place): ``A = exp(z - cumsum(softplus(z)))``, at least ``e^LOG_FLOOR``, 0 for
+    the hidden keys."""
+    n = z.shape[1]
     z[:, :, :n].masked_fill_(corner, _HIDDEN)
     a = torch.sub(z, F.softplus(z, threshold=_SOFTPLUS_LINEAR).cumsum_(-1)).clamp_min_(LOG_FLOOR).exp_()
     a[:, :, :n].masked_fill_(corner, 0.0)
-    return z, a
+    return a
+
+
+def _scores(qs: Tensor, kf: Tensor, keys: slice) -> Tensor:
+    """``qs kᵀ`` of a block (``qs``: its queries times the temperature, ``[G, n, d]``) against its keys nearest first
+    (``kf``: the keys in reversed order, ``[G, Lk, d]``)."""
+    return torch.matmul(qs, kf[:, keys].transpose(1, 2))
 
 
 def _groups(t: Tensor) -> Tensor:
@@ -173,11 +178,19 @@ def _sb_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: b
     docstring and :func:`_blocks`)."""
     b, h, lq, d = q.shape
     lk = k.shape[2]
-    qg, kf, vf, vg = _groups(q) * scale, _groups(k).flip(1), _groups(v).flip(1), _groups(v)
+    qg, kg, vg = _groups(q) * scale, _groups(k), _groups(v)
+    # few queries (a decoding step): the rows of scores are reversed (Lq·Lk numbers), not the keys and values (Lk·d)
+    rows_reversed = lq < d
+    kf, vf = (kg, vg) if rows_reversed else (kg.flip(1), vg.flip(1))
     out = torch.empty(b * h, lq, d, dtype=q.dtype, device=q.device)
     for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
-        _, a = _weights(qg[gs, rows], kf[gs], keys.stop - keys.start, corner)
-        o = torch.matmul(a, vf[gs, keys])
+        if rows_reversed:
+            ke = keys.stop - keys.start
+            a = _weights(_scores(qg[gs, rows], kg[gs], slice(0, ke)).flip(-1), corner).flip(-1)
+            o = torch.matmul(a, vg[gs, :ke])
+        else:
+            a = _weights(_scores(qg[gs, rows], kf[gs], keys), corner)
+            o = torch.matmul(a, vf[gs, keys])
         if remainder:  # what is left of the stick goes to the query's own value
             o.addcmul_(1 - a.sum(-1, keepdim=True), vg[gs, own])
         out[gs, rows] = o
@@ -196,7 +209,8 @@ def _sb_backward(
     dkf, dvf = torch.zeros_like(kf), torch.zeros_like(vf)
     dv_own = torch.zeros_like(vg) if remainder else None
     for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
-        z, a = _weights(qs[gs, rows], kf[gs], keys.stop - keys.start, corner)
+        z = _scores(qs[gs, rows], kf[gs], keys)
+        a = _weights(z, corner)
         do = dog[gs, rows]
         w = torch.matmul(do, vf[gs, keys].transpose(1, 2))  # ∂L/∂A_ij = dO_i · v_j ...
         if dv_own is not None:  # ... - dO_i · v_i: the remainder 1 - Σ_j A_ij goes to v_i

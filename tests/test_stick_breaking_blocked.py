@@ -185,3 +185,25 @@ def test_bad_input_is_refused_with_what_would_be_right() -> None:
         sb.stick_breaking_attention(q, q[:, :, :3], q[:, :, :3], 0.5)
     with pytest.raises(ConfigError, match="float32 or float64"):
         sb.stick_breaking_attention(q.half(), q.half(), q.half(), 0.5)
+
+
+def test_a_patched_transformers_model_takes_the_kernel_and_equals_its_reference_path() -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("posenc.hf")
+    cfg = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512,
+    )
+    torch.manual_seed(9)
+    model = transformers.LlamaForCausalLM(cfg).double().eval()
+    hf.patch(model, "stick-breaking")
+    cores = [m.__dict__["_posenc_core"] for m in model.modules() if "_posenc_core" in m.__dict__]
+    x = torch.randint(0, 97, (2, 120))
+    with torch.no_grad():
+        fast = model(x, use_cache=False).logits
+        assert [c.last_plan.kernel for c in cores] == ["own-blocked"] * 2
+        for c in cores:
+            c.path = "reference"
+        ref = model(x, use_cache=False).logits
+        assert [c.last_plan.kernel for c in cores] == ["materialised"] * 2
+    torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-10)

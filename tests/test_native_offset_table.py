@@ -311,6 +311,26 @@ def test_compile_keeps_the_kernel_and_equals_eager(name, backend, monkeypatch):
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["shaw", "deberta"])
+def test_a_compiled_graph_keeps_the_tables_runs(name, monkeypatch):
+    """A clipped table's runs (the offsets past the clip share one row: one number a row, not a band) are found
+    inside the op from the index, so a compiled graph, where the index is data, takes them as eager does."""
+    torch._dynamo.reset()
+    seen: list[list[int]] = []
+    real = ot._forward
+    monkeypatch.setattr(ot, "_forward", lambda *a: seen.append(list(a[9])) or real(*a))
+    layer = _layer(name)
+    x = torch.randn(2, 40, 2 * D)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        want = layer(x, causal=True)
+        got = compiled(x, causal=True)
+    assert len(seen) == 2 and seen[1] == seen[0], seen  # [lead, trail] per table: the same in the compiled graph
+    p = 2 * 40 - 1
+    assert any(lead > 0 or trail < p for lead, trail in zip(seen[0][0::2], seen[0][1::2])), seen
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_key_terms_keep_the_blocked_path_without_key_terms(monkeypatch):
     """With KEY_TERMS off a form with a key term is left to the PyTorch blocks; one without is not."""
     monkeypatch.setattr(ot, "KEY_TERMS", False)

@@ -95,9 +95,9 @@ def _round(n: int, m: int) -> int:
 
 def _runs(index: Tensor | None, p: int) -> tuple[int, int]:
     """``(lead, trail)``: offsets ``[0, lead)`` use the row of offset 0 and ``[trail, P)`` that of offset ``P - 1``
-    (a run shorter than :data:`MIN_RUN` counts as none: ``0`` / ``P``). Without an index (an expanded table), or
-    while tracing (the lengths would be data), no runs."""
-    if index is None or torch.compiler.is_compiling() or p == 0:
+    (a run shorter than :data:`MIN_RUN` counts as none: ``0`` / ``P``). Without an index (an expanded table), no
+    runs. Called inside the custom ops, on the real index (also in a compiled graph, where the lengths are data)."""
+    if index is None or p == 0:
         return 0, p
     first, last = index[0], index[-1]
     other = index != first
@@ -206,16 +206,24 @@ def _backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, caus
 # ------------------------------------------------------------------------------------------------ the custom ops
 _SCHEMA = (
     "Tensor q, Tensor k, Tensor v, Tensor? a, Tensor? T, Tensor? c, Tensor? U, Tensor? V, Tensor? allowed, "
-    "int[] runs, float scale, bool causal"
+    "Tensor? ti, Tensor? ui, Tensor? vi, float scale, bool causal"
 )
 
 
-def _op_forward(q, k, v, a, T, c, U, V, allowed, runs, scale, causal) -> tuple[Tensor, Tensor]:
-    return _forward(q, k, v, a, T, c, U, V, allowed, list(runs), scale, causal)
+def _all_runs(q: Tensor, k: Tensor, ti: Tensor | None, ui: Tensor | None, vi: Tensor | None) -> list[int]:
+    """The runs of the three tables (:func:`_runs`) from their indices (``None``: an expanded table, or no table),
+    ``[lead, trail] * 3``: found here, inside the op, so that a compiled graph (where the index is data) keeps them."""
+    p = q.shape[2] + k.shape[2] - 1
+    return [n for index in (ti, ui, vi) for n in _runs(index, p)]
 
 
-def _op_backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, causal) -> list[Tensor]:
-    grads = _backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, list(runs), scale, causal)
+def _op_forward(q, k, v, a, T, c, U, V, allowed, ti, ui, vi, scale, causal) -> tuple[Tensor, Tensor]:
+    return _forward(q, k, v, a, T, c, U, V, allowed, _all_runs(q, k, ti, ui, vi), scale, causal)
+
+
+def _op_backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, ti, ui, vi, scale, causal) -> list[Tensor]:
+    runs = _all_runs(q, k, ti, ui, vi)
+    grads = _backward(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, causal)
     return [g if g is not None else q.new_empty(0) for g in grads]
 
 
@@ -231,30 +239,30 @@ _backward_op = torch.library.custom_op(
 
 
 @_op.register_fake
-def _(q, k, v, a, T, c, U, V, allowed, runs, scale, causal):
+def _(q, k, v, a, T, c, U, V, allowed, ti, ui, vi, scale, causal):
     return torch.empty_like(q), q.new_empty(q.shape[:3])
 
 
 @_backward_op.register_fake
-def _(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, causal):
+def _(dout, out, lse, q, k, v, a, T, c, U, V, allowed, ti, ui, vi, scale, causal):
     like = (q, k, v, a, T, c, U, V)
     return [torch.empty_like(t) if t is not None else q.new_empty(0) for t in like]
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, a, T, c, U, V, allowed, runs, scale, causal = inputs
-    ctx.numbers = (list(runs), scale, causal)
+    q, k, v, a, T, c, U, V, allowed, ti, ui, vi, scale, causal = inputs
+    ctx.numbers = (scale, causal)
     ctx.present = tuple(t is not None for t in (a, T, c, U, V))
-    ctx.save_for_backward(output[0], output[1], q, k, v, a, T, c, U, V, allowed)
+    ctx.save_for_backward(output[0], output[1], q, k, v, a, T, c, U, V, allowed, ti, ui, vi)
 
 
 def _grad(ctx, dout: Tensor, dlse: Tensor | None):
-    out, lse, q, k, v, a, T, c, U, V, allowed = ctx.saved_tensors
-    runs, scale, causal = ctx.numbers
-    grads = _backward_op(dout, out, lse, q, k, v, a, T, c, U, V, allowed, runs, scale, causal)
+    out, lse, q, k, v, a, T, c, U, V, allowed, ti, ui, vi = ctx.saved_tensors
+    scale, causal = ctx.numbers
+    grads = _backward_op(dout, out, lse, q, k, v, a, T, c, U, V, allowed, ti, ui, vi, scale, causal)
     dq, dk, dv, *rest = grads
     da, dT, dc, dU, dV = (g if here else None for g, here in zip(rest, ctx.present))
-    return dq, dk, dv, da, dT, dc, dU, dV, None, None, None, None
+    return dq, dk, dv, da, dT, dc, dU, dV, None, None, None, None, None, None
 
 
 _op.register_autograd(_grad, setup_context=_setup)
@@ -302,7 +310,7 @@ def offset_table_attention(
         return None
     p = lq + lk - 1
     tensors: list[Tensor | None] = [None] * 5  # a, T, c, U, V
-    runs = [0, p] * 3
+    indices: list[Tensor | None] = [None] * 3  # the tables' indices: the op finds their runs (_all_runs)
     if key_term is not None and not KEY_TERMS:
         return None
     for slot, term, length in ((0, query_term, lq), (1, key_term, lk)):
@@ -313,12 +321,12 @@ def offset_table_attention(
             return None
         tensors[2 * slot] = x
         tensors[2 * slot + 1] = table
-        runs[2 * slot : 2 * slot + 2] = _runs(index, p)
+        indices[slot] = index
     if value_table is not None:
         table, index = value_table
         if not _table_fits(table, index, p, h, d):
             return None
-        runs[4:6] = _runs(value_table[1], p)
+        indices[2] = value_table[1]
     every = [q, k, v, *(t for t in tensors if t is not None)] + ([value_table[0]] if value_table else [])
     if any(t.dtype != q.dtype or t.device != q.device for t in every):
         return None
@@ -333,7 +341,8 @@ def offset_table_attention(
     U = _padded(key_term[1], key_term[2]) if key_term is not None else None
     V = _padded(*value_table) if value_table is not None else None
     cont = [t.contiguous() if t is not None else None for t in (q, k, v, a, c)]
-    out, _ = _op(cont[0], cont[1], cont[2], cont[3], T, cont[4], U, V, mask, runs, float(scale), bool(causal))
+    ti, ui, vi = (i.contiguous() if i is not None else None for i in indices)
+    out, _ = _op(cont[0], cont[1], cont[2], cont[3], T, cont[4], U, V, mask, ti, ui, vi, float(scale), bool(causal))
     return out
 
 

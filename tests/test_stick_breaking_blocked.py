@@ -26,12 +26,15 @@ def _on_reference_path(layer: MultiHeadAttention, x: torch.Tensor, **kw) -> torc
         layer.path = "auto"
 
 
-def _reference(q, k, v, scale: float, attend_current: bool, remainder: bool) -> torch.Tensor:
-    """The reference path's weights (:func:`stick_breaking_weights` on the causally masked logits) times ``v``."""
+def _reference(q, k, v, scale: float, attend_current: bool, remainder: bool, allowed=None) -> torch.Tensor:
+    """The reference path's weights (:func:`stick_breaking_weights` on the causally masked logits, and those the
+    mask ``allowed`` hides) times ``v``."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     lq, lk = s.shape[-2:]
     later = torch.arange(lk)[None, :] > torch.arange(lq)[:, None] + (lk - lq)
     s = s.masked_fill(later, torch.finfo(s.dtype).min)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
     return torch.matmul(sb.stick_breaking_weights(s, attend_current, remainder), v)
 
 
@@ -44,25 +47,32 @@ def _reference(q, k, v, scale: float, attend_current: bool, remainder: bool) -> 
     remainder=st.booleans(),
     block_bytes=st.sampled_from([1, 3000, 2**20]),  # 1: blocks of MIN_ROWS rows, one (sequence, head) at a time
     spread=st.sampled_from([0.5, 3.0]),
+    mask=st.sampled_from([None, "per-query", "per-sequence"]),
     seed=st.integers(0, 10_000),
 )
 def test_the_blocked_kernel_equals_the_reference_weights_with_gradients(
-    lq, extra, d, attend_current, remainder, block_bytes, spread, seed
+    lq, extra, d, attend_current, remainder, block_bytes, spread, mask, seed
 ) -> None:
     torch.manual_seed(seed)
     lk = lq + extra  # a KV cache's keys before the queries
     q, k, v = (torch.randn(2, 3, n, d, dtype=torch.float64) * s for n, s in ((lq, spread), (lk, spread), (lk, 1)))
+    # a mask beside the causal one: random keys hidden per query (documents), or a sequence's first keys (padding)
+    allowed = None
+    if mask == "per-query":
+        allowed = torch.rand(2, 1, lq, lk) > 0.3
+    elif mask == "per-sequence":
+        allowed = (torch.arange(lk) >= torch.tensor([[0], [min(lk - 1, 3)]])).view(2, 1, 1, lk)
     for t in (q, k, v):
         t.requires_grad_()
     old = sb.BLOCK_BYTES
     sb.BLOCK_BYTES = block_bytes
     try:
-        got = sb.stick_breaking_attention(q, k, v, 0.7, attend_current, remainder)
+        got = sb.stick_breaking_attention(q, k, v, 0.7, attend_current, remainder, allowed)
         grad_out = torch.randn_like(got)
         got_grads = torch.autograd.grad(got, (q, k, v), grad_out)
     finally:
         sb.BLOCK_BYTES = old
-    want = _reference(q, k, v, 0.7, attend_current, remainder)
+    want = _reference(q, k, v, 0.7, attend_current, remainder, allowed)
     want_grads = torch.autograd.grad(want, (q, k, v), grad_out)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     for name, a, b in zip("qkv", got_grads, want_grads):
@@ -199,11 +209,15 @@ def test_a_patched_transformers_model_takes_the_kernel_and_equals_its_reference_
     hf.patch(model, "stick-breaking")
     cores = [m.__dict__["_posenc_core"] for m in model.modules() if "_posenc_core" in m.__dict__]
     x = torch.randint(0, 97, (2, 120))
+    pad = torch.ones(2, 120, dtype=torch.long)
+    pad[1, :9] = 0  # a left-padded row: its mask goes into the kernel beside the causal one
     with torch.no_grad():
-        fast = model(x, use_cache=False).logits
+        fast = [model(x, use_cache=False).logits, model(x, attention_mask=pad, use_cache=False).logits]
         assert [c.last_plan.kernel for c in cores] == ["own-blocked"] * 2
         for c in cores:
             c.path = "reference"
-        ref = model(x, use_cache=False).logits
+        ref = [model(x, use_cache=False).logits, model(x, attention_mask=pad, use_cache=False).logits]
         assert [c.last_plan.kernel for c in cores] == ["materialised"] * 2
-    torch.testing.assert_close(fast, ref, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fast[0], ref[0], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fast[1][:, 9:], ref[1][:, 9:], rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fast[1][0], ref[1][0], rtol=1e-9, atol=1e-10)

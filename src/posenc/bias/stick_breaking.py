@@ -21,7 +21,7 @@ causal order where there are no later keys. Keys the mask hides (padding, other 
 **Kernels.** :func:`stick_breaking_weights` gives the ``[B, H, Lq, Lk]`` weights (the reference path: the
 attention's ``probabilities`` hook, which the ``materialised`` kernel calls with the masked logits): a call of more
 keys than :data:`MAX_KEYS`, or more query-key pairs than :data:`MAX_PAIRS` over the batch and heads, is refused there
-with the limit named. A causal call without any other mask (training, prefill, a decoding step) takes
+with the limit named. A causal call (training, prefill, a decoding step; padding or documents beside it) takes
 :func:`stick_breaking_attention` instead (the plan's ``own-blocked`` kernel, a custom op ``torch.compile`` keeps),
 blocked and in log space as the authors' kernels are (their recurrence, written again here for PyTorch's CPU ops):
 with the keys taken nearest first, ``log A_ij = z_ij - Σ_{t nearer than j, t included} softplus(z_it)`` (``log σ(z)
@@ -32,8 +32,9 @@ the backward, which recomputes each block and takes
     w_{ij} = A_{ij}\,\partial L/\partial A_{ij}, \qquad
     \partial L/\partial z_{it} = w_{it} - \beta_{it} \big(w_{it} + \textstyle\sum_{j\ \text{beyond}\ t} w_{ij}\big)
 
-No ``[B, H, Lq, Lk]`` tensor: a block of rows holds about :data:`BLOCK_BYTES` of scores. An encoder (no causal mask)
-and a call with a padding mask keep the reference path.
+No ``[B, H, Lq, Lk]`` tensor: a block of rows holds about :data:`BLOCK_BYTES` of scores. A key the call's mask hides
+takes nothing and leaves the stick as it is, as on the reference path. An encoder (no causal mask) and attention
+dropout keep the reference path.
 """
 
 from __future__ import annotations
@@ -134,14 +135,18 @@ def _block_rows(lq: int, lk: int, itemsize: int) -> int:
     return max(MIN_ROWS, min(lq, BLOCK_BYTES // max(1, lk * itemsize)))
 
 
-def _weights(z: Tensor, corner: Tensor) -> Tensor:
+def _weights(z: Tensor, corner: Tensor, hidden: Tensor | None) -> Tensor:
     """The weights of a block from its scores ``z`` ``[G, n, ke]``, its keys nearest first (the hidden ones, the
-    ``corner``, set to ``_HIDDEN`` in place): ``A = exp(z - cumsum(softplus(z)))``, at least ``e^LOG_FLOOR``, 0 for
-    the hidden keys."""
+    later keys of the ``corner`` and those of the call's mask, ``hidden``, set to ``_HIDDEN`` in place):
+    ``A = exp(z - cumsum(softplus(z)))``, at least ``e^LOG_FLOOR``, 0 for the hidden keys."""
     n = z.shape[1]
     z[:, :, :n].masked_fill_(corner, _HIDDEN)
+    if hidden is not None:
+        z.masked_fill_(hidden, _HIDDEN)
     a = torch.sub(z, F.softplus(z, threshold=_SOFTPLUS_LINEAR).cumsum_(-1)).clamp_min_(LOG_FLOOR).exp_()
     a[:, :, :n].masked_fill_(corner, 0.0)
+    if hidden is not None:
+        a.masked_fill_(hidden, 0.0)
     return a
 
 
@@ -155,11 +160,16 @@ def _groups(t: Tensor) -> Tensor:
     return t.reshape(-1, *t.shape[2:])
 
 
-def _blocks(q: Tensor, lk: int, attend_current: bool) -> Iterator[tuple[slice, slice, slice, slice, Tensor]]:
-    """The blocks of a call: ``(groups, rows, own, keys, corner)`` per block: the (sequence, head) pairs (a slice of
-    ``B·H``), its query rows, those rows' own keys, its keys in reversed order (a slice of ``Lk``) and its
-    ``_hidden_corner``. All pairs at once where they fit in one block (a decoding step), else one by one."""
+def _blocks(
+    q: Tensor, lk: int, attend_current: bool, allowed: Tensor | None
+) -> Iterator[tuple[slice, slice, slice, slice, Tensor, Tensor | None]]:
+    """The blocks of a call: ``(groups, rows, own, keys, corner, hidden)`` per block: the (sequence, head) pairs (a
+    slice of ``B·H``), its query rows, those rows' own keys, its keys in reversed order (a slice of ``Lk``), its
+    ``_hidden_corner`` and the keys the call's mask ``allowed`` (``[B|1, H|1, Lq|1, Lk]``) hides from its rows,
+    ``[G, n, ke]`` nearest first (``None`` without a mask). All pairs at once where they fit in one block (a
+    decoding step), else one by one."""
     b, h, lq, _ = q.shape
+    mask = allowed.expand(b, h, lq, lk) if allowed is not None else None  # a view: no [B, H, Lq, Lk] copy
     off = lk - lq
     together = b * h * lq * lk * q.element_size() <= BLOCK_BYTES
     spans = [slice(0, b * h)] if together else [slice(g, g + 1) for g in range(b * h)]
@@ -170,10 +180,20 @@ def _blocks(q: Tensor, lk: int, attend_current: bool) -> Iterator[tuple[slice, s
             r1 = min(lq, r0 + n)
             if r1 - r0 not in corners:
                 corners[r1 - r0] = _hidden_corner(r1 - r0, attend_current, q.device)
-            yield gs, slice(r0, r1), slice(off + r0, off + r1), slice(lk - r1 - off, lk), corners[r1 - r0]
+            hidden = None
+            if mask is not None:
+                ke = r1 + off
+                if together:
+                    seen = mask[:, :, r0:r1, :ke].reshape(b * h, r1 - r0, ke)
+                else:
+                    seen = mask[gs.start // h, gs.start % h, r0:r1, :ke][None]
+                hidden = seen.logical_not().flip(-1)
+            yield gs, slice(r0, r1), slice(off + r0, off + r1), slice(lk - r1 - off, lk), corners[r1 - r0], hidden
 
 
-def _sb_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool) -> Tensor:
+def _sb_forward(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float, attend_current: bool, remainder: bool
+) -> Tensor:
     """The forward of :func:`stick_breaking_attention`, a block of query rows at a time (see the module's
     docstring and :func:`_blocks`)."""
     b, h, lq, d = q.shape
@@ -183,13 +203,13 @@ def _sb_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: b
     rows_reversed = lq < d
     kf, vf = (kg, vg) if rows_reversed else (kg.flip(1), vg.flip(1))
     out = torch.empty(b * h, lq, d, dtype=q.dtype, device=q.device)
-    for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
+    for gs, rows, own, keys, corner, hidden in _blocks(q, lk, attend_current, allowed):
         if rows_reversed:
             ke = keys.stop - keys.start
-            a = _weights(_scores(qg[gs, rows], kg[gs], slice(0, ke)).flip(-1), corner).flip(-1)
+            a = _weights(_scores(qg[gs, rows], kg[gs], slice(0, ke)).flip(-1), corner, hidden).flip(-1)
             o = torch.matmul(a, vg[gs, :ke])
         else:
-            a = _weights(_scores(qg[gs, rows], kf[gs], keys), corner)
+            a = _weights(_scores(qg[gs, rows], kf[gs], keys), corner, hidden)
             o = torch.matmul(a, vf[gs, keys])
         if remainder:  # what is left of the stick goes to the query's own value
             o.addcmul_(1 - a.sum(-1, keepdim=True), vg[gs, own])
@@ -198,7 +218,14 @@ def _sb_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: b
 
 
 def _sb_backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    scale: float,
+    attend_current: bool,
+    remainder: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``dq, dk, dv``: each block's weights recomputed from ``q, k`` (see the module's docstring for ``∂L/∂z``)."""
     lk = k.shape[2]
@@ -208,9 +235,9 @@ def _sb_backward(
     dq = torch.empty_like(qg)
     dkf, dvf = torch.zeros_like(kf), torch.zeros_like(vf)
     dv_own = torch.zeros_like(vg) if remainder else None
-    for gs, rows, own, keys, corner in _blocks(q, lk, attend_current):
+    for gs, rows, own, keys, corner, hidden in _blocks(q, lk, attend_current, allowed):
         z = _scores(qs[gs, rows], kf[gs], keys)
-        a = _weights(z, corner)
+        a = _weights(z, corner, hidden)
         do = dog[gs, rows]
         w = torch.matmul(do, vf[gs, keys].transpose(1, 2))  # ∂L/∂A_ij = dO_i · v_j ...
         if dv_own is not None:  # ... - dO_i · v_i: the remainder 1 - Σ_j A_ij goes to v_i
@@ -230,44 +257,59 @@ def _sb_backward(
 
 
 @torch.library.custom_op("posenc::stick_breaking_attention", mutates_args=())
-def _op(q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool) -> Tensor:
-    return _sb_forward(q, k, v, scale, attend_current, remainder)
+def _op(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float, attend_current: bool, remainder: bool
+) -> Tensor:
+    return _sb_forward(q, k, v, allowed, scale, attend_current, remainder)
 
 
 @torch.library.custom_op("posenc::stick_breaking_attention_backward", mutates_args=())
 def _op_backward(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool, remainder: bool
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    scale: float,
+    attend_current: bool,
+    remainder: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _sb_backward(dout, q, k, v, scale, attend_current, remainder)
+    return _sb_backward(dout, q, k, v, allowed, scale, attend_current, remainder)
 
 
 @_op.register_fake
-def _(q, k, v, scale, attend_current, remainder):  # the schema is the op's
+def _(q, k, v, allowed, scale, attend_current, remainder):  # the schema is the op's
     return torch.empty_like(q)
 
 
 @_op_backward.register_fake
-def _(dout, q, k, v, scale, attend_current, remainder):
+def _(dout, q, k, v, allowed, scale, attend_current, remainder):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, scale, attend_current, remainder = inputs
-    ctx.save_for_backward(q, k, v)
+    q, k, v, allowed, scale, attend_current, remainder = inputs
+    ctx.save_for_backward(q, k, v, allowed)
     ctx.flags = (scale, attend_current, remainder)
 
 
 def _grad(ctx, dout: Tensor):
-    q, k, v = ctx.saved_tensors
-    dq, dk, dv = _op_backward(dout, q, k, v, *ctx.flags)
-    return dq, dk, dv, None, None, None
+    q, k, v, allowed = ctx.saved_tensors
+    dq, dk, dv = _op_backward(dout, q, k, v, allowed, *ctx.flags)
+    return dq, dk, dv, None, None, None, None
 
 
 _op.register_autograd(_grad, setup_context=_setup)
 
 
 def stick_breaking_attention(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, attend_current: bool = False, remainder: bool = True
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    attend_current: bool = False,
+    remainder: bool = True,
+    allowed: Tensor | None = None,
 ) -> Tensor:
     r"""Causal stick-breaking attention, blocked and in log space, without any ``[B, H, Lq, Lk]`` tensor:
     ``o_i = Σ_{j<i} A_ij v_j (+ (1 - Σ_j A_ij) v_i)``, ``[B, H, Lq, d]``.
@@ -277,6 +319,8 @@ def stick_breaking_attention(
             last ``Lq`` of the ``Lk`` tokens (a KV cache's keys first).
         scale: the temperature of ``q·k`` (the paper's ``1/√d``).
         attend_current, remainder: as :class:`StickBreaking`'s.
+        allowed: a boolean ``[B|1, H|1, Lq|1, Lk]`` mask beside the causal one (``True``: may attend; padding,
+            documents); a hidden key takes nothing and leaves the stick as it is, as on the reference path.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor) or t.dim() != 4:
@@ -296,7 +340,15 @@ def stick_breaking_attention(
             f"stick_breaking_attention takes float32 or float64 q, k and v of one dtype, got {q.dtype}, {k.dtype}, "
             f"{v.dtype}"
         )
-    return _op(q, k, v, float(scale), bool(attend_current), bool(remainder))
+    if allowed is not None:
+        ok = allowed.dim() == 4 and allowed.shape[-1] == lk and allowed.shape[2] in (1, lq)
+        if not (ok and allowed.shape[0] in (1, b) and allowed.shape[1] in (1, h)):
+            raise ConfigError(
+                f"stick_breaking_attention: allowed must be a boolean mask [B|1, H|1, Lq|1, Lk] = "
+                f"[{b}|1, {h}|1, {lq}|1, {lk}], got {tuple(allowed.shape)}"
+            )
+        allowed = allowed.to(torch.bool)
+    return _op(q, k, v, allowed, float(scale), bool(attend_current), bool(remainder))
 
 
 @register
@@ -318,10 +370,10 @@ class StickBreaking(PositionalEncoding):
         position="relative",
         learnable=False,
         summary="weights σ(z_ij) Π (1 - σ(z_it)) over the nearer keys instead of softmax: order without positions "
-        "(causal calls: a blocked kernel in log space; encoders and padded batches: materialised, up to 4096 keys)",
+        "(causal calls: a blocked kernel in log space; encoders: materialised, up to 4096 keys)",
         reference="the paper's product written out in loops, float64: max diff 3.3e-16 (and the cumulative form in log "
         "space); the blocked kernel == those weights, gradients included (float64, random shapes); KV cache == none",
-        shortcoming="an encoder, a padded batch and attention dropout take the materialised weights (O(L²) memory); "
+        shortcoming="an encoder and attention dropout take the materialised weights (O(L²) memory); "
         "an encoder breaks the stick by distance, posenc's extension",
     )
     claims = {"relative_only": True, "decay": True, "params_constant": True}
@@ -339,7 +391,7 @@ class StickBreaking(PositionalEncoding):
         return Cost(
             pair_elementwise=11.0,
             memory="a block of query rows' scores (BLOCK_BYTES) for a causal call; the [B, H, Lq, Lk] weights for "
-            "an encoder or a padded batch",
+            "an encoder",
             note="the stick's running sum per pair in log space, blocked (causal) or materialised",
         )
 
@@ -362,15 +414,15 @@ class StickBreaking(PositionalEncoding):
     decodes_itself = True
 
     def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
-        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`stick_breaking_attention`. A call with a
-        mask beyond the causal one (padding) or without a causal mask (an encoder) takes the reference weights
-        here instead, within their limits (correct, not blocked)."""
+        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`stick_breaking_attention`, with the call's
+        mask beside the causal one (padding, documents). A call without a causal mask (an encoder) takes the
+        reference weights here instead, within their limits (correct, not blocked)."""
         if ctx.reference:
             return None
 
         def run(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, mask: Tensor | None) -> Tensor:
-            if causal and mask is None and q.dtype in (torch.float32, torch.float64) and q.shape[-2] <= k.shape[-2]:
-                return stick_breaking_attention(q, k, v, scale, self.attend_current, self.remainder)
+            if causal and q.dtype in (torch.float32, torch.float64) and q.shape[-2] <= k.shape[-2]:
+                return stick_breaking_attention(q, k, v, scale, self.attend_current, self.remainder, mask)
             low = torch.finfo(q.dtype).min
             s = torch.matmul(q, k.transpose(-1, -2)) * scale
             lq, lk = s.shape[-2:]

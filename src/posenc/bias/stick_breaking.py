@@ -265,13 +265,7 @@ def _op(
 
 @torch.library.custom_op("posenc::stick_breaking_attention_backward", mutates_args=())
 def _op_backward(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    allowed: Tensor | None,
-    scale: float,
-    attend_current: bool,
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float, attend_current: bool,
     remainder: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _sb_backward(dout, q, k, v, allowed, scale, attend_current, remainder)

@@ -135,8 +135,11 @@ def test_the_models_take_it_and_it_equals_the_reference_path() -> None:
     mask = torch.ones(2, 80, dtype=torch.bool)
     mask[1, :7] = False
     with torch.no_grad():
-        for kw in ({"causal": True, "attention_mask": mask}, {"causal": False}):
-            torch.testing.assert_close(layer(x, **kw), _on_reference_path(layer, x, **kw), rtol=1e-10, atol=1e-12)
+        cases = (({"causal": True, "attention_mask": mask}, "own-blocked"), ({"causal": False}, "materialised"))
+        for kw, kernel in cases:
+            got = layer(x, **kw)
+            assert layer.last_plan.kernel == kernel  # an encoder breaks the stick by distance: the reference weights
+            torch.testing.assert_close(got, _on_reference_path(layer, x, **kw), rtol=1e-10, atol=1e-12)
 
 
 def test_a_call_past_the_reference_limit_runs_blocked() -> None:
@@ -191,10 +194,12 @@ def test_bad_input_is_refused_with_what_would_be_right() -> None:
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(ConfigError, match=r"k must be a tensor \[batch, heads, length, head_dim\]"):
         sb.stick_breaking_attention(q, q[0], q, 0.5)
-    with pytest.raises(ConfigError, match="Lk >= Lq"):
+    with pytest.raises(ConfigError, match="causal needs at least as many keys as queries, got Lk=3 < Lq=5"):
         sb.stick_breaking_attention(q, q[:, :, :3], q[:, :, :3], 0.5)
     with pytest.raises(ConfigError, match="float32 or float64"):
         sb.stick_breaking_attention(q.half(), q.half(), q.half(), 0.5)
+    with pytest.raises(ConfigError, match=r"allowed must be a boolean mask \[B\|1, H\|1, Lq\|1, Lk\]"):
+        sb.stick_breaking_attention(q, q, q, 0.5, allowed=torch.ones(1, 2, 5, 4, dtype=torch.bool))
 
 
 def test_a_patched_transformers_model_takes_the_kernel_and_equals_its_reference_path() -> None:

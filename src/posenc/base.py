@@ -310,6 +310,8 @@ class PositionalEncoding(nn.Module):
     * ``decodes_itself``: the encoding's ``blocked_attention`` also runs a call of one query (a decoding step), at
       any number of keys (FoX: the row of decays from the cached state, one pass, as SDPA's mask);
       without it a one-query call takes the ``logits`` hook and SDPA.
+    * ``blocks_causal_only``: the encoding's ``blocked_attention`` runs causal calls only (stick-breaking); a call
+      without a causal mask (an encoder) takes its hooks as an encoding without ``blocked_attention`` would.
 
     What the encoding declares about itself, so that nothing outside its file lists it
     (the tests, ``posenc inspect``, ``posenc bench --encodings all`` and the registry discover it):
@@ -363,6 +365,7 @@ class PositionalEncoding(nn.Module):
     scale_token_embeddings: ClassVar[bool] = False
     fused_min_pairs: ClassVar[int] = 256 * 256
     decodes_itself: ClassVar[bool] = False
+    blocks_causal_only: ClassVar[bool] = False
     logits_read_scores: ClassVar[bool] = False
     codes_read_the_row: ClassVar[bool] = False
     example_options: ClassVar[Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]] = MappingProxyType({})

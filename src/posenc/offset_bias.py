@@ -112,8 +112,9 @@ def _backward(
 _op = attention_op("offset_bias_attention", _forward, _backward)
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, what: str) -> None:
-    """The checks shared by the CPU block kernels: matching ``q, k, v``, enough keys for ``causal``, CPU tensors.
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, what: str, cpu: bool = True) -> None:
+    """The checks shared by the block kernels: matching ``q, k, v``, enough keys for ``causal``, CPU tensors (unless
+    ``cpu=False``: a kernel of PyTorch ops alone, stick-breaking's).
 
     Raises :class:`~posenc.errors.ConfigError` (a :class:`ValueError`) naming the shapes or lengths."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -129,7 +130,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, what: str) -> No
         )
     if causal and lk < lq:
         raise ConfigError(f"{what}: causal needs at least as many keys as queries, got Lk={lk} < Lq={lq}")
-    if q.device.type != "cpu":
+    if cpu and q.device.type != "cpu":
         raise ConfigError(f"{what} runs the CPU flash kernel; got q on {q.device} (the portable plan takes SDPA there)")
 
 

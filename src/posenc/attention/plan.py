@@ -46,6 +46,7 @@ class Facts:
     learnable: bool  # autograd is on and the encoding has a parameter that needs a gradient (terms not constants)
     reads_scores: bool  # the logits hook reads q·kᵀ itself (logits_read_scores: CoPE)
     causal_mask_only: bool  # no mask, or only the causal one (no padding, documents or custom mask)
+    causal: bool = False  # the call is causal (query i sees keys up to its own, padding or documents beside)
     flex_forced: bool = False  # path="flex": flex_attention on any device (tests), or a clear error
     on_cuda: bool = False  # a CUDA device: flex_attention's fused kernels run
     flex_pairs: bool = False  # Lq·Lk >= FLEX_MIN_PAIRS: long enough for flex to pay off over SDPA with a bias
@@ -83,6 +84,7 @@ class Facts:
             learnable=autograd and enc is not None and any(p.requires_grad for p in enc.parameters()),
             reads_scores=enc is not None and enc.logits_read_scores,
             causal_mask_only=call.allowed is None or (call.causal and not call.any_padding),
+            causal=call.causal,
             flex_forced=flex,
             on_cuda=q.device.type == "cuda",
             flex_pairs=q.shape[2] * k.shape[2] >= FLEX_MIN_PAIRS,
@@ -151,7 +153,8 @@ def own_blocks_may_apply(f: Facts, enc: Any) -> bool:
     step = f.queries == 1 and getattr(enc, "decodes_itself", False)
     traced = compilable(f, "own-blocked")
     fits = own_kernels_may_apply(f, any_pairs=step) and (step or f.queries > 1)
-    return fits and alone and traced and hasattr(enc, "blocked_attention")
+    order = f.causal or not getattr(enc, "blocks_causal_only", False)  # stick-breaking: an encoder takes its weights
+    return fits and alone and traced and order and hasattr(enc, "blocked_attention")
 
 
 def scores_once(f: Facts) -> bool:

@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
+from ..offset_bias import check_inputs
 from ..ops import attention_op, extra_grad
 from ..registry import register
 
@@ -173,17 +174,8 @@ def fox_attention(q: Tensor, k: Tensor, v: Tensor, c: Tensor, scale: float) -> T
             its gradient flows back.
         scale: the temperature of ``q·k`` (the decay is added after it).
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ConfigError(f"fox_attention: {name} must be a tensor [batch, heads, length, head_dim], got {shape}")
-    b, h, lq, d = q.shape
-    lk = k.shape[2]
-    if k.shape != (b, h, lk, d) or v.shape != k.shape or lk < lq:
-        raise ConfigError(
-            f"fox_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match; k and v must "
-            f"be [{b}, {h}, Lk, {d}] with Lk >= Lq (the queries are the last Lq tokens)"
-        )
+    check_inputs(q, k, v, True, "fox_attention", cpu=False)  # its own CPU check below says where FoX runs
+    b, h, lk = q.shape[0], q.shape[1], k.shape[2]
     if not isinstance(c, Tensor) or c.shape != (b, h, lk):
         shape = tuple(c.shape) if isinstance(c, Tensor) else type(c).__name__
         raise ConfigError(f"fox_attention: c must be [{b}, {h}, {lk}] (one cumulative log-gate per key), got {shape}")

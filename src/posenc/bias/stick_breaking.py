@@ -47,6 +47,7 @@ from torch import Tensor
 
 from ..base import AttentionContext, Card, Cost, PositionalEncoding
 from ..errors import ConfigError
+from ..offset_bias import check_inputs
 from ..registry import register
 
 #: the most keys one call may have: the weights are materialised
@@ -316,19 +317,8 @@ def stick_breaking_attention(
         allowed: a boolean ``[B|1, H|1, Lq|1, Lk]`` mask beside the causal one (``True``: may attend; padding,
             documents); a hidden key takes nothing and leaves the stick as it is, as on the reference path.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise ConfigError(
-                f"stick_breaking_attention: {name} must be a tensor [batch, heads, length, head_dim], got {shape}"
-            )
-    b, h, lq, d = q.shape
-    lk = k.shape[2]
-    if k.shape != (b, h, lk, d) or v.shape != k.shape or lk < lq:
-        raise ConfigError(
-            f"stick_breaking_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match; "
-            f"k and v must be [{b}, {h}, Lk, {d}] with Lk >= Lq (the queries are the last Lq tokens)"
-        )
+    check_inputs(q, k, v, True, "stick_breaking_attention", cpu=False)
+    b, h, lq, lk = *q.shape[:3], k.shape[2]
     if q.dtype not in (torch.float32, torch.float64) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ConfigError(
             f"stick_breaking_attention takes float32 or float64 q, k and v of one dtype, got {q.dtype}, {k.dtype}, "
@@ -406,25 +396,16 @@ class StickBreaking(PositionalEncoding):
 
     #: a decoding step (one query of a causal call) runs in :meth:`blocked_attention` too, at any cache length
     decodes_itself = True
+    #: an encoder (no causal mask, the keys broken by distance) takes the reference weights: the materialised kernel
+    blocks_causal_only = True
 
     def blocked_attention(self, ctx: AttentionContext) -> Callable[..., Tensor] | None:
-        """The causal fast form (the plan's ``own-blocked`` kernel): :func:`stick_breaking_attention`, with the call's
-        mask beside the causal one (padding, documents). A call without a causal mask (an encoder) takes the
-        reference weights here instead, within their limits (correct, not blocked)."""
+        """The causal fast form (the plan's ``own-blocked`` kernel, for causal calls only: ``blocks_causal_only``):
+        :func:`stick_breaking_attention`, with the call's mask beside the causal one (padding, documents)."""
         if ctx.reference:
             return None
 
         def run(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, mask: Tensor | None) -> Tensor:
-            if causal and q.dtype in (torch.float32, torch.float64) and q.shape[-2] <= k.shape[-2]:
-                return stick_breaking_attention(q, k, v, scale, self.attend_current, self.remainder, mask)
-            low = torch.finfo(q.dtype).min
-            s = torch.matmul(q, k.transpose(-1, -2)) * scale
-            lq, lk = s.shape[-2:]
-            if causal:
-                i = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
-                s = s.masked_fill(torch.arange(lk, device=q.device)[None, :] > i, low)
-            if mask is not None:
-                s = s.masked_fill(~mask, low)
-            return torch.matmul(self.probabilities(s, ctx), v)
+            return stick_breaking_attention(q, k, v, scale, self.attend_current, self.remainder, mask)
 
         return run

@@ -118,6 +118,7 @@ class QueryTemperature(PositionalEncoding):
         if hasattr(enc, "blocked_attention"):
             self.blocked_attention = enc.blocked_attention
             self.decodes_itself = enc.decodes_itself  # type: ignore[misc]  (FoX's decoding step, with its own kernel)
+            self.blocks_causal_only = enc.blocks_causal_only  # type: ignore[misc]  (stick-breaking: causal calls)
         if enc.offers_relative_form():
             self.relative_form = enc.relative_form  # type: ignore[method-assign]
         self._inner_rotates = "rotate" in enc.hooks()
